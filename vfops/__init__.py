@@ -1,0 +1,1 @@
+"""vfops: RL environments for LLMs, evaluated and trained at scale."""

@@ -1,0 +1,35 @@
+"""User-facing errors: each carries one line naming the problem and the fix."""
+
+from __future__ import annotations
+
+
+class VfopsError(Exception):
+    """An error caused by user input or configuration.
+
+    The CLI prints ``error: <message>`` on one line and exits non-zero, without a
+    traceback. The message must name the problem and how to fix it.
+    """
+
+    exit_code: int = 2
+
+
+class EnvironmentNotFoundError(VfopsError):
+    """No installed environment package has that name."""
+
+
+class DatasetFormatError(VfopsError):
+    """A dataset row has neither ``prompt`` nor ``question``, or a malformed field."""
+
+
+class EndpointError(VfopsError):
+    """Unknown endpoint alias, missing API-key variable, or unreachable base URL."""
+
+
+class MissingExtraError(VfopsError):
+    """An optional dependency group is not installed."""
+
+    def __init__(self, extra: str, module: str) -> None:
+        super().__init__(
+            f"{module} is not installed; install the [{extra}] extra: "
+            f"pip install 'vfops[{extra}]'"
+        )

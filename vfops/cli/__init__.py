@@ -1,0 +1,4 @@
+def main() -> None:
+    from vfops.cli._app import run
+
+    run()
