@@ -1,1 +1,69 @@
-"""vfops: RL environments for LLMs, evaluated and trained at scale."""
+"""vfops: RL environments for LLMs, evaluated and trained at scale.
+
+Public names are resolved lazily (PEP 562) so ``import vfops`` stays fast and
+never loads torch, transformers, vllm or datasets until they are used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from vfops._version import __version__
+
+_EXPORTS: dict[str, str] = {
+    # environments
+    "Environment": "vfops.envs",
+    "SingleTurnEnv": "vfops.envs",
+    "MultiTurnEnv": "vfops.envs",
+    "ToolEnv": "vfops.envs",
+    "StatefulToolEnv": "vfops.envs",
+    "EnvGroup": "vfops.envs",
+    "load_environment": "vfops.envs",
+    # rubrics and parsers
+    "Rubric": "vfops.rubrics",
+    "RubricGroup": "vfops.rubrics",
+    "JudgeRubric": "vfops.rubrics",
+    "MathRubric": "vfops.rubrics",
+    "Parser": "vfops.parsers",
+    "XMLParser": "vfops.parsers",
+    "ThinkParser": "vfops.parsers",
+    "MaybeThinkParser": "vfops.parsers",
+    # clients and records
+    "OpenAIClient": "vfops.clients",
+    "ScriptedClient": "vfops.clients",
+    "ChatResponse": "vfops.clients",
+    "RolloutRecord": "vfops._rollout",
+    "VfopsError": "vfops._errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from vfops._errors import VfopsError
+    from vfops._rollout import RolloutRecord
+    from vfops.clients import ChatResponse, OpenAIClient, ScriptedClient
+    from vfops.envs import (
+        EnvGroup,
+        Environment,
+        MultiTurnEnv,
+        SingleTurnEnv,
+        StatefulToolEnv,
+        ToolEnv,
+        load_environment,
+    )
+    from vfops.parsers import MaybeThinkParser, Parser, ThinkParser, XMLParser
+    from vfops.rubrics import JudgeRubric, MathRubric, Rubric, RubricGroup
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vfops' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cache: the next access skips __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -18,8 +18,7 @@ import orjson
 from vfops._types import Info, Messages, SamplingArgs
 
 StopReason = Literal[
-    "completed",  # the model finished and the environment had nothing to add
-    "env_done",  # the environment ended the rollout early (is_completed)
+    "completed",  # the model or the environment ended the rollout (is_completed)
     "max_turns",  # the turn budget ran out
     "length",  # the model hit max_tokens: the completion is truncated
     "prompt_too_long",  # the server refused the context as too long

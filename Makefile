@@ -1,0 +1,31 @@
+# Two commands for a newcomer: `make demo` and `make test` (see README.md).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ENV_PACKAGES := $(sort $(wildcard environments/*/pyproject.toml))
+DEMO_DIR ?= .vfops-demo
+
+.PHONY: setup demo test lint
+
+setup: $(VENV)/.installed
+
+# torch first, pinned to the CPU build on local disk: otherwise a dependency
+# may pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml $(ENV_PACKAGES)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev,train]' $(foreach p,$(ENV_PACKAGES),-e $(dir $(p)))
+	touch $@
+
+demo: setup
+	$(VENV)/bin/vfops model build-tiny $(DEMO_DIR)/tiny-model
+	$(VENV)/bin/vfops eval arithmetic -m local:$(DEMO_DIR)/tiny-model -n 20 -r 2 -o $(DEMO_DIR)/outputs
+
+test: setup
+	$(VENV)/bin/ruff check vfops tests environments bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/pytest
+
+lint: setup
+	$(VENV)/bin/ruff check vfops tests environments bench
+	$(VENV)/bin/mypy

@@ -1,0 +1,281 @@
+"""The tiny offline model, the in-process LocalModelClient and `transformers serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_UPDATE_CHECK", "1")
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from vfops._errors import VfopsError  # noqa: E402
+from vfops.cli._model import app, serve_command, serve_env  # noqa: E402
+from vfops.clients._base import ModelClient, PromptTooLongError  # noqa: E402
+from vfops.local import LocalModelClient, TinyModelConfig, build_tiny_model  # noqa: E402
+from vfops.local._client import _parse_tool_calls  # noqa: E402
+
+pytestmark = pytest.mark.train
+
+SERVER_START_TIMEOUT_S = 90.0
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def client(tiny_dir: Path) -> LocalModelClient:
+    return LocalModelClient(tiny_dir, max_new_tokens_default=16)
+
+
+def test_import_is_lazy() -> None:
+    code = "import sys, vfops.local; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_config_fields_have_help() -> None:
+    helps = TinyModelConfig.help()
+    assert helps and all(helps.values())
+
+
+def test_build_writes_reloadable_model(tiny_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        assert (tiny_dir / name).is_file(), name
+    gen = json.loads((tiny_dir / "generation_config.json").read_text())
+    assert gen["do_sample"] is True
+    assert gen["temperature"] == 1.0
+    assert gen["max_new_tokens"] == 64
+    tok = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, local_files_only=True)
+    cfg = model.config
+    assert cfg.model_type == "llama"
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads) == (2, 128, 2)
+    assert cfg.hidden_size // cfg.num_attention_heads == 64
+    assert cfg.intermediate_size == 256 and cfg.max_position_embeddings == 2048
+    assert cfg.tie_word_embeddings
+    assert 1000 <= len(tok) <= 2048 and model.get_input_embeddings().num_embeddings == len(tok)
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert gen["pad_token_id"] == tok.pad_token_id
+    assert tok.eos_token_id in gen["eos_token_id"]
+    for text in (
+        "What is 12 + 7? <think>12 + 7 = 19</think>\n<answer>19</answer>",
+        "Plain English, unicode: café ✓ 你好 and digits 0123456789.",
+    ):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == text
+    assert len(tok.encode("<|im_start|>", add_special_tokens=False)) == 1
+
+
+def test_chat_template_renders_all_roles(tiny_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Add 2 and 3."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+        {"role": "assistant", "content": "<answer>5</answer>"},
+    ]
+    text = tok.apply_chat_template(messages, tokenize=False)
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nAdd 2 and 3.<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}'
+        "</tool_call><|im_end|>\n"
+        "<|im_start|>tool\n5<|im_end|>\n"
+        "<|im_start|>assistant\n<answer>5</answer><|im_end|>\n"
+    )
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
+    prompt = tok.apply_chat_template(
+        messages[:2], tools=tools, tokenize=False, add_generation_prompt=True
+    )
+    assert prompt.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+    assert json.dumps(tools[0]) in prompt
+    assert prompt.count("<|im_start|>system") == 1
+    assert prompt.endswith("<|im_start|>user\nAdd 2 and 3.<|im_end|>\n<|im_start|>assistant\n")
+    # arguments as a mapping (what `transformers serve` passes) render the same
+    as_dict = [dict(messages[2], tool_calls=[{"function": {"name": "add", "arguments": {"a": 2}}}])]
+    assert '{"name": "add", "arguments": {"a": 2}}' in tok.apply_chat_template(
+        as_dict, tokenize=False
+    )
+    # multi-turn prefix property: earlier turns render identically
+    assert text.startswith(tok.apply_chat_template(messages[:2], tokenize=False))
+
+
+async def test_local_client_samples_and_caps_tokens(client: LocalModelClient) -> None:
+    assert isinstance(client, ModelClient)
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    resp = await client.chat(
+        model="tiny", messages=messages, sampling_args={"temperature": 1.0, "max_tokens": 4}
+    )
+    assert resp.message["role"] == "assistant"
+    assert isinstance(resp.message["content"], str)
+    assert resp.prompt_tokens > 5
+    assert resp.finish_reason in {"length", "stop"}
+    assert 1 <= resp.completion_tokens <= 4
+    # an eos-free completion at the cap is reported as `length`
+    lengths = [
+        await client.chat(
+            model="tiny", messages=messages, sampling_args={"max_completion_tokens": 2, "seed": i}
+        )
+        for i in range(4)
+    ]
+    assert any(r.finish_reason == "length" and r.completion_tokens == 2 for r in lengths)
+    assert all(r.completion_tokens <= 2 for r in lengths)
+
+
+async def test_local_client_seed_is_deterministic(client: LocalModelClient) -> None:
+    messages = [{"role": "user", "content": "Say something."}]
+    args = {"temperature": 1.0, "max_tokens": 12, "seed": 1234}
+    a = await client.chat(model="tiny", messages=messages, sampling_args=args)
+    b = await client.chat(model="tiny", messages=messages, sampling_args=args)
+    c = await client.chat(model="tiny", messages=messages, sampling_args={**args, "seed": 99})
+    assert a.message == b.message
+    assert a.raw is not None and b.raw is not None and c.raw is not None
+    assert a.raw["completion_ids"] == b.raw["completion_ids"]
+    assert c.raw["completion_ids"] != a.raw["completion_ids"]
+    greedy = {"temperature": 0.0, "max_tokens": 6}
+    g1 = await client.chat(model="tiny", messages=messages, sampling_args=greedy)
+    g2 = await client.chat(model="tiny", messages=messages, sampling_args=greedy)
+    assert g1.message == g2.message
+
+
+async def test_local_client_batches_concurrent_requests(client: LocalModelClient) -> None:
+    before = client.batches_run
+    prompts = [[{"role": "user", "content": "x " * (i + 1)}] for i in range(12)]
+    results = await asyncio.gather(
+        *(
+            client.chat(model="tiny", messages=m, sampling_args={"max_tokens": 8})
+            for m in prompts
+        )
+    )
+    assert len(results) == 12
+    assert all(r.message["role"] == "assistant" and r.completion_tokens <= 8 for r in results)
+    assert [r.prompt_tokens for r in results] == sorted(r.prompt_tokens for r in results)
+    assert client.batches_run - before < 12  # some requests shared a generate() call
+
+
+async def test_local_client_rejects_too_long_prompt(client: LocalModelClient) -> None:
+    long_text = " ".join(str(i) for i in range(3000))
+    with pytest.raises(PromptTooLongError):
+        await client.chat(model="tiny", messages=[{"role": "user", "content": long_text}])
+
+
+def test_local_client_missing_dir(tmp_path: Path) -> None:
+    with pytest.raises(VfopsError, match="build-tiny"):
+        LocalModelClient(tmp_path / "nope")
+
+
+def test_parse_tool_calls() -> None:
+    calls = _parse_tool_calls(
+        'ok <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call> <tool_call>bad</tool_call>'
+    )
+    assert len(calls) == 1
+    assert calls[0]["function"] == {"name": "add", "arguments": '{"a": 1}'}
+
+
+def test_cli_build_tiny_is_deterministic(tmp_path: Path, tiny_dir: Path) -> None:
+    result = CliRunner().invoke(app, ["build-tiny", str(tmp_path / "m"), "--seed", "0"])
+    assert result.exit_code == 0, result.output
+    assert str((tmp_path / "m").resolve()) in result.output
+    assert "parameters:" in result.output
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (tmp_path / "m" / name).read_bytes() == (tiny_dir / name).read_bytes(), name
+
+
+def test_cli_serve_rejects_non_model_dir(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["serve", str(tmp_path)])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, VfopsError)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited early with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - start
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"server not healthy after {timeout_s:.0f}s")
+
+
+async def test_transformers_serve_smoke(tiny_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from openai import AsyncOpenAI
+
+    port = _free_port()
+    cmd = serve_command(tiny_dir, host="127.0.0.1", port=port, device="cpu")
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, env=serve_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        started = await asyncio.to_thread(
+            _wait_healthy, f"http://127.0.0.1:{port}/health", proc, SERVER_START_TIMEOUT_S
+        )
+        print(f"transformers serve healthy after {started:.1f}s")
+        async with AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60
+        ) as oai:
+            resp = await oai.chat.completions.create(
+                model=str(tiny_dir.resolve()),
+                messages=[{"role": "user", "content": "What is 1 + 1?"}],
+                max_tokens=8,
+                temperature=1.0,
+            )
+        choice = resp.choices[0]
+        assert choice.message.role == "assistant"
+        assert isinstance(choice.message.content, str)
+        assert choice.finish_reason in {"length", "stop"}
+        assert resp.usage is not None and 1 <= resp.usage.completion_tokens <= 8
+    except BaseException:
+        print(log_path.read_text(errors="replace")[-4000:])
+        raise
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,51 @@
+"""Turn ``--model`` / ``--base-url`` / ``--endpoints`` into a ready model client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from vfops._errors import VfopsError
+from vfops.clients._base import ModelClient
+
+LOCAL_PREFIX = "local:"
+
+
+@dataclass
+class Connection:
+    client: ModelClient
+    model: str
+    base_url: str | None
+
+
+async def connect(
+    model: str,
+    *,
+    base_url: str | None,
+    api_key_var: str | None,
+    endpoints_file: Path | None,
+) -> Connection:
+    """Resolve the endpoint, read its key from the environment and check it is reachable."""
+    if model.startswith(LOCAL_PREFIX):
+        return _connect_local(model[len(LOCAL_PREFIX):])
+    from vfops.clients import OpenAIClient, check_reachable, read_api_key, resolve_endpoint
+
+    endpoint = resolve_endpoint(
+        model, endpoints_file=endpoints_file, base_url=base_url, api_key_var=api_key_var
+    )
+    api_key = read_api_key(endpoint, required=api_key_var is not None)
+    await check_reachable(endpoint.base_url)
+    client = OpenAIClient(endpoint.base_url, api_key)
+    return Connection(client=client, model=endpoint.model, base_url=endpoint.base_url)
+
+
+def _connect_local(model_dir: str) -> Connection:
+    path = Path(model_dir).expanduser()
+    if not (path / "config.json").exists():
+        raise VfopsError(
+            f"{path} is not a model directory (no config.json); build one with: "
+            f"vfops model build-tiny {path}"
+        )
+    from vfops.local import LocalModelClient
+
+    return Connection(client=LocalModelClient(path), model=f"local:{path.name}", base_url=None)

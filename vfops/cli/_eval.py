@@ -1,0 +1,164 @@
+"""``vfops eval``: evaluate an installed environment against a model endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from vfops._errors import VfopsError
+from vfops._jsonarg import parse_json_object
+from vfops.cli._eval_display import EvalDisplay, print_summary
+from vfops.evaluation import EvalRequest, new_run_dir, read_metadata, run_eval_async
+
+
+def eval_command(
+    env: Annotated[str, typer.Argument(help="Installed environment name (see: vfops env list).")],
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model", "-m",
+            help="Model name, an alias from --endpoints, or local:DIR for an in-process model.",
+        ),
+    ],
+    num_examples: Annotated[
+        int, typer.Option("--num-examples", "-n", help="Examples to evaluate (-1: all).")
+    ] = 5,
+    rollouts_per_example: Annotated[
+        int, typer.Option("--rollouts-per-example", "-r", help="Rollouts per example.")
+    ] = 3,
+    max_concurrent: Annotated[
+        int, typer.Option("--max-concurrent", "-c", help="Rollouts in flight at once.")
+    ] = 32,
+    sampling_args: Annotated[
+        str | None,
+        typer.Option("--sampling-args", "-S", help="JSON object of sampling arguments."),
+    ] = None,
+    env_args: Annotated[
+        str | None,
+        typer.Option("--env-args", "-a", help="JSON object passed to load_environment."),
+    ] = None,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", "-T", help="Sampling temperature.")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", "-t", help="Max tokens per model turn.")
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", "-b", help="OpenAI-compatible base URL.")
+    ] = None,
+    api_key_var: Annotated[
+        str | None,
+        typer.Option("--api-key-var", "-k", help="Environment variable holding the API key."),
+    ] = None,
+    endpoints: Annotated[
+        Path | None, typer.Option("--endpoints", "-e", help="endpoints.toml with model aliases.")
+    ] = None,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Root folder for run directories.")
+    ] = Path("outputs"),
+    resume: Annotated[
+        Path | None, typer.Option("--resume", "-R", help="Run directory to finish.")
+    ] = None,
+    pass_threshold: Annotated[
+        float, typer.Option(help="A rollout passes (for pass@k) when reward >= this.")
+    ] = 1.0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Run N examples x R rollouts and save every trace as it completes."""
+    sampling = parse_json_object(sampling_args, "--sampling-args")
+    if temperature is not None:
+        sampling["temperature"] = temperature
+    if max_tokens is not None:
+        sampling["max_tokens"] = max_tokens
+    arguments = parse_json_object(env_args, "--env-args")
+    code = asyncio.run(
+        _evaluate(
+            env_name=env,
+            model=model,
+            request_args={
+                "num_examples": num_examples,
+                "rollouts_per_example": rollouts_per_example,
+                "max_concurrent": max_concurrent,
+                "sampling_args": sampling,
+                "env_args": arguments,
+                "pass_threshold": pass_threshold,
+            },
+            base_url=base_url,
+            api_key_var=api_key_var,
+            endpoints=endpoints,
+            output=output,
+            resume=resume,
+            quiet=quiet,
+        )
+    )
+    if code:
+        raise typer.Exit(code)
+
+
+async def _evaluate(
+    *,
+    env_name: str,
+    model: str,
+    request_args: dict[str, Any],
+    base_url: str | None,
+    api_key_var: str | None,
+    endpoints: Path | None,
+    output: Path,
+    resume: Path | None,
+    quiet: bool,
+) -> int:
+    from vfops.cli._connect import connect
+    from vfops.envs import load_environment
+    from vfops.envs._loading import environment_version
+
+    connection = await connect(
+        model, base_url=base_url, api_key_var=api_key_var, endpoints_file=endpoints
+    )
+    try:
+        environment = load_environment(env_name, **request_args["env_args"])
+        request = EvalRequest(
+            env_name=env_name,
+            model=connection.model,
+            base_url=connection.base_url,
+            env_version=environment_version(env_name),
+            **request_args,
+        )
+        request.validate()
+        if resume is not None:
+            read_metadata(resume)  # fail fast with a clear message on a wrong folder
+        run_dir = resume or new_run_dir(output, env_name, connection.model)
+        total = _planned_rollouts(environment, request)
+        display = EvalDisplay(total=total, enabled=not quiet and sys.stderr.isatty())
+        with display:
+            try:
+                result = await run_eval_async(
+                    environment,
+                    connection.client,
+                    request,
+                    run_dir=run_dir,
+                    resume=resume is not None,
+                    on_group=display.update,
+                )
+            except asyncio.CancelledError:
+                print(
+                    f"interrupted: completed rollouts are kept in {run_dir}; finish with: "
+                    f"vfops eval {env_name} -m {model} ... --resume {run_dir}",
+                    file=sys.stderr,
+                )
+                return 130
+        print_summary(result)
+        return 0
+    finally:
+        await connection.client.aclose()
+
+
+def _planned_rollouts(environment: Any, request: EvalRequest) -> int:
+    dataset = environment.eval_dataset
+    if dataset is None:
+        raise VfopsError(f"environment '{request.env_name}' has no dataset to evaluate")
+    examples = len(dataset) if request.num_examples < 0 else min(request.num_examples, len(dataset))
+    return examples * request.rollouts_per_example

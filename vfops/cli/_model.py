@@ -1,0 +1,123 @@
+"""``vfops model``: build a tiny offline chat model and serve a local model directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vfops._errors import MissingExtraError, VfopsError
+
+app = typer.Typer(
+    name="model",
+    help="Local models (needs the [train] extra): build a tiny offline model, serve one over HTTP.",
+    no_args_is_help=True,
+)
+
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    # `transformers` CLI otherwise asks PyPI for a newer version once a day.
+    "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
+"""Environment for the server process: nothing is fetched from a hub or registry."""
+
+
+def serve_command(
+    model_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    device: str = "auto",
+    log_level: str = "warning",
+) -> list[str]:
+    """The ``transformers serve`` command line that serves ``model_dir``.
+
+    The directory is passed as ``FORCE_MODEL`` (absolute path): it is preloaded, and
+    requests must name exactly that path as ``model`` (else HTTP 400).
+    """
+    path = str(Path(model_dir).resolve())
+    return [
+        sys.executable,
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+        path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--device",
+        device,
+        "--log-level",
+        log_level,
+    ]
+
+
+def serve_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) plus :data:`OFFLINE_ENV`."""
+    env = dict(os.environ if base is None else base)
+    env.update(OFFLINE_ENV)
+    return env
+
+
+def _check_model_dir(model_dir: Path) -> Path:
+    if not (model_dir / "config.json").is_file():
+        raise VfopsError(
+            f"{str(model_dir)!r} is not a model directory (no config.json); "
+            "build one with `vfops model build-tiny DIR`"
+        )
+    return model_dir.resolve()
+
+
+@app.command("build-tiny")
+def build_tiny(
+    directory: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
+    seed: Annotated[int, typer.Option(help="Seed for the corpus, tokenizer and weights.")] = 0,
+) -> None:
+    """Build a tiny random chat model offline (BPE tokenizer trained locally, ChatML)."""
+    from vfops.local._tiny import build_tiny_model, parameter_count
+
+    path = build_tiny_model(directory, seed=seed)
+    typer.echo(f"{path.resolve()}")
+    typer.echo(f"parameters: {parameter_count(path):,}")
+
+
+@app.command("serve")
+def serve(
+    directory: Annotated[Path, typer.Argument(help="Local model directory to serve.")],
+    host: Annotated[str, typer.Option(help="Listen address (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Listen port.")] = 8000,
+    device: Annotated[str, typer.Option(help="Device: auto, cpu, cuda:0 ...")] = "auto",
+) -> None:
+    """Serve DIRECTORY OpenAI-compatibly with `transformers serve` (offline).
+
+    Requests must use the printed absolute path as their `model`.
+    """
+    try:
+        import fastapi  # noqa: F401
+        import transformers  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtraError("train", exc.name or "transformers") from exc
+    path = _check_model_dir(directory)
+    cmd = serve_command(path, host=host, port=port, device=device)
+    typer.echo(f"serving {path} at http://{host}:{port}/v1 (model name: {path})", err=True)
+    proc = subprocess.Popen(cmd, env=serve_env())
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+    if code not in (0, -2, -15, 130):
+        raise typer.Exit(code)

@@ -1,0 +1,210 @@
+"""The Environment base: a dataset, a rollout procedure and a rubric.
+
+Subclasses implement :meth:`Environment.rollout`. Everything else (dataset
+formatting, group generation and scoring, turning states into rollout records)
+is shared, so eval and training consume environments identically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from vfops._rollout import RolloutError, RolloutRecord, Timing, TokenUsage
+from vfops._types import Messages, SamplingArgs, State
+from vfops.clients._base import ModelClient
+from vfops.envs._dataset import Example, format_dataset, iter_examples, resolve_source
+from vfops.parsers import Parser
+from vfops.rubrics import Rubric, RolloutScore
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+
+class Scorer(Protocol):
+    """What scores a group of rollouts: a Rubric, a RubricGroup or a router of them."""
+
+    async def score_group(self, states: list[State]) -> list[RolloutScore]: ...
+
+
+class Environment(ABC):
+    """Base class of every environment.
+
+    ``dataset`` and ``eval_dataset`` are a ``datasets.Dataset`` or a zero-argument
+    callable building one (built lazily, on first use). Rows carry ``prompt``
+    (chat messages) or ``question`` (a string turned into messages with
+    ``system_prompt`` and ``few_shot``), and optionally ``answer``, ``info``,
+    ``task`` and ``example_id`` (added when absent). ``sampling_args`` are this
+    environment's defaults; arguments given at eval time override them.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: Dataset | Callable[[], Dataset] | None = None,
+        eval_dataset: Dataset | Callable[[], Dataset] | None = None,
+        system_prompt: str | None = None,
+        few_shot: Messages | None = None,
+        parser: Parser | None = None,
+        rubric: Rubric | None = None,
+        sampling_args: SamplingArgs | None = None,
+        name: str | None = None,
+        task: str = "default",
+    ) -> None:
+        if dataset is None and eval_dataset is None:
+            raise ValueError("an environment needs a dataset or an eval_dataset")
+        self.name = name or type(self).__name__
+        self.system_prompt = system_prompt
+        self.few_shot = few_shot
+        self.parser = parser or Parser()
+        self.rubric = rubric or Rubric(parser=self.parser)
+        self.sampling_args: SamplingArgs = dict(sampling_args or {})
+        self.task = task
+        self._dataset_source = dataset
+        self._eval_dataset_source = eval_dataset
+        self._formatted: dict[str, Dataset | None] = {}
+
+    # --- datasets -------------------------------------------------------------
+    def _formatted_split(self, split: str) -> Dataset | None:
+        if split not in self._formatted:
+            source = self._dataset_source if split == "train" else self._eval_dataset_source
+            raw = resolve_source(source)
+            self._formatted[split] = None if raw is None else format_dataset(
+                raw,
+                env_name=self.name,
+                system_prompt=self.system_prompt,
+                few_shot=self.few_shot,
+                default_task=self.task,
+            )
+        return self._formatted[split]
+
+    @property
+    def dataset(self) -> Dataset | None:
+        """The formatted training dataset (None when the environment has only eval data)."""
+        return self._formatted_split("train")
+
+    @property
+    def eval_dataset(self) -> Dataset | None:
+        """The formatted eval dataset, falling back to the training dataset."""
+        return self._formatted_split("eval") or self._formatted_split("train")
+
+    def get_dataset(self, n: int = -1, seed: int | None = None) -> Dataset:
+        return _take(self.dataset, n, seed, self.name, "dataset")
+
+    def get_eval_dataset(self, n: int = -1, seed: int | None = None) -> Dataset:
+        return _take(self.eval_dataset, n, seed, self.name, "eval_dataset")
+
+    def iter_eval_examples(self, n: int = -1) -> Any:
+        dataset = self.eval_dataset
+        assert dataset is not None  # the constructor requires one of the two splits
+        return iter_examples(dataset, n)
+
+    # --- rollouts ---------------------------------------------------------------
+    @abstractmethod
+    async def rollout(
+        self,
+        client: ModelClient,
+        model: str,
+        example: Example,
+        *,
+        rollout_index: int = 0,
+        sampling_args: SamplingArgs | None = None,
+    ) -> State:
+        """Run one rollout; return its final state (never raise for model errors)."""
+
+    def merged_sampling_args(self, overrides: SamplingArgs | None) -> SamplingArgs:
+        return {**self.sampling_args, **(overrides or {})}
+
+    def rubric_for(self, task: str) -> Scorer:
+        """The rubric that scores rollouts of ``task`` (EnvGroup routes per task)."""
+        return self.rubric
+
+    async def run_group(
+        self,
+        client: ModelClient,
+        model: str,
+        example: Example,
+        rollout_indices: Sequence[int],
+        *,
+        sampling_args: SamplingArgs | None = None,
+        limiter: asyncio.Semaphore | None = None,
+    ) -> list[RolloutRecord]:
+        """Generate the rollouts of one example concurrently, then score them as a group."""
+        sampling = self.merged_sampling_args(sampling_args)
+
+        async def one(index: int) -> State:
+            if limiter is None:
+                return await self.rollout(
+                    client, model, example, rollout_index=index, sampling_args=sampling
+                )
+            async with limiter:
+                return await self.rollout(
+                    client, model, example, rollout_index=index, sampling_args=sampling
+                )
+
+        states = await asyncio.gather(*(one(i) for i in rollout_indices))
+        scores = await self.rubric_for(example.task).score_group(list(states))
+        return [
+            state_to_record(state, score, model=model, sampling_args=sampling)
+            for state, score in zip(states, scores, strict=True)
+        ]
+
+
+def _take(dataset: Dataset | None, n: int, seed: int | None, env: str, split: str) -> Dataset:
+    if dataset is None:
+        raise ValueError(f"environment '{env}' has no {split}")
+    if seed is not None:
+        dataset = dataset.shuffle(seed=seed)
+    if 0 <= n < len(dataset):
+        dataset = dataset.select(range(n))
+    return dataset
+
+
+def new_state(example: Example, rollout_index: int) -> State:
+    """The initial state every rollout starts from (reward functions may read any key)."""
+    return {
+        "example_id": example.example_id,
+        "rollout_index": rollout_index,
+        "prompt": example.prompt,
+        "completion": [],
+        "answer": example.answer,
+        "info": example.info,
+        "task": example.task,
+        "turn": 0,
+        "responses": [],
+        "usage": TokenUsage(),
+        "stop_reason": "completed",
+        "error": None,
+        "generation_ms": 0.0,
+        "started_at": time.perf_counter(),
+    }
+
+
+def state_to_record(
+    state: State, score: RolloutScore, *, model: str, sampling_args: SamplingArgs
+) -> RolloutRecord:
+    """Combine a finished state and its score into the rollout record."""
+    generation_error: RolloutError | None = state.get("error")
+    # A rollout whose generation failed is not scored: 0.0 would bias the mean.
+    reward = None if generation_error is not None else score.reward
+    return RolloutRecord(
+        example_id=state["example_id"],
+        rollout_index=state["rollout_index"],
+        prompt=state["prompt"],
+        completion=state["completion"],
+        answer=state["answer"],
+        info=state["info"],
+        task=state["task"],
+        reward=reward,
+        metrics=score.metrics,
+        stop_reason=state["stop_reason"],
+        error=generation_error or score.error,
+        timing=Timing(generation_ms=state["generation_ms"], scoring_ms=score.scoring_ms),
+        usage=state["usage"],
+        turns=state["turn"],
+        model=model,
+        sampling_args=sampling_args,
+    )

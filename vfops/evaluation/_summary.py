@@ -1,0 +1,124 @@
+"""Streaming summary statistics: memory constant in the number of rollouts.
+
+Only per-example pass counts are kept (needed for pass@k), never the rollouts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from vfops._rollout import RolloutRecord
+
+
+@dataclass(slots=True)
+class RunningMean:
+    """Welford's online mean and variance."""
+
+    count: int = 0
+    mean: float = 0.0
+    _m2: float = 0.0
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        delta = value - self.mean
+        self.mean += delta / self.count
+        self._m2 += delta * (value - self.mean)
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self._m2 / (self.count - 1)) if self.count > 1 else 0.0
+
+    @property
+    def stderr(self) -> float:
+        return self.std / math.sqrt(self.count) if self.count > 1 else 0.0
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimate from n samples with c correct (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+@dataclass
+class EvalSummary:
+    """Aggregates of a run, updated one rollout at a time."""
+
+    pass_threshold: float = 1.0
+    rollouts: int = 0
+    new_rollouts: int = 0  # generated in this session (not read back on --resume)
+    reward: RunningMean = field(default_factory=RunningMean)
+    metrics: dict[str, RunningMean] = field(default_factory=dict)
+    errors: Counter[str] = field(default_factory=Counter)
+    stop_reasons: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    generation_ms: RunningMean = field(default_factory=RunningMean)
+    wall_s: float = 0.0
+    # example_id -> [rollouts, passing rollouts]; errors count as failures
+    _passes: dict[int, list[int]] = field(default_factory=dict)
+
+    def add(self, record: RolloutRecord, *, new: bool = True) -> None:
+        self.rollouts += 1
+        self.new_rollouts += new
+        if record.reward is not None:
+            self.reward.add(record.reward)
+        for name, value in record.metrics.items():
+            mean = self.metrics.get(name)
+            if mean is None:
+                mean = self.metrics[name] = RunningMean()
+            mean.add(value)
+        if record.error is not None:
+            self.errors[f"{record.error.stage}:{record.error.type}"] += 1
+        self.stop_reasons[record.stop_reason] += 1
+        self.prompt_tokens += record.usage.prompt_tokens
+        self.completion_tokens += record.usage.completion_tokens
+        self.generation_ms.add(record.timing.generation_ms)
+        counts = self._passes.setdefault(record.example_id, [0, 0])
+        counts[0] += 1
+        if record.reward is not None and record.reward >= self.pass_threshold:
+            counts[1] += 1
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+    @property
+    def truncated_count(self) -> int:
+        return self.stop_reasons.get("length", 0)
+
+    def pass_at(self) -> dict[int, float]:
+        """pass@k for k = 1, 2, 4, ... up to the smallest group size."""
+        if not self._passes:
+            return {}
+        smallest = min(n for n, _ in self._passes.values())
+        result: dict[int, float] = {}
+        k = 1
+        while k <= smallest:
+            values = [pass_at_k(n, c, k) for n, c in self._passes.values()]
+            result[k] = sum(values) / len(values)
+            k *= 2
+        return result
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rollouts": self.rollouts,
+            "scored": self.reward.count,
+            "reward_mean": self.reward.mean,
+            "reward_std": self.reward.std,
+            "reward_stderr": self.reward.stderr,
+            "metrics": {name: m.mean for name, m in sorted(self.metrics.items())},
+            "pass_at_k": {str(k): v for k, v in self.pass_at().items()},
+            "pass_threshold": self.pass_threshold,
+            "errors": self.error_count,
+            "errors_by_type": dict(self.errors),
+            "truncated": self.truncated_count,
+            "stop_reasons": dict(self.stop_reasons),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "wall_s": self.wall_s,
+            "rollouts_per_s": self.new_rollouts / self.wall_s if self.wall_s > 0 else 0.0,
+        }

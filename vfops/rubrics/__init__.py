@@ -1,0 +1,27 @@
+"""Rubrics: reward functions that score the rollouts of one example."""
+
+from vfops.rubrics._judge import (
+    DEFAULT_JUDGE_PROMPT,
+    InMemoryJudgeCache,
+    JudgeCache,
+    JudgeRubric,
+    judge_cache_key,
+)
+from vfops.rubrics._math import MathRubric
+from vfops.rubrics._rubric import Rubric
+from vfops.rubrics._rubric_group import RubricGroup
+from vfops.rubrics._score import RolloutScore
+from vfops.rubrics._tool_metrics import ToolMetricsRubric
+
+__all__ = [
+    "DEFAULT_JUDGE_PROMPT",
+    "InMemoryJudgeCache",
+    "JudgeCache",
+    "JudgeRubric",
+    "MathRubric",
+    "RolloutScore",
+    "Rubric",
+    "RubricGroup",
+    "ToolMetricsRubric",
+    "judge_cache_key",
+]

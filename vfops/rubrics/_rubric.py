@@ -1,0 +1,357 @@
+"""The rubric: weighted reward functions that score the rollouts of one example.
+
+Reward functions name the arguments they want; the signature is inspected once,
+when the function is added, because scoring is the eval's hot path (thousands
+of rollouts a second) and ``inspect.signature`` per call costs more than most
+reward functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from numbers import Real
+from typing import Any, ClassVar
+
+from vfops._errors import VfopsError
+from vfops._rollout import RolloutError
+from vfops._types import State
+from vfops.parsers import Parser
+from vfops.rubrics._score import RolloutScore
+
+RewardFunc = Callable[..., Any]
+"""A sync or async function returning a float (or, for group functions, a list)."""
+
+# Per-rollout argument -> (state key, default when the state lacks it).
+_ROLLOUT_ARGS: dict[str, tuple[str, Any]] = {
+    "prompt": ("prompt", None),
+    "completion": ("completion", None),
+    "answer": ("answer", ""),
+    "info": ("info", None),
+    "task": ("task", "default"),
+    "example_id": ("example_id", None),
+    "rollout_index": ("rollout_index", None),
+}
+# Group argument -> the per-rollout argument it lists.
+_GROUP_ARGS: dict[str, str] = {
+    "prompts": "prompt",
+    "completions": "completion",
+    "answers": "answer",
+    "states": "state",
+    "infos": "info",
+    "tasks": "task",
+    "example_ids": "example_id",
+}
+
+
+@dataclass(slots=True)
+class _RewardSpec:
+    func: RewardFunc
+    name: str
+    weight: float
+    is_async: bool
+    is_group: bool
+    params: tuple[str, ...]  # the injectable names the function declares
+    all_kwargs: bool  # declares **kwargs: receives every per-rollout argument
+
+
+class _ScoringError(Exception):
+    """A reward function's result is unusable (wrong type, length or NaN)."""
+
+
+def _func_name(func: RewardFunc) -> str:
+    name = getattr(func, "__name__", None)
+    if isinstance(name, str):
+        return name
+    inner = getattr(func, "func", None)  # functools.partial
+    if inner is not None:
+        return _func_name(inner)
+    return type(func).__name__
+
+
+def _is_async(func: RewardFunc) -> bool:
+    if inspect.iscoroutinefunction(func):
+        return True
+    call = getattr(func, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _as_float(value: Any, name: str) -> float:
+    if type(value) is float:  # fast path: the common case
+        result = value
+    elif isinstance(value, Real):  # int, bool, numpy scalars
+        result = float(value)
+    else:
+        raise _ScoringError(
+            f"reward function {name!r} returned {type(value).__name__} {value!r:.80}, "
+            "expected a number"
+        )
+    if math.isnan(result):
+        # A NaN reward would silently poison every mean it enters.
+        raise _ScoringError(f"reward function {name!r} returned NaN")
+    return result
+
+
+def _error(exc: BaseException, name: str) -> RolloutError:
+    if isinstance(exc, _ScoringError):
+        return RolloutError(type="InvalidReward", message=str(exc)[:2000], stage="scoring")
+    message = f"reward function {name!r} raised {type(exc).__name__}: {exc}"
+    return RolloutError(type=type(exc).__name__, message=message[:2000], stage="scoring")
+
+
+class Rubric:
+    """Weighted reward functions; ``reward`` is their weighted sum.
+
+    A function receives only the keyword arguments it names among ``prompt,
+    completion, answer, state, info, task, parser, example_id, rollout_index``
+    (``**kwargs`` receives them all). A function naming plural arguments
+    (``prompts, completions, answers, states, infos, tasks, example_ids``) is a
+    group function: called once per group, it returns one float per rollout.
+    Functions of weight 0 are metrics: recorded, not rewarded.
+    """
+
+    # Names subclasses can inject besides the standard ones (JudgeRubric: "judge").
+    _extra_arg_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        funcs: Sequence[RewardFunc] | None = None,
+        weights: Sequence[float] | None = None,
+        parser: Parser | None = None,
+    ) -> None:
+        self.parser: Parser = parser if parser is not None else Parser()
+        self._specs: list[_RewardSpec] = []
+        funcs = list(funcs or [])
+        if weights is None:
+            weights = [1.0] * len(funcs)
+        if len(weights) != len(funcs):
+            raise VfopsError(
+                f"Rubric got {len(funcs)} reward functions but {len(weights)} weights; "
+                "pass one weight per function"
+            )
+        for func, weight in zip(funcs, weights, strict=True):
+            self.add_reward_func(func, weight)
+
+    # --- configuration -------------------------------------------------------------
+    def add_reward_func(self, func: RewardFunc, weight: float = 1.0) -> None:
+        """Add a reward function; its signature is checked here, once."""
+        self._specs.append(self._make_spec(func, float(weight)))
+
+    def add_metric(self, func: RewardFunc) -> None:
+        """Add a function that is recorded in ``metrics`` but has weight 0."""
+        self.add_reward_func(func, 0.0)
+
+    @property
+    def reward_func_names(self) -> list[str]:
+        return [spec.name for spec in self._specs]
+
+    @property
+    def reward_weights(self) -> list[float]:
+        return [spec.weight for spec in self._specs]
+
+    @property
+    def metric_names(self) -> list[str]:
+        """The keys ``metrics`` can have (one per function)."""
+        return self.reward_func_names
+
+    def _extra_args(self) -> dict[str, Any]:
+        """Values of ``_extra_arg_names`` (rubric-level, same for every rollout)."""
+        return {}
+
+    def _make_spec(self, func: RewardFunc, weight: float) -> _RewardSpec:
+        if not callable(func):
+            raise VfopsError(f"reward function {func!r} is not callable")
+        name = _func_name(func)
+        if name in self.reward_func_names:
+            raise VfopsError(
+                f"Rubric already has a reward function named {name!r}; metrics are keyed by "
+                "name, so give the function a distinct __name__"
+            )
+        try:
+            signature = inspect.signature(func)
+        except (TypeError, ValueError) as exc:
+            raise VfopsError(f"cannot inspect reward function {name!r}: {exc}") from exc
+        shared = ("parser", *self._extra_arg_names)
+        known = {*_ROLLOUT_ARGS, "state", *_GROUP_ARGS, *shared}
+        params: list[str] = []
+        all_kwargs = False
+        for param in signature.parameters.values():
+            if param.kind is param.VAR_KEYWORD:
+                all_kwargs = True
+            elif param.kind is param.VAR_POSITIONAL:
+                continue
+            elif param.name in known and param.kind is not param.POSITIONAL_ONLY:
+                params.append(param.name)
+            elif param.default is param.empty:
+                raise VfopsError(
+                    f"reward function {name!r} requires argument {param.name!r}, which vfops "
+                    f"cannot supply; use keyword arguments among {sorted(known)}"
+                )
+        group = [p for p in params if p in _GROUP_ARGS]
+        single = [p for p in params if p in _ROLLOUT_ARGS or p == "state"]
+        if group and (single or all_kwargs):
+            raise VfopsError(
+                f"reward function {name!r} mixes group arguments {group} with per-rollout "
+                f"arguments {single or ['**kwargs']}; use one kind"
+            )
+        return _RewardSpec(
+            func=func,
+            name=name,
+            weight=weight,
+            is_async=_is_async(func),
+            is_group=bool(group),
+            params=tuple(params),
+            all_kwargs=all_kwargs,
+        )
+
+    # --- scoring ---------------------------------------------------------------------
+    async def score_rollout(self, state: State) -> RolloutScore:
+        """Score one rollout as a group of one."""
+        return (await self.score_group([state]))[0]
+
+    async def score_group(self, states: list[State]) -> list[RolloutScore]:
+        """Score the rollouts of one example; one :class:`RolloutScore` per state, in order.
+
+        Sync functions run inline; async ones are awaited concurrently. A function
+        that raises (or returns a non-number) leaves that rollout with ``reward=None``
+        and an ``error`` naming it; the other functions still run and are recorded.
+        """
+        start = time.perf_counter()
+        n = len(states)
+        specs = self._specs
+        # values[f][i]: function f's score for rollout i; errors[i]: first error of rollout i.
+        values: list[list[float | None]] = [[None] * n for _ in specs]
+        errors: list[list[RolloutError | None]] = [[None] * n for _ in specs]
+        shared = {"parser": self.parser, **self._extra_args()}
+        contexts = [self._context(state, shared) for state in states]
+        group_context: dict[str, Any] | None = None
+        pending: list[Awaitable[None]] = []
+
+        for f, spec in enumerate(specs):
+            if spec.is_group:
+                if group_context is None:
+                    group_context = self._group_context(states, contexts, shared)
+                kwargs = {p: group_context[p] for p in spec.params}
+                try:
+                    result = spec.func(**kwargs)
+                except Exception as exc:
+                    self._record_group_error(errors[f], _error(exc, spec.name))
+                    continue
+                if inspect.isawaitable(result):
+                    pending.append(self._await_group(result, spec, values[f], errors[f]))
+                else:
+                    self._store_group(result, spec, values[f], errors[f])
+                continue
+            for i, context in enumerate(contexts):
+                kwargs = dict(context) if spec.all_kwargs else {p: context[p] for p in spec.params}
+                try:
+                    result = spec.func(**kwargs)
+                    if inspect.isawaitable(result):
+                        pending.append(self._await_one(result, spec, values[f], errors[f], i))
+                    else:
+                        values[f][i] = _as_float(result, spec.name)
+                except Exception as exc:
+                    errors[f][i] = _error(exc, spec.name)
+
+        if pending:
+            await asyncio.gather(*pending)
+
+        elapsed_ms = (time.perf_counter() - start) * 1000.0
+        scores: list[RolloutScore] = []
+        for i in range(n):
+            metrics: dict[str, float] = {}
+            reward: float | None = 0.0
+            first_error: RolloutError | None = None
+            for f, spec in enumerate(specs):
+                value = values[f][i]
+                if value is None:
+                    if first_error is None:
+                        first_error = errors[f][i]
+                    continue
+                metrics[spec.name] = value
+                if reward is not None and spec.weight:
+                    reward += spec.weight * value
+            if first_error is not None:
+                reward = None
+            # Wall-clock of the whole group: rollouts of a group are scored together.
+            scores.append(RolloutScore(reward, metrics, first_error, elapsed_ms))
+        return scores
+
+    @staticmethod
+    def _context(state: State, shared: dict[str, Any]) -> dict[str, Any]:
+        context = {arg: state.get(key, default) for arg, (key, default) in _ROLLOUT_ARGS.items()}
+        if context["info"] is None:
+            context["info"] = {}
+        context["state"] = state
+        context.update(shared)
+        return context
+
+    @staticmethod
+    def _group_context(
+        states: list[State], contexts: list[dict[str, Any]], shared: dict[str, Any]
+    ) -> dict[str, Any]:
+        group: dict[str, Any] = {
+            plural: [c[single] for c in contexts] for plural, single in _GROUP_ARGS.items()
+        }
+        group.update(shared)
+        return group
+
+    @staticmethod
+    def _record_group_error(errors: list[RolloutError | None], error: RolloutError) -> None:
+        for i in range(len(errors)):
+            errors[i] = error
+
+    def _store_group(
+        self,
+        result: Any,
+        spec: _RewardSpec,
+        values: list[float | None],
+        errors: list[RolloutError | None],
+    ) -> None:
+        try:
+            if isinstance(result, (str, bytes)) or not hasattr(result, "__len__"):
+                raise _ScoringError(
+                    f"group reward function {spec.name!r} returned {type(result).__name__}, "
+                    "expected a list with one float per rollout"
+                )
+            if len(result) != len(values):
+                raise _ScoringError(
+                    f"group reward function {spec.name!r} returned {len(result)} values "
+                    f"for a group of {len(values)} rollouts"
+                )
+            floats = [_as_float(v, spec.name) for v in result]
+        except Exception as exc:
+            self._record_group_error(errors, _error(exc, spec.name))
+            return
+        values[:] = floats
+
+    async def _await_group(
+        self,
+        awaitable: Awaitable[Any],
+        spec: _RewardSpec,
+        values: list[float | None],
+        errors: list[RolloutError | None],
+    ) -> None:
+        try:
+            result = await awaitable
+        except Exception as exc:
+            self._record_group_error(errors, _error(exc, spec.name))
+            return
+        self._store_group(result, spec, values, errors)
+
+    @staticmethod
+    async def _await_one(
+        awaitable: Awaitable[Any],
+        spec: _RewardSpec,
+        values: list[float | None],
+        errors: list[RolloutError | None],
+        i: int,
+    ) -> None:
+        try:
+            values[i] = _as_float(await awaitable, spec.name)
+        except Exception as exc:
+            errors[i] = _error(exc, spec.name)

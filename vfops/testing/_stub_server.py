@@ -1,0 +1,515 @@
+"""An OpenAI-compatible stub server for tests and benchmarks.
+
+Serves ``POST /v1/chat/completions`` (non-streaming, with ``n``), ``GET /v1/models``
+and ``GET /stats`` on aiohttp. Latency is an ``asyncio.sleep``, so one process
+holds thousands of concurrent requests; per-request work is a regex and two
+orjson calls. Faults are injected by seeded probabilities (``rate_429``,
+``rate_500``, ``rate_timeout``, ``rate_malformed``) or deterministically for the
+first ``fail_first_n`` requests (``fail_first_kind``).
+
+Use it in-process (``with StubServer(config) as server: server.base_url``), in a
+subprocess (``StubServer(config, subprocess=True)``), or from the command line
+(``python -m vfops.testing.stub_server --port 8000 --latency-ms 200``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import re
+import subprocess as _subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+import orjson
+from aiohttp import web
+
+ReplyFn = Callable[[dict[str, Any]], dict[str, Any]]
+"""``(request_json) -> assistant message dict`` for in-process use."""
+
+FaultKind = Literal["429", "500", "503", "timeout", "malformed", "400", "context"]
+FAULT_KINDS: tuple[str, ...] = ("429", "500", "503", "timeout", "malformed", "400", "context")
+
+_HINT_RE = re.compile(r"ANSWER_HINT:\s*(.+)")
+_ARITH_RE = re.compile(r"(-?\d+(?:\.\d+)?)\s*([-+*/x×÷])\s*(-?\d+(?:\.\d+)?)")
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass
+class StubConfig:
+    """Behaviour of a :class:`StubServer`. Rates are per-request probabilities."""
+
+    latency_ms: float = 0.0
+    reply_mode: str | ReplyFn = "echo_answer"
+    """``"echo_answer"``, ``"arithmetic"`` or a callable ``(request_json) -> message``."""
+    rate_429: float = 0.0
+    rate_500: float = 0.0
+    rate_timeout: float = 0.0
+    rate_malformed: float = 0.0
+    retry_after_s: float | None = 0.05
+    """``Retry-After`` header value (seconds) sent with 429s; ``None`` sends no header."""
+    timeout_sleep_s: float = 3600.0
+    """How long a "timeout" request hangs (far beyond any client timeout)."""
+    fail_first_n: int = 0
+    """The first N chat requests fail deterministically with ``fail_first_kind``."""
+    fail_first_kind: FaultKind = "500"
+    context_limit_chars: int | None = None
+    """Prompts longer than this (total characters of message contents) get a 400
+    ``context_length_exceeded`` error."""
+    seed: int | None = 0
+    model_name: str = "stub-model"
+    api_key: str | None = None
+    """When set, requests without ``Authorization: Bearer <api_key>`` get a 401."""
+    record_requests: bool = False
+    """Keep every chat request body in ``StubServer.requests`` (in-process only)."""
+
+    def __post_init__(self) -> None:
+        total = self.rate_429 + self.rate_500 + self.rate_timeout + self.rate_malformed
+        if not 0.0 <= total <= 1.0:
+            raise ValueError(f"fault rates must sum to between 0 and 1, got {total}")
+        if self.fail_first_kind not in FAULT_KINDS:
+            raise ValueError(f"fail_first_kind must be one of {FAULT_KINDS}")
+        if isinstance(self.reply_mode, str) and self.reply_mode not in (
+            "echo_answer",
+            "arithmetic",
+        ):
+            raise ValueError("reply_mode must be 'echo_answer', 'arithmetic' or a callable")
+
+
+def _text_of(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return " ".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
+        )
+    return str(content)
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return _text_of(message.get("content"))
+    return ""
+
+
+def _format_number(value: float) -> str:
+    if value == int(value):
+        return str(int(value))
+    return f"{value:.6g}"
+
+
+def arithmetic_reply(text: str) -> str:
+    """The stub's "arithmetic" reply for ``text``: finds ``a op b`` and solves it."""
+    match = _ARITH_RE.search(text)
+    if match is None:
+        return "<think>no arithmetic found</think>\n<answer>unknown</answer>"
+    a_s, op, b_s = match.groups()
+    a, b = float(a_s), float(b_s)
+    if op == "+":
+        result = a + b
+    elif op == "-":
+        result = a - b
+    elif op in ("*", "x", "×"):
+        result = a * b
+    else:
+        if b == 0:
+            return f"<think>{a_s} {op} {b_s} divides by zero</think>\n<answer>undefined</answer>"
+        result = a / b
+    answer = _format_number(result)
+    return f"<think>{a_s} {op} {b_s} = {answer}</think>\n<answer>{answer}</answer>"
+
+
+def echo_answer_reply(text: str) -> str:
+    """The stub's "echo_answer" reply: ``<answer>x</answer>`` for ``ANSWER_HINT: x``."""
+    match = _HINT_RE.search(text)
+    if match is None:
+        return "ok"
+    return f"<answer>{match.group(1).strip()}</answer>"
+
+
+def _error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+class _StubApp:
+    """The request handlers and counters; lives on the server's event loop."""
+
+    def __init__(self, config: StubConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.stats: dict[str, int] = {
+            "requests": 0,
+            "ok": 0,
+            "429": 0,
+            "500": 0,
+            "503": 0,
+            "timeout": 0,
+            "malformed": 0,
+            "400": 0,
+            "context": 0,
+            "401": 0,
+        }
+        self.requests: list[dict[str, Any]] = []
+        self._created = int(time.time())
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/stats", self.get_stats)
+        return app
+
+    async def models(self, request: web.Request) -> web.Response:
+        body = {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.config.model_name,
+                    "object": "model",
+                    "created": self._created,
+                    "owned_by": "vfops-stub",
+                }
+            ],
+        }
+        return web.Response(body=orjson.dumps(body), headers=_JSON_HEADERS)
+
+    async def get_stats(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(self.stats), headers=_JSON_HEADERS)
+
+    def _pick_fault(self, index: int) -> str | None:
+        config = self.config
+        if index < config.fail_first_n:
+            return config.fail_first_kind
+        r = self.rng.random()  # always drawn, so a seed gives a fixed fault sequence
+        for kind, rate in (
+            ("429", config.rate_429),
+            ("500", config.rate_500),
+            ("timeout", config.rate_timeout),
+            ("malformed", config.rate_malformed),
+        ):
+            if r < rate:
+                return kind
+            r -= rate
+        return None
+
+    async def chat_completions(self, request: web.Request) -> web.Response:
+        config = self.config
+        stats = self.stats
+        index = stats["requests"]
+        stats["requests"] = index + 1
+        if config.api_key is not None and (
+            request.headers.get("Authorization") != f"Bearer {config.api_key}"
+        ):
+            stats["401"] += 1
+            return web.Response(
+                status=401,
+                body=_error_body("Incorrect API key provided", "invalid_request_error",
+                                 "invalid_api_key"),
+                headers=_JSON_HEADERS,
+            )
+        try:
+            payload = orjson.loads(await request.read())
+            messages = payload["messages"]
+            if not isinstance(messages, list):
+                raise TypeError("messages must be a list")
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            stats["400"] += 1
+            return web.Response(
+                status=400,
+                body=_error_body(f"invalid request body: {exc}", "invalid_request_error", None),
+                headers=_JSON_HEADERS,
+            )
+        if config.record_requests:
+            self.requests.append(payload)
+
+        fault = self._pick_fault(index)
+        if fault == "429":
+            stats["429"] += 1
+            headers = dict(_JSON_HEADERS)
+            if config.retry_after_s is not None:
+                headers["Retry-After"] = _format_number(config.retry_after_s)
+            return web.Response(
+                status=429,
+                body=_error_body("Rate limit reached (stub)", "requests", "rate_limit_exceeded"),
+                headers=headers,
+            )
+        if fault == "timeout":
+            stats["timeout"] += 1
+            await asyncio.sleep(config.timeout_sleep_s)
+            fault = "500"
+
+        if config.latency_ms > 0:
+            await asyncio.sleep(config.latency_ms / 1000.0)
+
+        if fault in ("500", "503"):
+            stats[fault] += 1
+            return web.Response(
+                status=int(fault),
+                body=_error_body("The server had an error (stub)", "server_error", None),
+                headers=_JSON_HEADERS,
+            )
+        if fault == "malformed":
+            stats["malformed"] += 1
+            return web.Response(
+                status=200, body=b'{"id": "chatcmpl-stub", "choices": [', headers=_JSON_HEADERS
+            )
+        if fault == "400":
+            stats["400"] += 1
+            return web.Response(
+                status=400,
+                body=_error_body("Invalid value for 'temperature' (stub)",
+                                 "invalid_request_error", "invalid_value", "temperature"),
+                headers=_JSON_HEADERS,
+            )
+
+        texts = [_text_of(m.get("content")) for m in messages if isinstance(m, dict)]
+        if fault == "context" or (
+            config.context_limit_chars is not None
+            and sum(len(t) for t in texts) > config.context_limit_chars
+        ):
+            stats["context"] += 1
+            prompt_tokens = sum(len(t.split()) for t in texts)
+            return web.Response(
+                status=400,
+                body=_error_body(
+                    f"This model's maximum context length is {config.context_limit_chars} "
+                    f"characters. However, your messages resulted in {prompt_tokens} tokens. "
+                    "Please reduce the length of the messages.",
+                    "invalid_request_error",
+                    "context_length_exceeded",
+                    "messages",
+                ),
+                headers=_JSON_HEADERS,
+            )
+
+        try:
+            message = self._reply(payload, messages)
+        except Exception as exc:  # a user callable failed: report it as a server error
+            stats["500"] += 1
+            return web.Response(
+                status=500,
+                body=_error_body(f"reply callable failed: {exc!r}", "server_error", None),
+                headers=_JSON_HEADERS,
+            )
+        n = payload.get("n") or 1
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        completion_tokens = len(_text_of(message.get("content")).split())
+        prompt_tokens = sum(len(t.split()) for t in texts)
+        body = {
+            "id": f"chatcmpl-stub-{index}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": payload.get("model") or config.model_name,
+            "choices": [
+                {"index": i, "message": message, "logprobs": None, "finish_reason": finish}
+                for i in range(int(n))
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens * int(n),
+                "total_tokens": prompt_tokens + completion_tokens * int(n),
+            },
+        }
+        stats["ok"] += 1
+        return web.Response(body=orjson.dumps(body), headers=_JSON_HEADERS)
+
+    def _reply(self, payload: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+        mode = self.config.reply_mode
+        if callable(mode):
+            message = dict(mode(payload))
+            message.setdefault("role", "assistant")
+            message.setdefault("content", None)
+            return message
+        text = _last_user_text(messages)
+        content = arithmetic_reply(text) if mode == "arithmetic" else echo_answer_reply(text)
+        return {"role": "assistant", "content": content}
+
+
+async def _start(
+    config: StubConfig, host: str, port: int
+) -> tuple[web.AppRunner, _StubApp, int]:
+    stub = _StubApp(config)
+    runner = web.AppRunner(
+        stub.make_app(),
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,  # a client that hangs up cancels its hanging handler
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, shutdown_timeout=0.5, backlog=4096)
+    await site.start()
+    server = site._server
+    assert isinstance(server, asyncio.base_events.Server)
+    bound_port = int(server.sockets[0].getsockname()[1])
+    return runner, stub, bound_port
+
+
+def run_stub_server(
+    config: StubConfig | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    on_ready: Callable[[int], None] | None = None,
+) -> None:
+    """Serve until interrupted (blocking). ``port=0`` picks a free port;
+    ``on_ready(port)`` is called once it listens."""
+
+    async def serve() -> None:
+        runner, _stub, bound = await _start(config or StubConfig(), host, port)
+        try:
+            if on_ready is not None:
+                on_ready(bound)
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+
+
+def config_to_argv(config: StubConfig) -> list[str]:
+    """Command-line flags for ``python -m vfops.testing.stub_server`` equivalent to ``config``."""
+    if callable(config.reply_mode):
+        raise ValueError("a callable reply_mode works only in-process (subprocess=False)")
+    if config.record_requests:
+        raise ValueError("record_requests works only in-process (subprocess=False)")
+    argv: list[str] = []
+    defaults = StubConfig()
+    for f in fields(StubConfig):
+        value = getattr(config, f.name)
+        if f.name == "record_requests" or value == getattr(defaults, f.name):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        argv += [flag, "none" if value is None else str(value)]
+    return argv
+
+
+@dataclass
+class StubServer:
+    """A stub server on a free loopback port, in a background thread or a subprocess.
+
+    ``with StubServer(StubConfig(latency_ms=50)) as server: server.base_url``.
+    ``stats`` counts requests by outcome; ``requests`` holds request bodies when
+    ``config.record_requests`` (in-process only).
+    """
+
+    config: StubConfig = field(default_factory=StubConfig)
+    subprocess: bool = False
+    host: str = "127.0.0.1"
+    port: int = 0
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
+    _runner: web.AppRunner | None = field(default=None, init=False, repr=False)
+    _stub: _StubApp | None = field(default=None, init=False, repr=False)
+    _proc: _subprocess.Popen[str] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def stats(self) -> dict[str, int]:
+        if self._stub is not None:
+            return dict(self._stub.stats)
+        with urllib.request.urlopen(f"http://{self.host}:{self.port}/stats", timeout=10) as resp:
+            data: dict[str, int] = orjson.loads(resp.read())
+        return data
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        if self._stub is None:
+            raise RuntimeError("request recording works only for an in-process StubServer")
+        return self._stub.requests
+
+    def start(self) -> StubServer:
+        if self.subprocess:
+            self._start_subprocess()
+        else:
+            self._start_thread()
+        return self
+
+    def _start_thread(self) -> None:
+        ready = threading.Event()
+        errors: list[BaseException] = []
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                self._runner, self._stub, self.port = loop.run_until_complete(
+                    _start(self.config, self.host, self.port)
+                )
+            except BaseException as exc:
+                errors.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="vfops-stub-server", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if errors:
+            self._thread.join()
+            loop.close()
+            self._loop = None
+            raise errors[0]
+
+    def _start_subprocess(self) -> None:
+        cmd = [
+            sys.executable, "-m", "vfops.testing.stub_server",
+            "--host", self.host, "--port", str(self.port),
+            *config_to_argv(self.config),
+        ]  # fmt: skip
+        self._proc = _subprocess.Popen(cmd, stdout=_subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        match = re.search(r":(\d+)/v1", line)
+        if match is None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc.stdout.close()
+            raise RuntimeError(f"stub server subprocess failed to start: {line!r}")
+        self.port = int(match.group(1))
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            proc, self._proc = self._proc, None
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except _subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if self._loop is not None and self._thread is not None:
+            loop, thread = self._loop, self._thread
+            if self._runner is not None:
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(timeout=30)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=30)
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+            self._loop = self._thread = self._runner = None
+
+    def __enter__(self) -> StubServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
