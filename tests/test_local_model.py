@@ -22,13 +22,13 @@ os.environ.setdefault("HF_HUB_DISABLE_UPDATE_CHECK", "1")
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from typer.testing import CliRunner  # noqa: E402
+from typer.testing import CliRunner
 
-from vfops._errors import VfopsError  # noqa: E402
-from vfops.cli._model import app, serve_command, serve_env  # noqa: E402
-from vfops.clients._base import ModelClient, PromptTooLongError  # noqa: E402
-from vfops.local import LocalModelClient, TinyModelConfig, build_tiny_model  # noqa: E402
-from vfops.local._client import _parse_tool_calls  # noqa: E402
+from vfops._errors import VfopsError
+from vfops.cli._model import app, serve_command, serve_env
+from vfops.clients._base import ModelClient, PromptTooLongError
+from vfops.local import LocalModelClient, TinyModelConfig, build_tiny_model
+from vfops.local._client import _parse_tool_calls
 
 pytestmark = pytest.mark.train
 
@@ -64,7 +64,7 @@ def test_build_writes_reloadable_model(tiny_dir: Path) -> None:
     assert gen["do_sample"] is True
     assert gen["temperature"] == 1.0
     assert gen["max_new_tokens"] == 64
-    tok = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    tok: Any = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, local_files_only=True)
     cfg = model.config
     assert cfg.model_type == "llama"
@@ -88,7 +88,7 @@ def test_build_writes_reloadable_model(tiny_dir: Path) -> None:
 def test_chat_template_renders_all_roles(tiny_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    tok: Any = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Add 2 and 3."},
@@ -174,10 +174,7 @@ async def test_local_client_batches_concurrent_requests(client: LocalModelClient
     before = client.batches_run
     prompts = [[{"role": "user", "content": "x " * (i + 1)}] for i in range(12)]
     results = await asyncio.gather(
-        *(
-            client.chat(model="tiny", messages=m, sampling_args={"max_tokens": 8})
-            for m in prompts
-        )
+        *(client.chat(model="tiny", messages=m, sampling_args={"max_tokens": 8}) for m in prompts)
     )
     assert len(results) == 12
     assert all(r.message["role"] == "assistant" and r.completion_tokens <= 8 for r in results)
@@ -198,7 +195,8 @@ def test_local_client_missing_dir(tmp_path: Path) -> None:
 
 def test_parse_tool_calls() -> None:
     calls = _parse_tool_calls(
-        'ok <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call> <tool_call>bad</tool_call>'
+        'ok <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+        " <tool_call>bad</tool_call>"
     )
     assert len(calls) == 1
     assert calls[0]["function"] == {"name": "add", "arguments": '{"a": 1}'}
@@ -240,6 +238,11 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> 
     raise AssertionError(f"server not healthy after {timeout_s:.0f}s")
 
 
+def _start(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as log:
+        return subprocess.Popen(cmd, env=serve_env(), stdout=log, stderr=subprocess.STDOUT)
+
+
 async def test_transformers_serve_smoke(tiny_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
@@ -247,9 +250,9 @@ async def test_transformers_serve_smoke(tiny_dir: Path, tmp_path: Path) -> None:
 
     port = _free_port()
     cmd = serve_command(tiny_dir, host="127.0.0.1", port=port, device="cpu")
+    model_name = cmd[cmd.index("serve") + 1]  # requests must name the served path exactly
     log_path = tmp_path / "serve.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, env=serve_env(), stdout=log, stderr=subprocess.STDOUT)
+    proc = _start(cmd, log_path)
     try:
         started = await asyncio.to_thread(
             _wait_healthy, f"http://127.0.0.1:{port}/health", proc, SERVER_START_TIMEOUT_S
@@ -259,7 +262,7 @@ async def test_transformers_serve_smoke(tiny_dir: Path, tmp_path: Path) -> None:
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60
         ) as oai:
             resp = await oai.chat.completions.create(
-                model=str(tiny_dir.resolve()),
+                model=model_name,
                 messages=[{"role": "user", "content": "What is 1 + 1?"}],
                 max_tokens=8,
                 temperature=1.0,

@@ -24,6 +24,8 @@ async def connect(
     base_url: str | None,
     api_key_var: str | None,
     endpoints_file: Path | None,
+    timeout_s: float = 600.0,
+    max_retries: int = 5,
 ) -> Connection:
     """Resolve the endpoint, read its key from the environment and check it is reachable."""
     if model.startswith(LOCAL_PREFIX):
@@ -33,9 +35,12 @@ async def connect(
     endpoint = resolve_endpoint(
         model, endpoints_file=endpoints_file, base_url=base_url, api_key_var=api_key_var
     )
-    api_key = read_api_key(endpoint, required=api_key_var is not None)
+    # Required: a loopback server with the default variable unset gets "EMPTY".
+    api_key = read_api_key(endpoint, required=True)
     await check_reachable(endpoint.base_url)
-    client = OpenAIClient(endpoint.base_url, api_key)
+    client = OpenAIClient(
+        endpoint.base_url, api_key, timeout_s=timeout_s, max_retries=max_retries
+    )
     return Connection(client=client, model=endpoint.model, base_url=endpoint.base_url)
 
 

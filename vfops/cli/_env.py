@@ -48,19 +48,34 @@ def init_environment(name: str, parent: Path) -> Path:
     return target
 
 
-def install_environment(path: Path, *, editable: bool = False) -> None:
-    """pip-install an environment package into this interpreter's environment."""
+def install_environment(
+    path: Path, *, editable: bool = False, target: Path | None = None, no_deps: bool = False
+) -> None:
+    """pip-install an environment package into this interpreter's environment.
+
+    ``target`` installs into a folder instead (put it on ``PYTHONPATH``).
+    """
     if not (path / "pyproject.toml").exists():
         raise VfopsError(
             f"{path} is not an environment package (no pyproject.toml); "
             "create one with: vfops env init NAME"
         )
     command = [sys.executable, "-m", "pip", "install", "--quiet"]
+    if target is not None:
+        command += ["--target", str(target)]
+    if no_deps:
+        command.append("--no-deps")
     command += ["--editable", str(path)] if editable else [str(path)]
     completed = subprocess.run(command, capture_output=True, text=True, check=False)
     if completed.returncode != 0:
-        last = (completed.stderr.strip().splitlines() or ["pip failed"])[-1]
-        raise VfopsError(f"installing {path} failed: {last}")
+        raise VfopsError(f"installing {path} failed: {_pip_error(completed.stderr)}")
+
+
+def _pip_error(stderr: str) -> str:
+    # pip ends with generic notes; the line that says what broke starts with ERROR.
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.upper().startswith("ERROR")]
+    return (errors or lines or ["pip failed"])[-1]
 
 
 @app.command("init")
@@ -77,9 +92,13 @@ def init_command(
 def install_command(
     path: Annotated[Path, typer.Argument(help="Folder of an environment package.")],
     editable: Annotated[bool, typer.Option("--editable", "-e", help="Editable install.")] = False,
+    target: Annotated[
+        Path | None, typer.Option(help="Install into this folder (add it to PYTHONPATH).")
+    ] = None,
+    no_deps: Annotated[bool, typer.Option(help="Do not install dependencies.")] = False,
 ) -> None:
     """Install an environment package (pip) so vfops can load it by name."""
-    install_environment(path, editable=editable)
+    install_environment(path, editable=editable, target=target, no_deps=no_deps)
     print(f"installed {path}")
 
 

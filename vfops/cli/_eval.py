@@ -63,6 +63,12 @@ def eval_command(
     resume: Annotated[
         Path | None, typer.Option("--resume", "-R", help="Run directory to finish.")
     ] = None,
+    request_timeout: Annotated[
+        float, typer.Option(help="Seconds before one model request times out (then retried).")
+    ] = 600.0,
+    max_retries: Annotated[
+        int, typer.Option(help="Retries per request on 429/5xx/timeouts/connection errors.")
+    ] = 5,
     pass_threshold: Annotated[
         float, typer.Option(help="A rollout passes (for pass@k) when reward >= this.")
     ] = 1.0,
@@ -90,6 +96,8 @@ def eval_command(
             base_url=base_url,
             api_key_var=api_key_var,
             endpoints=endpoints,
+            request_timeout=request_timeout,
+            max_retries=max_retries,
             output=output,
             resume=resume,
             quiet=quiet,
@@ -107,6 +115,8 @@ async def _evaluate(
     base_url: str | None,
     api_key_var: str | None,
     endpoints: Path | None,
+    request_timeout: float,
+    max_retries: int,
     output: Path,
     resume: Path | None,
     quiet: bool,
@@ -115,11 +125,19 @@ async def _evaluate(
     from vfops.envs import load_environment
     from vfops.envs._loading import environment_version
 
+    EvalRequest(env_name=env_name, model=model, **request_args).validate()
+    environment = load_environment(env_name, **request_args["env_args"])
+    if resume is not None:
+        read_metadata(resume)  # fail fast with a clear message on a wrong folder
     connection = await connect(
-        model, base_url=base_url, api_key_var=api_key_var, endpoints_file=endpoints
+        model,
+        base_url=base_url,
+        api_key_var=api_key_var,
+        endpoints_file=endpoints,
+        timeout_s=request_timeout,
+        max_retries=max_retries,
     )
     try:
-        environment = load_environment(env_name, **request_args["env_args"])
         request = EvalRequest(
             env_name=env_name,
             model=connection.model,
@@ -128,8 +146,6 @@ async def _evaluate(
             **request_args,
         )
         request.validate()
-        if resume is not None:
-            read_metadata(resume)  # fail fast with a clear message on a wrong folder
         run_dir = resume or new_run_dir(output, env_name, connection.model)
         total = _planned_rollouts(environment, request)
         display = EvalDisplay(total=total, enabled=not quiet and sys.stderr.isatty())

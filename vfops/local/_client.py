@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import re
 import threading
@@ -110,7 +111,8 @@ class LocalModelClient:
     ) -> None:
         try:
             import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tf: Any = importlib.import_module("transformers")
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise MissingExtraError("train", exc.name or "torch") from exc
         from vfops.local._tiny import _quiet_progress
@@ -129,10 +131,10 @@ class LocalModelClient:
         self._torch = torch
         if seed is not None:
             torch.manual_seed(seed)
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        self.tokenizer: Any = tf.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         self.tokenizer.padding_side = "left"
         with _quiet_progress():
-            self.model: Any = AutoModelForCausalLM.from_pretrained(
+            self.model: Any = tf.AutoModelForCausalLM.from_pretrained(
                 str(path), local_files_only=True, dtype=torch.float32
             )
         self.model.eval()
@@ -184,10 +186,13 @@ class LocalModelClient:
         """Stop accepting requests and wait for queued ones on this loop to finish."""
         self._closed = True
         drainer = self._drainer
-        if drainer is not None and not drainer.done():
-            if drainer.get_loop() is asyncio.get_running_loop():
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await asyncio.shield(drainer)
+        if (
+            drainer is not None
+            and not drainer.done()
+            and drainer.get_loop() is asyncio.get_running_loop()
+        ):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(drainer)
         self._drainer = None
 
     # ------------------------------------------------------------------ internals

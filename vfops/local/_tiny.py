@@ -7,10 +7,11 @@ only, and is itself imported lazily by :mod:`vfops.local`.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import random
-from dataclasses import asdict, dataclass, field, fields
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ CHAT_TEMPLATE = (
     "{{ render_content(messages[0].content) }}{{ '\\n\\n' }}"
     "{%- set offset = 1 -%}"
     "{%- endif -%}"
-    "{{ '# Tools\\nCall a tool by replying with <tool_call>{\"name\": ..., \"arguments\": {...}}'"
+    '{{ \'# Tools\\nCall a tool by replying with <tool_call>{"name": ..., "arguments": {...}}\''
     " '</tool_call>. Available tools:' }}"
     "{%- for tool in tools -%}{{ '\\n' }}{{ tool | tojson }}{%- endfor -%}"
     "{{ '<|im_end|>\\n' }}"
@@ -107,7 +108,7 @@ class TinyModelConfig:
     num_hidden_layers: int = field(default=2, metadata={"help": "Number of decoder layers."})
     num_attention_heads: int = field(
         default=2,
-        metadata={"help": "Attention heads; head_dim = hidden_size / heads (keep 64 for vLLM CPU)."},
+        metadata={"help": "Attention heads; head_dim = hidden_size / heads (64 for vLLM CPU)."},
     )
     intermediate_size: int = field(default=256, metadata={"help": "MLP intermediate size."})
     max_position_embeddings: int = field(
@@ -142,7 +143,8 @@ def _corpus(n_lines: int, seed: int) -> list[str]:
             lines.append(f"Question: What is {a} {op} {b}? Answer: {value}")
         elif kind == 1:
             lines.append(
-                f"<think>\nI need {a} {op} {b}. That is {value}.\n</think>\n<answer>{value}</answer>"
+                f"<think>\nI need {a} {op} {b}. That is {value}.\n</think>\n"
+                f"<answer>{value}</answer>"
             )
         elif kind == 2:
             tag = rng.choice(_TAGS)
@@ -157,14 +159,16 @@ def _corpus(n_lines: int, seed: int) -> list[str]:
             args = json.dumps({"expression": f"{a} {op} {b}"})
             lines.append(f'<tool_call>{{"name": "calculator", "arguments": {args}}}</tool_call>')
         else:
-            lines.append(rng.choice(_SENTENCES) + " " + " ".join(str(rng.randint(0, 9)) for _ in range(8)))
+            lines.append(
+                rng.choice(_SENTENCES) + " " + " ".join(str(rng.randint(0, 9)) for _ in range(8))
+            )
     return lines
 
 
 @contextlib.contextmanager
 def _quiet_progress() -> Iterator[None]:
     """Silence transformers' progress bars (weight loading/saving) for the block."""
-    from transformers.utils import logging as hf_logging
+    hf_logging: Any = importlib.import_module("transformers.utils.logging")
 
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -188,7 +192,8 @@ def build_tokenizer(config: TinyModelConfig, seed: int = 0) -> Any:
     """Train the byte-level BPE tokenizer and wrap it as a ``PreTrainedTokenizerFast``."""
     _require_train_extra()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+
+    tf: Any = importlib.import_module("transformers")
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -201,7 +206,7 @@ def build_tokenizer(config: TinyModelConfig, seed: int = 0) -> Any:
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(config.corpus_lines, seed), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = tf.PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,
         eos_token=IM_END,
@@ -230,7 +235,8 @@ def build_tiny_model(
     """
     _require_train_extra()
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tf: Any = importlib.import_module("transformers")
 
     if config.hidden_size % config.num_attention_heads:
         raise ValueError("hidden_size must be a multiple of num_attention_heads")
@@ -240,7 +246,7 @@ def build_tiny_model(
     tokenizer = build_tokenizer(config, seed)
     eos_id = int(tokenizer.convert_tokens_to_ids(IM_END))
     pad_id = int(tokenizer.convert_tokens_to_ids(ENDOFTEXT))
-    model_config = LlamaConfig(
+    model_config = tf.LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -258,9 +264,9 @@ def build_tiny_model(
     devices: list[torch.device] = []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(model_config)
+        model: Any = tf.LlamaForCausalLM(model_config)
     model.eval()
-    model.generation_config = GenerationConfig(
+    model.generation_config = tf.GenerationConfig(
         do_sample=True,
         temperature=config.temperature,
         top_p=1.0,

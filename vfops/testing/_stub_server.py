@@ -343,9 +343,10 @@ async def _start(
         access_log=None,
         handle_signals=False,
         handler_cancellation=True,  # a client that hangs up cancels its hanging handler
+        shutdown_timeout=0.5,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=0.5, backlog=4096)
+    site = web.TCPSite(runner, host, port, backlog=4096)
     await site.start()
     server = site._server
     assert isinstance(server, asyncio.base_events.Server)
@@ -454,7 +455,16 @@ class StubServer:
                 ready.set()
                 return
             ready.set()
-            loop.run_forever()
+            try:
+                loop.run_forever()
+            finally:
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
 
         self._thread = threading.Thread(target=run, name="vfops-stub-server", daemon=True)
         self._thread.start()
@@ -499,13 +509,6 @@ class StubServer:
                 asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(timeout=30)
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=30)
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
             self._loop = self._thread = self._runner = None
 
     def __enter__(self) -> StubServer:

@@ -1,0 +1,185 @@
+"""``vfops`` end to end: real processes, real HTTP to a stub server on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from vfops.testing import StubConfig, StubServer
+
+VFOPS = str(Path(sys.executable).parent / "vfops")
+FIXTURE_ENVS = Path(__file__).parent / "fixtures" / "cli_envs"
+
+
+@pytest.fixture(scope="module")
+def env_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CLI test environments, pip-installed into a folder put on PYTHONPATH."""
+    site = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+         str(FIXTURE_ENVS)],
+        check=True,
+        capture_output=True,
+    )
+    return site
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[StubServer]:
+    with StubServer(StubConfig(reply_mode="echo_answer")) as server:
+        yield server
+
+
+def run_cli(
+    *args: str, site: Path | None = None, extra_env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(site) if site else "", **(extra_env or {})}
+    env.pop("OPENAI_API_KEY", None)
+    return subprocess.run(
+        [VFOPS, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+
+
+def records(run_root: Path) -> list[dict[str, object]]:
+    (results,) = run_root.glob("evals/*/*/results.jsonl")
+    return [orjson.loads(line) for line in results.read_bytes().splitlines()]
+
+
+def test_env_init_install_and_eval_against_a_server(tmp_path: Path) -> None:
+    created = run_cli("env", "init", "demo_env", "--path", str(tmp_path / "environments"))
+    assert created.returncode == 0, created.stderr
+    package = tmp_path / "environments" / "demo_env"
+    assert {p.name for p in package.rglob("*") if p.is_file()} == {
+        "pyproject.toml", "demo_env.py", "README.md", "test_demo_env.py"
+    }
+    site = tmp_path / "site"
+    installed = run_cli(
+        "env", "install", str(package), "--target", str(site), "--no-deps"
+    )
+    assert installed.returncode == 0, installed.stderr
+    with StubServer(StubConfig(reply_mode="arithmetic")) as server:
+        result = run_cli(
+            "eval", "demo_env", "--model", "stub-model", "--base-url", server.base_url,
+            "-n", "50", "-r", "2", "-o", str(tmp_path / "out"), site=site,
+        )
+        assert server.stats["ok"] == 100
+    assert result.returncode == 0, result.stderr
+    assert "reward" in result.stdout and "pass@2" in result.stdout
+    rows = records(tmp_path / "out")
+    assert len(rows) == 100
+    assert all(row["metrics"]["correct_answer"] == 1.0 for row in rows)  # type: ignore[index]
+    (metadata_path,) = (tmp_path / "out").glob("evals/*/*/metadata.json")
+    metadata = orjson.loads(metadata_path.read_bytes())
+    assert metadata["env_version"] == "0.1.0" and metadata["status"] == "completed"
+    assert (metadata_path.parent / "dataset" / "dataset_info.json").exists()
+
+
+def test_eval_completes_against_a_faulty_endpoint(env_site: Path, tmp_path: Path) -> None:
+    config = StubConfig(
+        reply_mode="echo_answer", rate_429=0.3, retry_after_s=0.05, rate_500=0.1,
+        rate_timeout=0.02, latency_ms=5, seed=7,
+    )
+    with StubServer(config) as server:
+        result = run_cli(
+            "eval", "echo_env", "-m", "stub-model", "-b", server.base_url, "-n", "100", "-r", "2",
+            "-c", "32", "--request-timeout", "1", "--max-retries", "10",
+            "-o", str(tmp_path), site=env_site,
+        )
+        stats = server.stats
+    assert result.returncode == 0, result.stderr
+    assert stats["429"] > 30 and stats["500"] > 5 and stats["timeout"] > 0
+    rows = records(tmp_path)
+    assert len({(r["example_id"], r["rollout_index"]) for r in rows}) == len(rows) == 200
+    # every rollout ends scored or with its error recorded, and the summary counts both
+    assert all((r["reward"] is None) != (r["error"] is None) for r in rows)
+    (metadata_path,) = tmp_path.glob("evals/*/*/metadata.json")
+    summary = orjson.loads(metadata_path.read_bytes())["summary"]
+    assert summary["scored"] + summary["errors"] == 200
+    assert summary["scored"] == sum(r["reward"] is not None for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["eval", "no_such_env", "-m", "m"], "unknown environment 'no_such_env' (installed: "),
+        (["eval", "no_prompt_env", "-m", "m"], "neither a 'prompt' nor a 'question'"),
+        (["eval", "echo_env", "-m", "m", "-S", "{bad"], "--sampling-args is not valid JSON"),
+        (["eval", "echo_env", "-m", "m", "-a", "[1]"], "--env-args must be a JSON object"),
+        (["eval", "raising_env", "-m", "m", "-a", '{"size": 2}'],
+         "load_environment of 'raising_env' raised ValueError: size must be at least 10, got 2"),
+        (["eval", "echo_env", "-m", "m", "-n", "0"], "--num-examples must be positive"),
+        (["eval", "echo_env", "-m", "big", "-e", "{endpoints}"], "unknown model alias 'big'"),
+        (["eval", "echo_env", "-m", "m", "-k", "VFOPS_TEST_UNSET_KEY"],
+         "environment variable VFOPS_TEST_UNSET_KEY is not set"),
+        (["eval", "echo_env", "-m", "m", "-b", "http://127.0.0.1:9/v1"], "cannot reach base URL"),
+    ],
+)
+def test_bad_input_is_one_line_and_non_zero(
+    args: list[str], message: str, env_site: Path, stub: StubServer, tmp_path: Path
+) -> None:
+    endpoints = tmp_path / "endpoints.toml"
+    endpoints.write_text(
+        '[[endpoint]]\nalias = "small"\nmodel = "stub-model"\n'
+        f'base_url = "{stub.base_url}"\napi_key_var = "OPENAI_API_KEY"\n'
+    )
+    args = [a.replace("{endpoints}", str(endpoints)) for a in args]
+    if "-b" not in args and "-e" not in args:
+        args += ["-b", stub.base_url]
+    result = run_cli(*args, "-o", str(tmp_path / "out"), site=env_site)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+    assert not list((tmp_path / "out").glob("evals/*/*/results.jsonl"))
+
+
+def test_ctrl_c_keeps_completed_rollouts_and_resume_finishes(env_site: Path, tmp_path: Path) -> None:
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=100)) as server:
+        args = ["eval", "echo_env", "-m", "stub-model", "-b", server.base_url, "-n", "100",
+                "-r", "2", "-c", "8", "-o", str(tmp_path)]
+        env = {**os.environ, "PYTHONPATH": str(env_site)}
+        process = subprocess.Popen(
+            [VFOPS, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("evals/*/*/results.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 130, stderr
+        assert "interrupted" in stderr and "--resume" in stderr
+        kept = records(tmp_path)
+        assert 0 < len(kept) < 200
+        (run_dir,) = tmp_path.glob("evals/*/*")
+        resumed = run_cli(*args, "--resume", str(run_dir), site=env_site)
+        assert resumed.returncode == 0, resumed.stderr
+    rows = records(tmp_path)
+    keys = [(r["example_id"], r["rollout_index"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 200
+    assert [r["trace_id"] for r in rows[: len(kept)]] == [r["trace_id"] for r in kept]
+
+
+def test_api_key_is_used_but_never_written(env_site: Path, tmp_path: Path) -> None:
+    secret = "sk-test-a1b2c3-never-store-me"
+    with StubServer(StubConfig(reply_mode="echo_answer", api_key=secret)) as server:
+        result = run_cli(
+            "eval", "echo_env", "-m", "stub-model", "-b", server.base_url, "-k", "MY_TEST_KEY",
+            "-n", "5", "-r", "1", "-o", str(tmp_path), site=env_site,
+            extra_env={"MY_TEST_KEY": secret},
+        )
+        assert server.stats["ok"] == 5
+    assert result.returncode == 0, result.stderr
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    assert secret not in result.stdout + result.stderr

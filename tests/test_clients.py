@@ -1,0 +1,545 @@
+"""OpenAIClient over real HTTP against the stub, the retry policy, and endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from email.utils import format_datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+
+import vfops.clients as clients
+from vfops._errors import EndpointError
+from vfops.clients import (
+    ChatResponse,
+    Endpoint,
+    ModelClient,
+    OpenAIClient,
+    PromptTooLongError,
+    RetryPolicy,
+    check_reachable,
+    load_endpoints,
+    read_api_key,
+    resolve_endpoint,
+)
+from vfops.clients._openai import _is_context_error, parse_chat_completion
+from vfops.clients._retry import MalformedResponseError, parse_retry_after
+from vfops.testing import StubConfig, StubServer
+
+FAST = RetryPolicy(max_retries=3, base_delay_s=0.001, max_delay_s=5.0)
+
+
+def _user(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- client
+
+
+def test_public_api() -> None:
+    assert sorted(clients.__all__) == sorted(
+        ["ModelClient", "ChatResponse", "PromptTooLongError", "OpenAIClient", "ScriptedClient",
+         "RetryPolicy", "Endpoint", "load_endpoints", "resolve_endpoint", "read_api_key",
+         "check_reachable"]
+    )  # fmt: skip
+    assert isinstance(OpenAIClient("http://127.0.0.1:1/v1"), ModelClient)
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+async def test_plain_success(transport: str) -> None:
+    with StubServer(StubConfig(api_key="sk-test-123")) as server:
+        client = OpenAIClient(server.base_url, "sk-test-123", transport=transport)  # type: ignore[arg-type]
+        try:
+            response = await client.chat(
+                model="stub", messages=[{"role": "system", "content": "be brief"},
+                                        *_user("Capital?\nANSWER_HINT: Paris")]
+            )  # fmt: skip
+        finally:
+            await client.aclose()
+    assert isinstance(response, ChatResponse)
+    assert response.message == {"role": "assistant", "content": "<answer>Paris</answer>"}
+    assert type(response.message) is dict
+    assert response.finish_reason == "stop"
+    assert response.prompt_tokens == 2 + 3
+    assert response.completion_tokens == 1
+    assert response.raw is not None and response.raw["object"] == "chat.completion"
+
+
+async def test_sampling_args_pass_through() -> None:
+    with StubServer(StubConfig(record_requests=True)) as server:
+        async with OpenAIClient(server.base_url) as client:
+            await client.chat(
+                model="stub",
+                messages=_user("hi"),
+                sampling_args={"temperature": 0.3, "max_tokens": 64, "top_k": 20, "n": 1,
+                               "extra_body": {"repetition_penalty": 1.1}},
+            )  # fmt: skip
+            with pytest.raises(ValueError, match="n must be 1"):
+                await client.chat(model="stub", messages=_user("hi"), sampling_args={"n": 4})
+        body = server.requests[0]
+    assert body["model"] == "stub"
+    assert body["messages"] == _user("hi")
+    assert body["temperature"] == 0.3
+    assert body["max_tokens"] == 64
+    assert body["top_k"] == 20
+    assert body["repetition_penalty"] == 1.1
+    assert "extra_body" not in body
+    assert "tools" not in body
+
+
+async def test_tool_calls_round_trip() -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "Add two integers.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"],
+                },
+            },
+        }
+    ]
+
+    def reply(request: dict[str, Any]) -> dict[str, Any]:
+        last = request["messages"][-1]
+        if last["role"] == "tool":
+            return {"role": "assistant", "content": f"<answer>{last['content']}</answer>"}
+        assert request["tools"] == tools
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_7", "type": "function",
+                            "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}],
+        }  # fmt: skip
+
+    with StubServer(StubConfig(reply_mode=reply)) as server:
+        async with OpenAIClient(server.base_url) as client:
+            messages = _user("What is 2 + 3? Use the tool.")
+            first = await client.chat(model="stub", messages=messages, tools=tools)
+            assert first.finish_reason == "tool_calls"
+            assert first.message == {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "call_7", "type": "function",
+                                "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}],
+            }  # fmt: skip
+            messages.append(first.message)
+            messages.append({"role": "tool", "tool_call_id": "call_7", "content": "5"})
+            second = await client.chat(model="stub", messages=messages, tools=tools)
+    assert second.message["content"] == "<answer>5</answer>"
+    assert second.finish_reason == "stop"
+    assert "tool_calls" not in second.message
+
+
+async def test_429_retry_after_is_honoured() -> None:
+    config = StubConfig(fail_first_n=1, fail_first_kind="429", retry_after_s=0.4)
+    with StubServer(config) as server:
+        async with OpenAIClient(server.base_url, backoff=FAST) as client:
+            start = time.perf_counter()
+            response = await client.chat(model="stub", messages=_user("ANSWER_HINT: 1"))
+            elapsed = time.perf_counter() - start
+        assert server.stats["429"] == 1
+        assert server.stats["ok"] == 1
+    assert response.message["content"] == "<answer>1</answer>"
+    assert 0.4 <= elapsed < 2.0
+
+
+async def test_500_retried_then_success() -> None:
+    with StubServer(StubConfig(fail_first_n=2, fail_first_kind="500")) as server:
+        async with OpenAIClient(server.base_url, backoff=FAST) as client:
+            response = await client.chat(model="stub", messages=_user("x"))
+        assert server.stats["500"] == 2
+        assert server.stats["requests"] == 3
+    assert response.message["content"] == "ok"
+
+
+async def test_timeouts_retried() -> None:
+    with StubServer(StubConfig(fail_first_n=1, fail_first_kind="timeout")) as server:
+        async with OpenAIClient(server.base_url, timeout_s=0.3, backoff=FAST) as client:
+            start = time.perf_counter()
+            response = await client.chat(model="stub", messages=_user("x"))
+            elapsed = time.perf_counter() - start
+        assert server.stats["timeout"] == 1
+        assert server.stats["ok"] == 1
+    assert response.message["content"] == "ok"
+    assert elapsed >= 0.3
+
+
+async def test_timeouts_exhausted_raise_timeout_error() -> None:
+    with StubServer(StubConfig(fail_first_n=10, fail_first_kind="timeout")) as server:
+        policy = RetryPolicy(max_retries=1, base_delay_s=0.001)
+        async with OpenAIClient(server.base_url, timeout_s=0.2, backoff=policy) as client:
+            with pytest.raises(openai.APITimeoutError):
+                await client.chat(model="stub", messages=_user("x"))
+        assert server.stats["timeout"] == 2
+
+
+async def test_malformed_json_retried() -> None:
+    with StubServer(StubConfig(fail_first_n=2, fail_first_kind="malformed")) as server:
+        async with OpenAIClient(server.base_url, backoff=FAST) as client:
+            response = await client.chat(model="stub", messages=_user("x"))
+        assert server.stats["malformed"] == 2
+    assert response.message["content"] == "ok"
+
+
+async def test_non_retryable_400_is_not_retried() -> None:
+    with StubServer(StubConfig(fail_first_n=5, fail_first_kind="400")) as server:
+        async with OpenAIClient(server.base_url, backoff=FAST) as client:
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.chat(model="stub", messages=_user("x"))
+        assert server.stats["requests"] == 1
+    assert info.value.status_code == 400
+    assert not isinstance(info.value, PromptTooLongError)
+
+
+async def test_auth_error_is_not_retried() -> None:
+    with StubServer(StubConfig(api_key="right")) as server:
+        async with OpenAIClient(server.base_url, "wrong", backoff=FAST) as client:
+            with pytest.raises(openai.AuthenticationError):
+                await client.chat(model="stub", messages=_user("x"))
+        assert server.stats["requests"] == 1
+
+
+async def test_context_too_long_raises_prompt_too_long() -> None:
+    with StubServer(StubConfig(context_limit_chars=100)) as server:
+        async with OpenAIClient(server.base_url, backoff=FAST) as client:
+            ok = await client.chat(model="stub", messages=_user("short"))
+            with pytest.raises(PromptTooLongError, match="maximum context length") as info:
+                await client.chat(model="stub", messages=_user("word " * 100))
+        assert server.stats["context"] == 1
+        assert server.stats["requests"] == 2
+    assert ok.message["content"] == "ok"
+    assert isinstance(info.value.__cause__, openai.BadRequestError)
+
+
+async def test_retries_exhausted_raise_last_error() -> None:
+    with StubServer(StubConfig(fail_first_n=100, fail_first_kind="500")) as server:
+        policy = RetryPolicy(max_retries=2, base_delay_s=0.001)
+        async with OpenAIClient(server.base_url, backoff=policy) as client:
+            with pytest.raises(openai.InternalServerError):
+                await client.chat(model="stub", messages=_user("x"))
+        assert server.stats["requests"] == 3
+
+
+async def test_max_retries_zero_makes_one_attempt() -> None:
+    with StubServer(StubConfig(fail_first_n=100, fail_first_kind="429", retry_after_s=0)) as srv:
+        async with OpenAIClient(srv.base_url, max_retries=0) as client:
+            with pytest.raises(openai.RateLimitError):
+                await client.chat(model="stub", messages=_user("x"))
+        assert srv.stats["requests"] == 1
+
+
+async def test_connection_refused_retried_then_raises() -> None:
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    policy = RetryPolicy(max_retries=2, base_delay_s=0.001)
+    async with OpenAIClient(url, backoff=policy) as client:
+        with pytest.raises(openai.APIConnectionError):
+            await client.chat(model="stub", messages=_user("x"))
+
+
+async def test_random_faults_all_recovered() -> None:
+    config = StubConfig(rate_429=0.1, rate_500=0.1, rate_malformed=0.1, retry_after_s=0, seed=3)
+    with StubServer(config) as server:
+        policy = RetryPolicy(max_retries=10, base_delay_s=0.001, max_delay_s=0.01)
+        async with OpenAIClient(server.base_url, backoff=policy) as client:
+            results = await asyncio.gather(
+                *(client.chat(model="stub", messages=_user(f"ANSWER_HINT: {i}")) for i in range(200))
+            )
+        stats = server.stats
+    assert [r.message["content"] for r in results] == [f"<answer>{i}</answer>" for i in range(200)]
+    assert stats["ok"] == 200
+    assert stats["429"] + stats["500"] + stats["malformed"] > 20
+
+
+async def test_500_concurrent_requests_complete() -> None:
+    with StubServer(StubConfig(latency_ms=100, reply_mode="arithmetic")) as server:
+        async with OpenAIClient(server.base_url, backoff=FAST) as client:
+            start = time.perf_counter()
+            results = await asyncio.gather(
+                *(client.chat(model="stub", messages=_user(f"What is {i} + 1?"))
+                  for i in range(500))
+            )  # fmt: skip
+            elapsed = time.perf_counter() - start
+        assert server.stats["requests"] == 500
+    for i, response in enumerate(results):
+        assert response.message["content"].endswith(f"<answer>{i + 1}</answer>")
+    assert elapsed < 10
+
+
+def test_repr_hides_api_key() -> None:
+    client = OpenAIClient("http://127.0.0.1:1/v1", "sk-very-secret-key")
+    assert "sk-very-secret-key" not in repr(client)
+    assert "sk-very-secret-key" not in str(client)
+    assert "***" in repr(client)
+
+
+def test_backoff_and_max_retries_are_exclusive() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        OpenAIClient("http://127.0.0.1:1/v1", max_retries=2, backoff=FAST)
+    with pytest.raises(ValueError, match="transport"):
+        OpenAIClient("http://127.0.0.1:1/v1", transport="curl")  # type: ignore[arg-type]
+
+
+def test_parse_chat_completion_shapes() -> None:
+    parsed = parse_chat_completion(
+        b'{"choices":[{"message":{"content":"hi","tool_calls":[{"id":"c","function":'
+        b'{"name":"f","arguments":{"x":1}}}]},"finish_reason":"tool_calls"}]}'
+    )
+    assert parsed.message == {
+        "role": "assistant",
+        "content": "hi",
+        "tool_calls": [{"id": "c", "type": "function",
+                        "function": {"name": "f", "arguments": '{"x":1}'}}],
+    }  # fmt: skip
+    assert parsed.prompt_tokens == 0
+    for bad in (b"{", b'{"choices": []}', b'{"error": {"message": "boom"}}', b"[]"):
+        with pytest.raises(MalformedResponseError):
+            parse_chat_completion(bad)
+
+
+def _status_error(status: int, body: Any, headers: dict[str, str] | None = None) -> Exception:
+    request = httpx2.Request("POST", "http://x/v1/chat/completions")
+    response = httpx2.Response(status, headers=headers or {}, request=request)
+    cls: dict[int, type[openai.APIStatusError]] = {
+        400: openai.BadRequestError, 429: openai.RateLimitError,
+        500: openai.InternalServerError, 404: openai.NotFoundError,
+    }  # fmt: skip
+    message = body.get("message", "") if isinstance(body, dict) else str(body)
+    return cls.get(status, openai.APIStatusError)(
+        f"Error code: {status} - {message}", response=response, body=body
+    )
+
+
+def test_context_error_detection() -> None:
+    vllm = {"message": "This model's maximum context length is 4096 tokens. However, you "
+            "requested 5000 tokens", "type": "BadRequestError", "code": 400}  # fmt: skip
+    openai_shape = {"message": "too long", "code": "context_length_exceeded"}
+    other = {"message": "Invalid value for 'temperature'", "code": "invalid_value"}
+    assert _is_context_error(_status_error(400, vllm))  # type: ignore[arg-type]
+    assert _is_context_error(_status_error(400, openai_shape))  # type: ignore[arg-type]
+    assert not _is_context_error(_status_error(400, other))  # type: ignore[arg-type]
+    assert not _is_context_error(_status_error(500, vllm))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- retry policy
+
+
+def test_retry_policy_classification() -> None:
+    policy = RetryPolicy()
+    request = httpx2.Request("POST", "http://x")
+    for status in (408, 429, 500, 502, 503, 504):
+        assert policy.is_retryable(_status_error(status, {})), status
+    for status in (400, 401, 403, 404, 409, 422):
+        assert not policy.is_retryable(_status_error(status, {})), status
+    assert policy.is_retryable(openai.APITimeoutError(request=request))
+    assert policy.is_retryable(openai.APIConnectionError(request=request))
+    assert policy.is_retryable(MalformedResponseError("bad json"))
+    assert policy.is_retryable(httpx2.ReadError("reset"))
+    assert policy.is_retryable(TimeoutError())
+    assert policy.is_retryable(ConnectionResetError())
+    assert not policy.is_retryable(ValueError("bug"))
+    assert not policy.is_retryable(PromptTooLongError("long"))
+
+
+def test_retry_policy_backoff_full_jitter_capped() -> None:
+    policy = RetryPolicy(max_retries=10, base_delay_s=0.5, max_delay_s=4.0, rng=random.Random(1))
+    for attempt in range(10):
+        cap = min(4.0, 0.5 * 2**attempt)
+        delays = [policy.delay_for(attempt) for _ in range(200)]
+        assert all(0.0 <= d <= cap for d in delays)
+        assert max(delays) > cap * 0.8  # full jitter spans the range
+        assert min(delays) < cap * 0.2
+    assert policy.backoff_cap(1000) == 4.0
+
+
+def test_retry_policy_honours_retry_after() -> None:
+    policy = RetryPolicy(base_delay_s=0.01, max_delay_s=30.0, rng=random.Random(0))
+    assert policy.delay_for(0, retry_after_s=2.5) == 2.5
+    assert policy.delay_for(0, retry_after_s=600.0) == 30.0  # capped
+    assert policy.delay_for(0, retry_after_s=0.0) <= 0.01
+    with pytest.raises(ValueError):
+        RetryPolicy(max_retries=-1)
+
+
+def test_parse_retry_after() -> None:
+    assert parse_retry_after(None) is None
+    assert parse_retry_after(httpx2.Headers({})) is None
+    assert parse_retry_after(httpx2.Headers({"Retry-After": "3"})) == 3.0
+    assert parse_retry_after(httpx2.Headers({"retry-after": "0.25"})) == 0.25
+    assert parse_retry_after(httpx2.Headers({"retry-after-ms": "1500", "Retry-After": "9"})) == 1.5
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    date = format_datetime(now + timedelta(seconds=20), usegmt=True)
+    assert parse_retry_after(httpx2.Headers({"Retry-After": date}), now=now.timestamp()) == 20.0
+    past = format_datetime(now - timedelta(seconds=20), usegmt=True)
+    assert parse_retry_after(httpx2.Headers({"Retry-After": past}), now=now.timestamp()) == 0.0
+    assert parse_retry_after(httpx2.Headers({"Retry-After": "soon"})) is None
+
+
+# --------------------------------------------------------------------------- endpoints
+
+GOOD = """
+[[endpoint]]
+alias = "small"
+model = "gpt-4.1-mini"
+base_url = "https://api.openai.com/v1"
+api_key_var = "OPENAI_API_KEY"
+
+[[endpoint]]
+alias = "local"
+model = "Qwen/Qwen3-0.6B"
+base_url = "http://localhost:8000/v1"
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "endpoints.toml"
+    path.write_text(text)
+    return path
+
+
+def test_load_endpoints(tmp_path: Path) -> None:
+    endpoints = load_endpoints(_write(tmp_path, GOOD))
+    assert endpoints == {
+        "small": Endpoint("small", "gpt-4.1-mini", "https://api.openai.com/v1", "OPENAI_API_KEY"),
+        "local": Endpoint("local", "Qwen/Qwen3-0.6B", "http://localhost:8000/v1",
+                          "OPENAI_API_KEY"),
+    }  # fmt: skip
+    assert load_endpoints(_write(tmp_path, "")) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[[endpoint]\nalias = 1", "invalid TOML"),
+        ('[[endpoint]]\nalias = "a"\nbase_url = "http://h/v1"', "is missing 'model'"),
+        ('[[endpoint]]\nmodel = "m"\nbase_url = "http://h/v1"', "is missing 'alias'"),
+        ('[[endpoint]]\nalias = "a"\nmodel = "m"', "is missing 'base_url'"),
+        (GOOD + '\n[[endpoint]]\nalias = "small"\nmodel = "x"\nbase_url = "http://h/v1"',
+         "duplicate alias 'small'"),
+        ('[[endpoint]]\nalias = "a"\nmodel = "m"\nbase_url = "http://h/v1"\nurl = "x"',
+         "unknown field 'url'"),
+        ('[[endpoint]]\nalias = "a"\nmodel = 3\nbase_url = "http://h/v1"',
+         "'model' must be a non-empty string"),
+        ('[[endpoint]]\nalias = "a"\nmodel = "m"\nbase_url = "localhost:8000"',
+         "is not an http(s) URL"),
+        ('[[endpoint]]\nalias = "a"\nmodel = "m"\nbase_url = "http://h/v1"\n'
+         'api_key_var = "OPENAI API KEY"', "must be the NAME of an environment variable"),
+        ('endpoint = "x"', "array of tables"),
+        ('[[endpoints]]\nalias = "a"', "unknown top-level key 'endpoints'"),
+    ],
+)  # fmt: skip
+def test_load_endpoints_errors(tmp_path: Path, text: str, expected: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(EndpointError) as info:
+        load_endpoints(path)
+    message = str(info.value)
+    assert expected in message
+    assert str(path) in message
+    assert "\n" not in message
+
+
+def test_literal_api_key_is_rejected_without_echoing_it(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        '[[endpoint]]\nalias = "a"\nmodel = "m"\nbase_url = "http://h/v1"\n'
+        'api_key = "sk-live-abcdef"\n',
+    )
+    with pytest.raises(EndpointError, match="literal api_key") as info:
+        load_endpoints(path)
+    assert "sk-live-abcdef" not in str(info.value)
+    path = _write(
+        tmp_path,
+        '[[endpoint]]\nalias = "a"\nmodel = "m"\nbase_url = "http://h/v1"\n'
+        'api_key_var = "sk-live-abcdef"\n',
+    )
+    with pytest.raises(EndpointError, match="NAME of an environment variable") as info:
+        load_endpoints(path)
+    assert "sk-live-abcdef" not in str(info.value)
+
+
+def test_missing_endpoints_file(tmp_path: Path) -> None:
+    with pytest.raises(EndpointError, match="not found"):
+        load_endpoints(tmp_path / "nope.toml")
+
+
+def test_resolve_endpoint(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD)
+    assert resolve_endpoint("small", endpoints_file=path) == Endpoint(
+        "small", "gpt-4.1-mini", "https://api.openai.com/v1", "OPENAI_API_KEY"
+    )
+    # explicit flags win over the alias
+    assert resolve_endpoint(
+        "small", endpoints_file=path, base_url="http://127.0.0.1:9/v1", api_key_var="MY_KEY"
+    ) == Endpoint("small", "gpt-4.1-mini", "http://127.0.0.1:9/v1", "MY_KEY")
+    # a literal model with an explicit base URL
+    assert resolve_endpoint(
+        "my-model", endpoints_file=path, base_url="http://127.0.0.1:9/v1"
+    ) == Endpoint("my-model", "my-model", "http://127.0.0.1:9/v1", "OPENAI_API_KEY")
+    # no file, no base URL: the OpenAI API
+    assert resolve_endpoint("gpt-4.1") == Endpoint(
+        "gpt-4.1", "gpt-4.1", "https://api.openai.com/v1", "OPENAI_API_KEY"
+    )
+    with pytest.raises(EndpointError, match="unknown model alias 'smol'") as info:
+        resolve_endpoint("smol", endpoints_file=path)
+    assert "known aliases: local, small" in str(info.value)
+    with pytest.raises(EndpointError, match="--base-url"):
+        resolve_endpoint("m", base_url="ftp://x")
+    with pytest.raises(EndpointError, match="--api-key-var"):
+        resolve_endpoint("m", api_key_var="sk-abc-123")
+
+
+def test_read_api_key_only_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    remote = Endpoint("small", "gpt-4.1-mini", "https://api.openai.com/v1", "VFOPS_TEST_KEY")
+    monkeypatch.setenv("VFOPS_TEST_KEY", "sk-from-env")
+    assert read_api_key(remote, required=True) == "sk-from-env"
+    monkeypatch.delenv("VFOPS_TEST_KEY")
+    with pytest.raises(EndpointError) as info:
+        read_api_key(remote, required=True)
+    assert str(info.value) == (
+        "environment variable VFOPS_TEST_KEY is not set; "
+        "export VFOPS_TEST_KEY=... or pass --api-key-var"
+    )
+    assert read_api_key(remote, required=False) == "EMPTY"
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    for url in ("http://localhost:8000/v1", "http://127.0.0.1:8000/v1", "http://[::1]:8000/v1"):
+        local = Endpoint("local", "m", url)
+        assert read_api_key(local, required=True) == "EMPTY"
+    # a non-default variable is required even for loopback
+    with pytest.raises(EndpointError, match="VFOPS_TEST_KEY"):
+        read_api_key(Endpoint("l", "m", "http://localhost:1/v1", "VFOPS_TEST_KEY"), required=True)
+    with pytest.raises(EndpointError, match="OPENAI_API_KEY"):
+        read_api_key(Endpoint("r", "m", "https://example.com/v1"), required=True)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+    assert read_api_key(Endpoint("local", "m", "http://localhost:8000/v1"), required=True) == (
+        "sk-local"
+    )
+
+
+async def test_check_reachable() -> None:
+    with StubServer() as server:
+        await check_reachable(server.base_url)
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    with pytest.raises(EndpointError) as info:
+        await check_reachable(url, timeout_s=2)
+    message = str(info.value)
+    assert message.startswith(f"cannot reach base URL {url}: ")
+    assert message.endswith("; check --base-url and that the server is running")
+    with pytest.raises(EndpointError, match="not an http"):
+        await check_reachable("localhost:8000")

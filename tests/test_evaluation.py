@@ -1,0 +1,144 @@
+"""The eval runner: streaming to disk, resume, interruption, summary statistics."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+import pytest
+from datasets import Dataset
+
+from vfops._errors import VfopsError
+from vfops._rollout import RolloutRecord
+from vfops._types import Messages
+from vfops.clients import ScriptedClient
+from vfops.envs import SingleTurnEnv
+from vfops.evaluation import (
+    EvalRequest,
+    iter_records,
+    load_results,
+    pass_at_k,
+    read_metadata,
+    run_eval_async,
+)
+from vfops.rubrics import Rubric
+
+
+def correct(completion: Messages, answer: str) -> float:
+    return 1.0 if completion[-1]["content"] == answer else 0.0
+
+
+def make_env(n: int = 6) -> SingleTurnEnv:
+    rows = [{"question": f"{i}", "answer": str(i)} for i in range(n)]
+    return SingleTurnEnv(eval_dataset=Dataset.from_list(rows), rubric=Rubric(funcs=[correct]))
+
+
+def echo_client(delay_s: float = 0.0) -> ScriptedClient:
+    # Echoes the question: correct on every rollout.
+    return ScriptedClient(lambda messages, tools: messages[-1]["content"], delay_s=delay_s)
+
+
+def request(n: int = 6, r: int = 2, c: int = 4) -> EvalRequest:
+    return EvalRequest(
+        env_name="echo", model="scripted", num_examples=n, rollouts_per_example=r, max_concurrent=c
+    )
+
+
+def keys(run_dir: Path) -> list[tuple[int, int]]:
+    return sorted(r.key for r in iter_records(run_dir))
+
+
+async def test_run_streams_every_rollout_and_writes_a_dataset(tmp_path: Path) -> None:
+    result = await run_eval_async(make_env(), echo_client(), request(), run_dir=tmp_path)
+    assert keys(tmp_path) == [(e, i) for e in range(6) for i in range(2)]
+    assert result.summary.reward.mean == 1.0 and result.status == "completed"
+    metadata = read_metadata(tmp_path)
+    assert metadata["status"] == "completed"
+    assert metadata["summary"]["rollouts"] == 12
+    assert metadata["env_name"] == "echo" and metadata["vfops_version"]
+    dataset = load_results(tmp_path)
+    from_dataset = sorted((RolloutRecord.from_row(row) for row in dataset), key=lambda r: r.key)
+    assert from_dataset == sorted(iter_records(tmp_path), key=lambda r: r.key)
+
+
+async def test_resume_generates_only_missing_rollouts(tmp_path: Path) -> None:
+    await run_eval_async(make_env(), echo_client(), request(), run_dir=tmp_path)
+    results = tmp_path / "results.jsonl"
+    lines = results.read_bytes().splitlines(keepends=True)
+    # drop three records and leave a torn half line, as a kill -9 mid-write would
+    results.write_bytes(b"".join(lines[:-3]) + lines[-3][:20])
+    client = echo_client()
+    result = await run_eval_async(make_env(), client, request(), run_dir=tmp_path, resume=True)
+    assert len(client.calls) == 3
+    assert keys(tmp_path) == [(e, i) for e in range(6) for i in range(2)]
+    assert result.summary.rollouts == 12 and result.summary.new_rollouts == 3
+
+
+async def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
+    await run_eval_async(make_env(), echo_client(), request(r=1), run_dir=tmp_path)
+    with pytest.raises(VfopsError, match="rollouts_per_example was 1, now 2"):
+        await run_eval_async(make_env(), echo_client(), request(r=2), run_dir=tmp_path, resume=True)
+
+
+async def test_cancel_keeps_completed_groups_and_resume_finishes(tmp_path: Path) -> None:
+    env = make_env(20)
+    task = asyncio.create_task(
+        run_eval_async(env, echo_client(0.05), request(n=20, r=2, c=4), run_dir=tmp_path)
+    )
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    kept = keys(tmp_path)
+    assert 0 < len(kept) < 40
+    assert read_metadata(tmp_path)["status"] == "interrupted"
+    # every kept group is whole: group scoring needs all of its rollouts
+    assert all((e, 1 - i) in kept for e, i in kept)
+    client = echo_client()
+    await run_eval_async(env, client, request(n=20, r=2, c=4), run_dir=tmp_path, resume=True)
+    assert len(client.calls) == 40 - len(kept)
+    assert keys(tmp_path) == [(e, i) for e in range(20) for i in range(2)]
+
+
+async def test_concurrency_is_bounded(tmp_path: Path) -> None:
+    in_flight = 0
+    peak = 0
+
+    async def reply(messages: Messages, tools: object) -> str:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return str(messages[-1]["content"])
+
+    await run_eval_async(make_env(30), ScriptedClient(reply), request(n=30, r=3, c=5), run_dir=None)
+    assert peak == 5
+
+
+async def test_errors_are_counted_not_scored() -> None:
+    def flaky(messages: Messages, tools: object) -> object:
+        return ConnectionError("down") if messages[-1]["content"] in {"0", "1"} else "x"
+
+    result = await run_eval_async(
+        make_env(4), ScriptedClient(flaky), request(n=4, r=1), run_dir=None
+    )
+    summary = result.summary
+    assert summary.rollouts == 4 and summary.reward.count == 2
+    assert summary.errors == {"generation:ConnectionError": 2}
+    assert summary.pass_at() == {1: 0.0}
+
+
+def test_pass_at_k_matches_the_combinatorial_definition() -> None:
+    assert pass_at_k(4, 0, 1) == 0.0
+    assert pass_at_k(4, 4, 2) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+
+
+async def test_jsonl_lines_are_whole_records(tmp_path: Path) -> None:
+    await run_eval_async(make_env(3), echo_client(), request(n=3, r=2), run_dir=tmp_path)
+    for line in (tmp_path / "results.jsonl").read_bytes().splitlines():
+        assert set(orjson.loads(line)) >= {"trace_id", "example_id", "reward", "completion"}

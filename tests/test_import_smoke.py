@@ -1,0 +1,32 @@
+"""``import vfops`` stays light: no torch, transformers, vllm or datasets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("torch", "transformers", "vllm", "deepspeed", "datasets", "mlflow")
+
+
+def loaded_after(statement: str) -> set[str]:
+    code = f"import sys\n{statement}\nprint(' '.join(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    return {name.split(".")[0] for name in out.split()}
+
+
+def test_import_vfops_loads_no_heavy_package() -> None:
+    assert not loaded_after("import vfops; vfops.__version__") & set(HEAVY)
+
+
+def test_cli_and_local_package_import_no_torch() -> None:
+    loaded = loaded_after("import vfops.cli._app, vfops.local, vfops.clients")
+    assert not loaded & {"torch", "transformers", "vllm", "deepspeed"}
+
+
+def test_public_names_resolve_lazily() -> None:
+    import vfops
+
+    assert vfops.SingleTurnEnv.__name__ == "SingleTurnEnv"
+    assert "Rubric" in dir(vfops)
