@@ -89,7 +89,9 @@ async def run_variant(
 
     async def call_raw() -> Any:
         raw = await sdk.chat.completions.with_raw_response.create(
-            model="stub", messages=MESSAGES, **SAMPLING  # type: ignore[arg-type]
+            model="stub",
+            messages=MESSAGES,
+            **SAMPLING,  # type: ignore[arg-type]
         )
         data = orjson.loads(raw.content)
         assert "579" in data["choices"][0]["message"]["content"]
@@ -97,7 +99,9 @@ async def run_variant(
 
     async def call_parsed() -> Any:
         completion = await sdk.chat.completions.create(
-            model="stub", messages=MESSAGES, **SAMPLING  # type: ignore[arg-type]
+            model="stub",
+            messages=MESSAGES,
+            **SAMPLING,  # type: ignore[arg-type]
         )
         assert "579" in (completion.choices[0].message.content or "")
         return completion
@@ -131,34 +135,59 @@ def main() -> None:
             row: dict[str, dict[str, float]] = {}
             for transport in transports:
                 r = asyncio.run(
-                    run_variant(server.base_url, transport, "vfops", args.requests,
-                                args.concurrency)
+                    run_variant(
+                        server.base_url, transport, "vfops", args.requests, args.concurrency
+                    )
                 )
                 row[transport] = r
-                results.append({"latency_ms": latency, "transport": transport, "path": "vfops",
-                                "requests": args.requests, "concurrency": args.concurrency, **r})
+                results.append(
+                    {
+                        "latency_ms": latency,
+                        "transport": transport,
+                        "path": "vfops",
+                        "requests": args.requests,
+                        "concurrency": args.concurrency,
+                        **r,
+                    }
+                )
             print(f"\nstub latency {latency:.0f} ms, N={args.requests}, C={args.concurrency}")
             print(f"  {'transport':<10} {'req/s':>9} {'CPU ms/req':>11}")
             for transport, r in row.items():
                 print(f"  {transport:<10} {r['req_per_s']:>9.0f} {r['cpu_ms_per_req']:>11.3f}")
             if "aiohttp" in row and "httpx" in row:
                 a, h = row["aiohttp"], row["httpx"]
-                print(f"  aiohttp/httpx: throughput x{a['req_per_s'] / h['req_per_s']:.2f}, "
-                      f"CPU per request x{a['cpu_ms_per_req'] / h['cpu_ms_per_req']:.2f}")
+                print(
+                    f"  aiohttp/httpx: throughput x{a['req_per_s'] / h['req_per_s']:.2f}, "
+                    f"CPU per request x{a['cpu_ms_per_req'] / h['cpu_ms_per_req']:.2f}"
+                )
 
             paths = [p for p in args.paths.split(",") if p]
             if paths:
                 print(f"  request paths on {args.paths_transport}:")
                 for path in paths:
                     r = asyncio.run(
-                        run_variant(server.base_url, args.paths_transport, path, args.requests,
-                                    args.concurrency)
+                        run_variant(
+                            server.base_url,
+                            args.paths_transport,
+                            path,
+                            args.requests,
+                            args.concurrency,
+                        )
                     )
-                    results.append({"latency_ms": latency, "transport": args.paths_transport,
-                                    "path": path, "requests": args.requests,
-                                    "concurrency": args.concurrency, **r})
-                    print(f"    {path:<11} {r['req_per_s']:>9.0f} req/s "
-                          f"{r['cpu_ms_per_req']:>8.3f} CPU ms/req")
+                    results.append(
+                        {
+                            "latency_ms": latency,
+                            "transport": args.paths_transport,
+                            "path": path,
+                            "requests": args.requests,
+                            "concurrency": args.concurrency,
+                            **r,
+                        }
+                    )
+                    print(
+                        f"    {path:<11} {r['req_per_s']:>9.0f} req/s "
+                        f"{r['cpu_ms_per_req']:>8.3f} CPU ms/req"
+                    )
             stats = server.stats
             print(f"  stub served {stats['ok']} ok / {stats['requests']} requests")
 

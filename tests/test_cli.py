@@ -39,7 +39,10 @@ def stub() -> Iterator[StubServer]:
 
 
 def run_cli(
-    *args: str, site: Path | None = None, extra_env: dict[str, str] | None = None, timeout: float = 120
+    *args: str,
+    site: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(site) if site else "", **(extra_env or {})}
     env.pop("OPENAI_API_KEY", None)
@@ -142,7 +145,9 @@ def test_bad_input_is_one_line_and_non_zero(
     assert not list((tmp_path / "out").glob("evals/*/*/results.jsonl"))
 
 
-def test_ctrl_c_keeps_completed_rollouts_and_resume_finishes(env_site: Path, tmp_path: Path) -> None:
+def test_ctrl_c_keeps_completed_rollouts_and_resume_finishes(
+    env_site: Path, tmp_path: Path
+) -> None:
     with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=100)) as server:
         args = ["eval", "echo_env", "-m", "stub-model", "-b", server.base_url, "-n", "100",
                 "-r", "2", "-c", "8", "-o", str(tmp_path)]

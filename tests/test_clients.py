@@ -6,8 +6,8 @@ import asyncio
 import random
 import socket
 import time
-from email.utils import format_datetime
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 
@@ -259,7 +259,10 @@ async def test_random_faults_all_recovered() -> None:
         policy = RetryPolicy(max_retries=10, base_delay_s=0.001, max_delay_s=0.01)
         async with OpenAIClient(server.base_url, backoff=policy) as client:
             results = await asyncio.gather(
-                *(client.chat(model="stub", messages=_user(f"ANSWER_HINT: {i}")) for i in range(200))
+                *(
+                    client.chat(model="stub", messages=_user(f"ANSWER_HINT: {i}"))
+                    for i in range(200)
+                )
             )
         stats = server.stats
     assert [r.message["content"] for r in results] == [f"<answer>{i}</answer>" for i in range(200)]

@@ -220,7 +220,10 @@ def test_tool_schema_from_signature_and_docstring() -> None:
                 "type": "object",
                 "properties": {
                     "a": {"type": "integer", "description": "the first addend"},
-                    "b": {"type": "integer", "description": "the second addend, defaulting to zero"},
+                    "b": {
+                        "type": "integer",
+                        "description": "the second addend, defaulting to zero",
+                    },
                 },
                 "required": ["a"],
             },
@@ -285,7 +288,11 @@ async def test_stateful_tool_hides_and_injects_arguments() -> None:
     assert list(schema["function"]["parameters"]["properties"]) == ["key"]
     example = list(env.iter_eval_examples())[1]
     script: list[Any] = [
-        {"role": "assistant", "content": "", "tool_calls": [tool_call("t", "lookup", '{"key": "color"}')]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [tool_call("t", "lookup", '{"key": "color"}')],
+        },
         "done",
     ]
     state = await env.rollout(ScriptedClient(script), "m", example)
@@ -304,11 +311,13 @@ async def test_env_group_routes_rows_and_scores_with_each_rubric() -> None:
     second = GuessEnv(eval_dataset=qa(3), rubric=Rubric(funcs=[always_half]))
     group = EnvGroup([first, second], env_names=["single", "guess"])
     examples = list(group.iter_eval_examples())
-    assert [e.task for e in examples] == ["single"] * 2 + ["guess"] * 3
+    # interleaved, so the first N examples (-n) cover every member
+    assert [e.task for e in examples] == ["single", "guess", "single", "guess", "guess"]
     assert [e.example_id for e in examples] == [0, 1, 2, 3, 4]
+    assert [e.answer for e in examples] == ["0", "0", "1", "1", "2"]
     client = ScriptedClient(lambda messages, tools: messages[-1]["content"][1:] or "0")
     rewards = {}
-    for example in (examples[0], examples[4]):
+    for example in (examples[0], examples[3]):
         (record,) = await group.run_group(client, "m", example, [0])
         rewards[record.task] = (record.reward, set(record.metrics))
     assert rewards == {"single": (1.0, {"always_one"}), "guess": (0.5, {"always_half"})}

@@ -50,6 +50,23 @@ def test_import_is_lazy() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_missing_torch_raises_missing_extra(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from vfops._errors import MissingExtraError\n"
+        "from vfops.local import LocalModelClient, build_tiny_model\n"
+        "makers = (lambda: build_tiny_model(sys.argv[1]), lambda: LocalModelClient(sys.argv[1]))\n"
+        "for make in makers:\n"
+        "    try:\n"
+        "        make()\n"
+        "    except MissingExtraError as exc:\n"
+        "        assert '[train]' in str(exc), exc\n"
+        "    else:\n"
+        "        raise AssertionError('no MissingExtraError')\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=60)
+
+
 def test_config_fields_have_help() -> None:
     helps = TinyModelConfig.help()
     assert helps and all(helps.values())
@@ -143,6 +160,11 @@ async def test_local_client_samples_and_caps_tokens(client: LocalModelClient) ->
     assert resp.prompt_tokens > 5
     assert resp.finish_reason in {"length", "stop"}
     assert 1 <= resp.completion_tokens <= 4
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
+    with_tools = await client.chat(
+        model="tiny", messages=messages, sampling_args={"max_tokens": 3}, tools=tools
+    )
+    assert with_tools.prompt_tokens > resp.prompt_tokens
     # an eos-free completion at the cap is reported as `length`
     lengths = [
         await client.chat(

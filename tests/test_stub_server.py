@@ -244,9 +244,7 @@ async def test_subprocess_server_serves_and_reports_stats() -> None:
     with StubServer(StubConfig(reply_mode="arithmetic", latency_ms=10), subprocess=True) as server:
         status, _, raw = await _chat(server.base_url, {"model": "m", "messages": _user("2 * 8")})
         assert status == 200
-        assert orjson.loads(raw)["choices"][0]["message"]["content"].endswith(
-            "<answer>16</answer>"
-        )
+        assert orjson.loads(raw)["choices"][0]["message"]["content"].endswith("<answer>16</answer>")
         assert server.stats["ok"] == 1
 
 

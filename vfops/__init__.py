@@ -35,13 +35,46 @@ _EXPORTS: dict[str, str] = {
     "ChatResponse": "vfops.clients",
     "RolloutRecord": "vfops._rollout",
     "VfopsError": "vfops._errors",
+    "Messages": "vfops._types",
+    "Message": "vfops._types",
+    "State": "vfops._types",
+    "Info": "vfops._types",
+    "SamplingArgs": "vfops._types",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "ChatResponse",
+    "EnvGroup",
+    "Environment",
+    "Info",
+    "JudgeRubric",
+    "MathRubric",
+    "MaybeThinkParser",
+    "Message",
+    "Messages",
+    "MultiTurnEnv",
+    "OpenAIClient",
+    "Parser",
+    "RolloutRecord",
+    "Rubric",
+    "RubricGroup",
+    "SamplingArgs",
+    "ScriptedClient",
+    "SingleTurnEnv",
+    "State",
+    "StatefulToolEnv",
+    "ThinkParser",
+    "ToolEnv",
+    "VfopsError",
+    "XMLParser",
+    "__version__",
+    "load_environment",
+]
 
 if TYPE_CHECKING:
     from vfops._errors import VfopsError
     from vfops._rollout import RolloutRecord
+    from vfops._types import Info, Message, Messages, SamplingArgs, State
     from vfops.clients import ChatResponse, OpenAIClient, ScriptedClient
     from vfops.envs import (
         EnvGroup,

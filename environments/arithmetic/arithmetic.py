@@ -39,7 +39,11 @@ def solve(a: int, op: str, b: int) -> int:
 
 
 def build_dataset(
-    num_examples: int, *, max_operand: int, ops: Sequence[str] = OPS, seed: int = 0,
+    num_examples: int,
+    *,
+    max_operand: int,
+    ops: Sequence[str] = OPS,
+    seed: int = 0,
     split: str = "eval",
 ) -> Dataset:
     """``num_examples`` questions ``What is a op b?`` with ``0 <= a, b <= max_operand``.
@@ -72,9 +76,7 @@ def normalise_integer(text: str | None) -> str | None:
     return str(int(cleaned))
 
 
-def correct_answer(
-    completion: list[dict[str, Any]], answer: str, parser: vfops.Parser
-) -> float:
+def correct_answer(completion: list[dict[str, Any]], answer: str, parser: vfops.Parser) -> float:
     """1.0 when the parsed <answer> is exactly the reference integer."""
     parsed = normalise_integer(parser.parse_answer(completion))
     return 1.0 if parsed is not None and parsed == answer else 0.0
@@ -125,9 +127,11 @@ def load_environment(
     rubric.add_reward_func(parser.get_format_reward_func(), weight=0.2)
     return vfops.SingleTurnEnv(
         dataset=(
-            (lambda: build_dataset(
-                num_train_examples, max_operand=bound, ops=op_list, seed=seed, split="train"
-            ))
+            (
+                lambda: build_dataset(
+                    num_train_examples, max_operand=bound, ops=op_list, seed=seed, split="train"
+                )
+            )
             if num_train_examples
             else None
         ),

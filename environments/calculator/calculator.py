@@ -149,7 +149,8 @@ def _shop(rng: random.Random) -> tuple[str, str]:
 
 
 def _train(rng: random.Random) -> tuple[str, str]:
-    v1, h1, v2, h2 = rng.randint(40, 140), rng.randint(2, 9), rng.randint(40, 140), rng.randint(2, 9)
+    v1, h1 = rng.randint(40, 140), rng.randint(2, 9)
+    v2, h2 = rng.randint(40, 140), rng.randint(2, 9)
     question = (
         f"A train travels at {v1} km/h for {h1} hours, then at {v2} km/h for {h2} hours. "
         "How many kilometres does it travel in total?"
@@ -207,7 +208,13 @@ def _savings(rng: random.Random) -> tuple[str, str]:
 
 
 PROBLEMS: tuple[Callable[[random.Random], tuple[str, str]], ...] = (
-    _shop, _train, _marbles, _bill, _garden, _average, _savings,
+    _shop,
+    _train,
+    _marbles,
+    _bill,
+    _garden,
+    _average,
+    _savings,
 )
 
 

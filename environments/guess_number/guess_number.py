@@ -68,9 +68,7 @@ class GuessNumberEnv(vfops.MultiTurnEnv):
 
     def judge_guess(self, message: dict[str, Any] | str, state: State) -> str:
         """Record the guess of an assistant ``message``; return the feedback for the model."""
-        raw = self.guess_parser.parse_answer(
-            message if isinstance(message, str) else [message]
-        )
+        raw = self.guess_parser.parse_answer(message if isinstance(message, str) else [message])
         if raw is None:
             state["invalid_guesses"] += 1
             return "invalid guess: no <guess>N</guess> tag found; reply like <guess>50</guess>"

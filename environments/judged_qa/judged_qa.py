@@ -44,8 +44,10 @@ QA_PAIRS: tuple[tuple[str, str], ...] = (
     ("How many bones are in the adult human body?", "206"),
     ("What is the most abundant gas in Earth's atmosphere?", "Nitrogen"),
     ("What is H2O commonly called?", "Water"),
-    ("What is the speed of light in a vacuum, in kilometres per second (approximately)?",
-     "About 300,000 km/s (299,792 km/s)"),
+    (
+        "What is the speed of light in a vacuum, in kilometres per second (approximately)?",
+        "About 300,000 km/s (299,792 km/s)",
+    ),
     ("Who wrote the play 'Romeo and Juliet'?", "William Shakespeare"),
     ("Who developed the theory of general relativity?", "Albert Einstein"),
     ("What is the largest ocean on Earth?", "The Pacific Ocean"),
@@ -63,9 +65,7 @@ def build_dataset(num_examples: int = -1) -> Dataset:
     return Dataset.from_list([{"question": q, "answer": a} for q, a in pairs])
 
 
-def make_judge_client(
-    judge_base_url: str | None, judge_api_key_var: str
-) -> vfops.OpenAIClient:
+def make_judge_client(judge_base_url: str | None, judge_api_key_var: str) -> vfops.OpenAIClient:
     """An OpenAIClient for the judge; the key is read from the environment here, once."""
     base_url = judge_base_url or os.environ.get(JUDGE_BASE_URL_VAR) or OPENAI_BASE_URL
     api_key = os.environ.get(judge_api_key_var) or None
@@ -106,6 +106,8 @@ def load_environment(
         max_tokens: Default ``max_tokens`` of the answering model (None for the server's).
         system_prompt: The system prompt.
     """
+    if num_examples == 0 or num_examples < -1:
+        raise ValueError(f"num_examples must be positive or -1 (all), got {num_examples}")
     if judge_client is None:
         judge_client = make_judge_client(judge_base_url, judge_api_key_var)
     parser = vfops.XMLParser(["think", "answer"])

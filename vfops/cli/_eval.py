@@ -170,6 +170,7 @@ async def _evaluate(
         return 0
     finally:
         await connection.client.aclose()
+        await environment.aclose()
 
 
 def _planned_rollouts(environment: Any, request: EvalRequest) -> int:

@@ -14,7 +14,7 @@ from vfops._errors import MissingExtraError, VfopsError
 
 app = typer.Typer(
     name="model",
-    help="Local models (needs the [train] extra): build a tiny offline model, serve one over HTTP.",
+    help="Local models (needs the train extra): build a tiny offline model, serve one over HTTP.",
     no_args_is_help=True,
 )
 

@@ -14,6 +14,7 @@ Keys are never stored in the file: a literal ``api_key`` field is an error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import os
 import re
@@ -59,7 +60,7 @@ def _check_var(name: str, where: str) -> None:
         # never echo the value: it may be a key pasted into the wrong field
         raise EndpointError(
             f"{where}: api_key_var must be the NAME of an environment variable "
-            "(letters, digits, _), not the key itself; e.g. api_key_var = \"OPENAI_API_KEY\""
+            '(letters, digits, _), not the key itself; e.g. api_key_var = "OPENAI_API_KEY"'
         )
 
 
@@ -231,10 +232,8 @@ async def check_reachable(base_url: str, timeout_s: float = 3.0) -> None:
         reason = exc.strerror or str(exc) or type(exc).__name__
     else:
         writer.close()
-        try:
+        with contextlib.suppress(OSError):
             await writer.wait_closed()
-        except OSError:
-            pass
         return
     raise EndpointError(
         f"cannot reach base URL {base_url}: {reason}; "

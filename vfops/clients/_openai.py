@@ -29,7 +29,21 @@ log = logging.getLogger("vfops.clients")
 Transport = Literal["aiohttp", "httpx"]
 
 DEFAULT_MAX_CONNECTIONS = 8192
-"""Connection-pool size: enough for thousands of concurrent rollouts per client."""
+"""Connection-pool size: enough for thousands of concurrent rollouts per client
+(lowered to half the open-file limit, so a full pool queues instead of failing)."""
+
+
+def default_max_connections() -> int:
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return DEFAULT_MAX_CONNECTIONS
+    if soft == resource.RLIM_INFINITY:
+        return DEFAULT_MAX_CONNECTIONS
+    return max(64, min(DEFAULT_MAX_CONNECTIONS, soft // 2))
+
 
 _CONTEXT_RE = re.compile(
     r"context[ _]length|context window|maximum context|too many tokens|prompt is too long"
@@ -129,7 +143,9 @@ class OpenAIClient:
     each attempt's connect and read. ``max_retries`` (default 5) or a full
     ``backoff`` :class:`RetryPolicy` — not both — set the retry behaviour.
     ``transport`` picks the HTTP stack: ``"aiohttp"`` (default, lower CPU per
-    request) or ``"httpx"``.
+    request) or ``"httpx"``. ``max_connections`` sizes the pool (default 8192, or
+    half the open-file limit if lower); requests beyond it wait for a connection.
+    Create, use and close a client inside one event loop.
     """
 
     def __init__(
@@ -148,12 +164,14 @@ class OpenAIClient:
         self.base_url = base_url
         self.transport: Transport = transport
         self.timeout_s = timeout_s
-        self.retry = backoff if backoff is not None else RetryPolicy(
-            max_retries=5 if max_retries is None else max_retries
+        self.retry = (
+            backoff
+            if backoff is not None
+            else RetryPolicy(max_retries=5 if max_retries is None else max_retries)
         )
         timeout = httpx2.Timeout(timeout_s, connect=min(timeout_s, 30.0), pool=None)
         self._http = _make_http_client(
-            transport, timeout, max_connections or DEFAULT_MAX_CONNECTIONS
+            transport, timeout, max_connections or default_max_connections()
         )
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
@@ -178,7 +196,7 @@ class OpenAIClient:
         tools: list[dict[str, Any]] | None = None,
     ) -> ChatResponse:
         body: dict[str, Any] = {"model": model, "messages": messages}
-        options: dict[str, Any] = {}  # the SDK's default headers already say JSON
+        options: openai.RequestOptions = {}  # the SDK's default headers already say JSON
         if sampling_args:
             args = dict(sampling_args)
             extra_body = args.pop("extra_body", None) or {}
@@ -203,7 +221,7 @@ class OpenAIClient:
                     "/chat/completions",
                     cast_to=httpx2.Response,
                     content=payload,
-                    options=options,  # type: ignore[arg-type]
+                    options=options,
                 )
                 return parse_chat_completion(response.content)
             except openai.APIStatusError as exc:
@@ -214,14 +232,24 @@ class OpenAIClient:
                 if attempt >= policy.max_retries or not policy.is_retryable(exc):
                     raise
                 delay = policy.delay_for(attempt, retry_after_of(exc))
-                log.info("chat: HTTP %s, retry %d/%d in %.2fs", exc.status_code,
-                         attempt + 1, policy.max_retries, delay)
+                log.debug(
+                    "chat: HTTP %s, retry %d/%d in %.2fs",
+                    exc.status_code,
+                    attempt + 1,
+                    policy.max_retries,
+                    delay,
+                )
             except Exception as exc:
                 if attempt >= policy.max_retries or not policy.is_retryable(exc):
                     raise
                 delay = policy.delay_for(attempt, None)
-                log.info("chat: %s, retry %d/%d in %.2fs", type(exc).__name__,
-                         attempt + 1, policy.max_retries, delay)
+                log.debug(
+                    "chat: %s, retry %d/%d in %.2fs",
+                    type(exc).__name__,
+                    attempt + 1,
+                    policy.max_retries,
+                    delay,
+                )
             await asyncio.sleep(delay)
             attempt += 1
 

@@ -27,7 +27,9 @@ class MalformedResponseError(Exception):
     """The server answered 200 but the body is not a chat completion (bad JSON or shape)."""
 
 
-def parse_retry_after(headers: Mapping[str, str] | None, *, now: float | None = None) -> float | None:
+def parse_retry_after(
+    headers: Mapping[str, str] | None, *, now: float | None = None
+) -> float | None:
     """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an
     HTTP-date); ``None`` when absent or unparsable. Never negative."""
     if headers is None:

@@ -7,7 +7,8 @@ environments), ``task`` (str) and ``example_id`` (int).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -89,7 +90,22 @@ def format_dataset(
         }
 
     drop = [c for c in dataset.column_names if c not in FORMATTED_COLUMNS]
-    return dataset.map(normalise, with_indices=True, remove_columns=drop)
+    with quiet_datasets():
+        return dataset.map(normalise, with_indices=True, remove_columns=drop)
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """Silence ``datasets`` progress bars for internal bookkeeping (map, save)."""
+    from datasets.utils import logging as ds_logging
+
+    was_enabled = ds_logging.is_progress_bar_enabled()
+    ds_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            ds_logging.enable_progress_bar()
 
 
 def _plain_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -124,7 +140,8 @@ def resolve_source(source: Any) -> Dataset | None:
     if source is None:
         return None
     if callable(source) and not hasattr(source, "column_names"):
-        built = source()
-        return built  # type: ignore[no-any-return]
-    return source  # type: ignore[no-any-return]
+        built: Dataset = source()
+        return built
+    dataset: Dataset = source
+    return dataset
 

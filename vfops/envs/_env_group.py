@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from vfops._types import SamplingArgs, State
 from vfops.clients._base import ModelClient
-from vfops.envs._dataset import Example
+from vfops.envs._dataset import Example, quiet_datasets
 from vfops.envs._environment import Environment, Scorer
 
 if TYPE_CHECKING:
@@ -48,10 +48,24 @@ class EnvGroup(Environment):
             part = env.dataset if split == "train" else env.eval_dataset
             if part is None:
                 continue
-            part = part.map(lambda row, n=name: {"task": n})
-            parts.append(part)
-        combined = concatenate_datasets(parts)
-        return combined.map(lambda row, i: {"example_id": i}, with_indices=True)
+            with quiet_datasets():
+                parts.append(part.map(lambda row, n=name: {"task": n}))
+        # Interleave round-robin so the first N rows (``-n``) cover every member.
+        offsets = [sum(len(p) for p in parts[:i]) for i in range(len(parts))]
+        longest = max(len(p) for p in parts)
+        order = [
+            offset + row
+            for row in range(longest)
+            for offset, part in zip(offsets, parts, strict=True)
+            if row < len(part)
+        ]
+        combined = concatenate_datasets(parts).select(order)
+        with quiet_datasets():
+            return combined.map(lambda row, i: {"example_id": i}, with_indices=True)
+
+    async def aclose(self) -> None:
+        for env in self.envs.values():
+            await env.aclose()
 
     def env_for(self, task: str) -> Environment:
         try:

@@ -18,7 +18,7 @@ from vfops._types import Messages, SamplingArgs, State
 from vfops.clients._base import ModelClient
 from vfops.envs._dataset import Example, format_dataset, iter_examples, resolve_source
 from vfops.parsers import Parser
-from vfops.rubrics import Rubric, RolloutScore
+from vfops.rubrics import RolloutScore, Rubric
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -101,6 +101,10 @@ class Environment(ABC):
         dataset = self.eval_dataset
         assert dataset is not None  # the constructor requires one of the two splits
         return iter_examples(dataset, n)
+
+    async def aclose(self) -> None:
+        """Release what the environment holds (a judge client, a sandbox...)."""
+        await self.rubric.aclose()
 
     # --- rollouts ---------------------------------------------------------------
     @abstractmethod

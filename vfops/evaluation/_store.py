@@ -18,6 +18,7 @@ import orjson
 
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord, rollout_features
+from vfops.envs._dataset import quiet_datasets
 
 RESULTS_FILE = "results.jsonl"
 METADATA_FILE = "metadata.json"
@@ -110,7 +111,7 @@ def write_dataset(run_dir: Path, metadata: dict[str, Any]) -> Path:
         for record in iter_records(run_dir):
             yield record.to_row()
 
-    with tempfile.TemporaryDirectory(dir=run_dir, prefix=".cache.") as cache:
+    with tempfile.TemporaryDirectory(dir=run_dir, prefix=".cache.") as cache, quiet_datasets():
         dataset = Dataset.from_generator(rows, features=rollout_features(), cache_dir=cache)
         dataset.info.description = orjson.dumps(metadata, default=str).decode()
         target = run_dir / DATASET_DIR

@@ -182,6 +182,11 @@ class JudgeRubric(Rubric):
     def _extra_args(self) -> dict[str, Any]:
         return {"judge": self.judge}
 
+    async def aclose(self) -> None:
+        """Close the judge client (the rubric owns the client it was given)."""
+        if self.judge_client is not None:
+            await self.judge_client.aclose()
+
     def cache_key(self, question: str, response: str, answer: str) -> str:
         """This rubric's :func:`judge_cache_key` for one request."""
         return judge_cache_key(

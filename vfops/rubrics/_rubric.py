@@ -213,6 +213,10 @@ class Rubric:
         """Score one rollout as a group of one."""
         return (await self.score_group([state]))[0]
 
+    async def aclose(self) -> None:
+        """Release resources (clients) the rubric holds; the environment calls this."""
+        return None
+
     async def score_group(self, states: list[State]) -> list[RolloutScore]:
         """Score the rollouts of one example; one :class:`RolloutScore` per state, in order.
 

@@ -60,6 +60,10 @@ class RubricGroup(Rubric):
             for name in rubric_names
         ]
 
+    async def aclose(self) -> None:
+        for rubric in self.rubrics:
+            await rubric.aclose()
+
     async def score_group(self, states: list[State]) -> list[RolloutScore]:
         start = time.perf_counter()
         # Concurrently: sub-rubrics are often I/O bound (judges), so sequential would add up.

@@ -55,7 +55,8 @@ class StubConfig:
     retry_after_s: float | None = 0.05
     """``Retry-After`` header value (seconds) sent with 429s; ``None`` sends no header."""
     timeout_sleep_s: float = 3600.0
-    """How long a "timeout" request hangs (far beyond any client timeout)."""
+    """How long a "timeout" request hangs (far beyond any client timeout) before
+    answering 500; a client that hangs up ends it early."""
     fail_first_n: int = 0
     """The first N chat requests fail deterministically with ``fail_first_kind``."""
     fail_first_kind: FaultKind = "500"
@@ -137,7 +138,8 @@ def echo_answer_reply(text: str) -> str:
 
 
 def _error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+    error = {"message": message, "type": type_, "param": param, "code": code}
+    return orjson.dumps({"error": error})
 
 
 class _StubApp:
@@ -212,8 +214,9 @@ class _StubApp:
             stats["401"] += 1
             return web.Response(
                 status=401,
-                body=_error_body("Incorrect API key provided", "invalid_request_error",
-                                 "invalid_api_key"),
+                body=_error_body(
+                    "Incorrect API key provided", "invalid_request_error", "invalid_api_key"
+                ),
                 headers=_JSON_HEADERS,
             )
         try:
@@ -266,8 +269,12 @@ class _StubApp:
             stats["400"] += 1
             return web.Response(
                 status=400,
-                body=_error_body("Invalid value for 'temperature' (stub)",
-                                 "invalid_request_error", "invalid_value", "temperature"),
+                body=_error_body(
+                    "Invalid value for 'temperature' (stub)",
+                    "invalid_request_error",
+                    "invalid_value",
+                    "temperature",
+                ),
                 headers=_JSON_HEADERS,
             )
 
@@ -334,9 +341,7 @@ class _StubApp:
         return {"role": "assistant", "content": content}
 
 
-async def _start(
-    config: StubConfig, host: str, port: int
-) -> tuple[web.AppRunner, _StubApp, int]:
+async def _start(config: StubConfig, host: str, port: int) -> tuple[web.AppRunner, _StubApp, int]:
     stub = _StubApp(config)
     runner = web.AppRunner(
         stub.make_app(),
@@ -352,6 +357,14 @@ async def _start(
     assert isinstance(server, asyncio.base_events.Server)
     bound_port = int(server.sockets[0].getsockname()[1])
     return runner, stub, bound_port
+
+
+async def _shutdown(runner: web.AppRunner) -> None:
+    # Let connections already accepted by the kernel finish asyncio's accept first:
+    # closing the listening server under a pending accept leaks that socket
+    # (asyncio.Server._attach asserts, and Python 3.11 never closes it).
+    await asyncio.sleep(0.01)
+    await runner.cleanup()
 
 
 def run_stub_server(
@@ -371,7 +384,7 @@ def run_stub_server(
                 on_ready(bound)
             await asyncio.Event().wait()
         finally:
-            await runner.cleanup()
+            await _shutdown(runner)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve())
@@ -506,7 +519,7 @@ class StubServer:
         if self._loop is not None and self._thread is not None:
             loop, thread = self._loop, self._thread
             if self._runner is not None:
-                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(timeout=30)
+                asyncio.run_coroutine_threadsafe(_shutdown(self._runner), loop).result(timeout=30)
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=30)
             self._loop = self._thread = self._runner = None

@@ -131,9 +131,11 @@ async def test_eval_half_right(tmp_path: Path) -> None:
     result = await run_eval_async(
         env,
         ScriptedClient(reply),
-        EvalRequest(env_name="arithmetic", model="scripted", num_examples=4, rollouts_per_example=1),
+        EvalRequest(
+            env_name="arithmetic", model="scripted", num_examples=4, rollouts_per_example=1
+        ),
         run_dir=tmp_path,
     )
     assert result.summary.rollouts == 4
-    assert result.summary.metrics["correct_answer"].mean == 0.5
+    assert result.summary.metrics["correct_answer"].mean == pytest.approx(0.5)
     assert result.summary.metrics["format_reward"].mean == 1.0

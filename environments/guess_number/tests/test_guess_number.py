@@ -51,8 +51,12 @@ def test_entry_point_and_argument_checks() -> None:
 async def test_feedback_higher_lower_until_solved_stops_early() -> None:
     env = guess_number.load_environment(num_examples=1, max_turns=10)
     client = ScriptedClient(
-        ["<guess>50</guess>", "<think>go down</think><guess>25</guess>", "<guess>37</guess>",
-         "<guess>31</guess>"]
+        [
+            "<guess>50</guess>",
+            "<think>go down</think><guess>25</guess>",
+            "<guess>37</guess>",
+            "<guess>31</guess>",
+        ]
     )
     state = await env.rollout(client, "m", _game(31))
     assert _user_replies(state) == [
@@ -141,8 +145,9 @@ async def test_eval_with_binary_search_solves_every_game(tmp_path: Path) -> None
     result = await run_eval_async(
         env,
         ScriptedClient(_binary_search_player),
-        EvalRequest(env_name="guess_number", model="scripted", num_examples=6,
-                    rollouts_per_example=2),
+        EvalRequest(
+            env_name="guess_number", model="scripted", num_examples=6, rollouts_per_example=2
+        ),
         run_dir=tmp_path,
     )
     assert result.status == "completed"
