@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -294,6 +295,38 @@ async def test_transformers_serve_smoke(tiny_dir: Path, tmp_path: Path) -> None:
         assert isinstance(choice.message.content, str)
         assert choice.finish_reason in {"length", "stop"}
         assert resp.usage is not None and 1 <= resp.usage.completion_tokens <= 8
+        # the whole path: vfops eval against the real model server
+        out = tmp_path / "out"
+        vfops_eval = await asyncio.to_thread(
+            subprocess.run,
+            [
+                str(Path(sys.executable).parent / "vfops"),
+                "eval",
+                "arithmetic",
+                "-m",
+                model_name,
+                "-b",
+                f"http://127.0.0.1:{port}/v1",
+                "-n",
+                "3",
+                "-r",
+                "2",
+                "-t",
+                "8",
+                "-o",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert vfops_eval.returncode == 0, vfops_eval.stderr
+        (results,) = out.glob("evals/*/*/results.jsonl")
+        rows = [orjson.loads(line) for line in results.read_bytes().splitlines()]
+        assert len(rows) == 6 and all(r["error"] is None for r in rows)
+        assert all(r["completion"][-1]["role"] == "assistant" for r in rows)
+        assert all(1 <= r["usage"]["completion_tokens"] <= 8 for r in rows)
     except BaseException:
         print(log_path.read_text(errors="replace")[-4000:])
         raise
@@ -304,3 +337,33 @@ async def test_transformers_serve_smoke(tiny_dir: Path, tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_eval_against_the_in_process_local_model(tiny_dir: Path, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "vfops"),
+            "eval",
+            "arithmetic",
+            "-m",
+            f"local:{tiny_dir}",
+            "-n",
+            "4",
+            "-r",
+            "2",
+            "-t",
+            "8",
+            "-o",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "reward" in result.stdout
+    (results,) = tmp_path.glob("evals/*/*/results.jsonl")
+    rows = [orjson.loads(line) for line in results.read_bytes().splitlines()]
+    assert len(rows) == 8 and all(r["error"] is None for r in rows)
+    assert all(r["usage"]["completion_tokens"] <= 8 for r in rows)

@@ -159,10 +159,14 @@ async def _schedule(
     # Twice the groups needed to fill the limit: stragglers do not starve it.
     max_groups = max(2, 2 * math.ceil(request.max_concurrent / r))
     pending: set[asyncio.Task[list[RolloutRecord]]] = set()
+    # Finished groups arrive on a queue (O(1) per group; asyncio.wait over
+    # hundreds of pending tasks costs O(pending) per completion).
+    finished: asyncio.Queue[asyncio.Task[list[RolloutRecord]]] = asyncio.Queue()
 
-    def collect(finished: set[asyncio.Task[list[RolloutRecord]]]) -> None:
-        for task in finished:
-            handle(task.result())
+    async def collect_one() -> None:
+        task = await finished.get()
+        pending.discard(task)
+        handle(task.result())
 
     try:
         for example in env.iter_eval_examples(request.num_examples):
@@ -170,25 +174,21 @@ async def _schedule(
             if not indices:
                 continue
             while len(pending) >= max_groups:
-                finished, pending = await asyncio.wait(
-                    pending, return_when=asyncio.FIRST_COMPLETED
-                )
-                collect(finished)
-            pending.add(
-                asyncio.create_task(
-                    env.run_group(
-                        client,
-                        request.model,
-                        example,
-                        indices,
-                        sampling_args=request.sampling_args,
-                        limiter=limiter,
-                    )
+                await collect_one()
+            task = asyncio.create_task(
+                env.run_group(
+                    client,
+                    request.model,
+                    example,
+                    indices,
+                    sampling_args=request.sampling_args,
+                    limiter=limiter,
                 )
             )
+            pending.add(task)
+            task.add_done_callback(finished.put_nowait)
         while pending:
-            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            collect(finished)
+            await collect_one()
     finally:
         for task in pending:
             task.cancel()
