@@ -21,8 +21,22 @@ app.add_typer(_env.app, name="env")
 app.add_typer(_model.app, name="model")
 
 
+def _raise_open_file_limit() -> None:
+    # Thousands of concurrent rollouts need as many sockets; 1024 is a common soft cap.
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = 65536 if hard == resource.RLIM_INFINITY else hard
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):  # not POSIX, or not permitted: keep the default
+        pass
+
+
 def run() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit."""
+    _raise_open_file_limit()
     try:
         app()
     except VfopsError as exc:
