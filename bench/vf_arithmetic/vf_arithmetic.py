@@ -39,7 +39,11 @@ def solve(a: int, op: str, b: int) -> int:
 
 
 def build_dataset(
-    num_examples: int, *, max_operand: int, ops: tuple[str, ...] = OPS, seed: int = 0,
+    num_examples: int,
+    *,
+    max_operand: int,
+    ops: tuple[str, ...] = OPS,
+    seed: int = 0,
     split: str = "eval",
 ) -> Dataset:
     """Identical rows to vfops' ``arithmetic.build_dataset`` for the same arguments."""
@@ -84,9 +88,7 @@ def load_environment(
     rubric.add_reward_func(correct_answer, weight=1.0)
     rubric.add_reward_func(parser.get_format_reward_func(), weight=0.2)
     return vf.SingleTurnEnv(
-        eval_dataset=build_dataset(
-            num_examples, max_operand=max_operand, seed=seed, split="eval"
-        ),
+        eval_dataset=build_dataset(num_examples, max_operand=max_operand, seed=seed, split="eval"),
         system_prompt=SYSTEM_PROMPT,
         parser=parser,
         rubric=rubric,

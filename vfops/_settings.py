@@ -1,0 +1,37 @@
+"""Where vfops keeps its state, from environment variables (read at call time).
+
+- ``VFOPS_HOME`` (default ``~/.vfops``): the embedded SQLite registry, local artifacts.
+- ``VFOPS_DATABASE_URL``: a SQLAlchemy URL (``postgresql+psycopg://...``) for production.
+- ``VFOPS_ARTIFACTS``: ``file:///path`` or ``s3://bucket/prefix`` (default: ``$VFOPS_HOME/artifacts``).
+- ``VFOPS_S3_ENDPOINT_URL``: an S3-compatible endpoint (MinIO, moto); credentials come from
+  the usual AWS variables and are never stored by vfops.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def vfops_home() -> Path:
+    home = Path(os.environ.get("VFOPS_HOME") or Path.home() / ".vfops").expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def database_url() -> str:
+    url = os.environ.get("VFOPS_DATABASE_URL")
+    if url:
+        return url
+    return f"sqlite:///{vfops_home() / 'registry.db'}"
+
+
+def artifacts_uri() -> str:
+    uri = os.environ.get("VFOPS_ARTIFACTS")
+    if uri:
+        return uri
+    return (vfops_home() / "artifacts").as_uri()
+
+
+def s3_endpoint_url() -> str | None:
+    return os.environ.get("VFOPS_S3_ENDPOINT_URL") or None

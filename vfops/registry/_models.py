@@ -1,0 +1,181 @@
+"""The registry schema: SQLAlchemy 2 ``Mapped`` models on one ``Base``.
+
+Every change here needs an Alembic migration in ``migrations/versions`` (a test
+checks that ``upgrade head`` on an empty database yields exactly this schema).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_N_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# JSONB on PostgreSQL (indexable, compact); JSON text elsewhere.
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid alias).
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        dict[str, Any]: JSONType,
+        list[Any]: JSONType,
+        dt.datetime: DateTime(timezone=True),
+    }
+
+
+class EnvironmentRow(Base):
+    """A named environment; its versions are immutable once published."""
+
+    __tablename__ = "environments"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=func.now())
+
+    versions: Mapped[list[EnvironmentVersion]] = relationship(back_populates="environment")
+
+
+class EnvironmentVersion(Base):
+    """One published version: what was built, hashed, snapshotted and uploaded."""
+
+    __tablename__ = "environment_versions"
+    __table_args__ = (
+        UniqueConstraint("environment_id", "version"),
+        # "latest version of an env": ordered by the numeric semver parts
+        Index(
+            "ix_environment_versions_latest",
+            "environment_id",
+            "version_major",
+            "version_minor",
+            "version_patch",
+        ),
+        # "which published version is this installed code?"
+        Index("ix_environment_versions_content_hash", "content_hash"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id", ondelete="CASCADE"))
+    version: Mapped[str] = mapped_column(String(64))
+    version_major: Mapped[int]
+    version_minor: Mapped[int]
+    version_patch: Mapped[int]
+    content_hash: Mapped[str] = mapped_column(String(64))
+    wheel_sha256: Mapped[str] = mapped_column(String(64))
+    sdist_sha256: Mapped[str] = mapped_column(String(64))
+    wheel_uri: Mapped[str] = mapped_column(Text)
+    sdist_uri: Mapped[str] = mapped_column(Text)
+    # {"train": {"sha256": ..., "uri": ..., "rows": n}, "eval": {...}}
+    datasets: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    dependencies: Mapped[list[Any]] = mapped_column(default=list)
+    description: Mapped[str | None] = mapped_column(Text)
+    readme: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=func.now())
+
+    environment: Mapped[EnvironmentRow] = relationship(back_populates="versions")
+
+
+class EvalRun(Base):
+    """One evaluation of one environment version against one model configuration."""
+
+    __tablename__ = "eval_runs"
+    __table_args__ = (
+        Index("ix_eval_runs_environment_started", "environment_name", "started_at"),
+        Index("ix_eval_runs_config_fingerprint", "config_fingerprint"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    environment_name: Mapped[str] = mapped_column(String(200))
+    environment_version_id: Mapped[int | None] = mapped_column(
+        ForeignKey("environment_versions.id", ondelete="SET NULL")
+    )
+    # "1.2.0" for a published version, "local+<hash12>" for unpublished code
+    environment_version: Mapped[str] = mapped_column(String(80))
+    environment_content_hash: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(300))
+    base_url: Mapped[str | None] = mapped_column(Text)
+    sampling_args: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    env_args: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    num_examples: Mapped[int]
+    rollouts_per_example: Mapped[int]
+    status: Mapped[str] = mapped_column(String(20), default="running")
+    config_fingerprint: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[dt.datetime | None]
+    summary: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    vfops_version: Mapped[str] = mapped_column(String(40))
+    output_dir: Mapped[str | None] = mapped_column(Text)
+    mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
+
+
+class RolloutRow(Base):
+    """One rollout of a run; (run, example_id, rollout_index) is written exactly once."""
+
+    __tablename__ = "rollouts"
+    __table_args__ = (
+        # also serves "rollouts of a run by example_id"
+        UniqueConstraint("run_id", "example_id", "rollout_index"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("eval_runs.id", ondelete="CASCADE"))
+    example_id: Mapped[int] = mapped_column(BigInteger)
+    rollout_index: Mapped[int]
+    trace_id: Mapped[str] = mapped_column(String(32), index=True)
+    task: Mapped[str] = mapped_column(String(200))
+    prompt: Mapped[list[Any]]
+    completion: Mapped[list[Any]]
+    answer: Mapped[str] = mapped_column(Text)
+    info: Mapped[dict[str, Any]]
+    reward: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict[str, Any]]
+    stop_reason: Mapped[str] = mapped_column(String(32))
+    error_type: Mapped[str | None] = mapped_column(String(200))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    error_stage: Mapped[str | None] = mapped_column(String(20))
+    generation_ms: Mapped[float] = mapped_column(Float)
+    scoring_ms: Mapped[float] = mapped_column(Float)
+    prompt_tokens: Mapped[int]
+    completion_tokens: Mapped[int]
+    turns: Mapped[int]
+
+
+class JudgeCacheRow(Base):
+    """A judge's verdict, keyed on everything that can change it."""
+
+    __tablename__ = "judge_cache"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    judge_model: Mapped[str] = mapped_column(String(300))
+    score: Mapped[float | None] = mapped_column(Float)
+    response: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=func.now())
