@@ -80,7 +80,7 @@ class EnvironmentVersion(Base):
             "version_patch",
         ),
         # "which published version is this installed code?"
-        Index("ix_environment_versions_content_hash", "content_hash"),
+        Index("ix_environment_versions_code_hash", "environment_id", "code_hash"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -89,7 +89,10 @@ class EnvironmentVersion(Base):
     version_major: Mapped[int]
     version_minor: Mapped[int]
     version_patch: Mapped[int]
+    # sha256 over the package's source tree: what "same version, same content" means
     content_hash: Mapped[str] = mapped_column(String(64))
+    # sha256 over the importable code the wheel installs: matched against installed code
+    code_hash: Mapped[str] = mapped_column(String(64))
     wheel_sha256: Mapped[str] = mapped_column(String(64))
     sdist_sha256: Mapped[str] = mapped_column(String(64))
     wheel_uri: Mapped[str] = mapped_column(Text)
