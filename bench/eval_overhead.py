@@ -210,6 +210,7 @@ def run_client(
     results_glob: str,
 ) -> RunResult:
     """Run one client subprocess to completion and measure it."""
+    out_dir = out_dir.resolve()  # the client runs with cwd=out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
@@ -350,6 +351,7 @@ def memory_check(base_url: str, n: int, r: int, c: int, work: Path) -> dict[str,
         "planned": n * r,
         "wall_s": res.wall_s,
         "phase_wall_s": res.phase_wall_s,
+        "first_rss_mb": samples[0][1] if samples else 0.0,
         "baseline_rss_mb": baseline,
         "peak_rss_rollouts_mb": peak_rollouts,
         "peak_rss_mb": peak_all,
@@ -501,8 +503,9 @@ def report(
         print()
         print(
             f"memory: vfops, {memory['rollouts']}/{memory['planned']} rollouts @ 0 ms, "
-            f"-c {c}, {memory['wall_s']:.1f} s: baseline RSS {memory['baseline_rss_mb']:.0f} MB "
-            f"(first results), peak {memory['peak_rss_rollouts_mb']:.0f} MB during rollouts "
+            f"-c {c}, {memory['wall_s']:.1f} s: RSS {memory['first_rss_mb']:.0f} MB at the first "
+            f"sample, baseline {memory['baseline_rss_mb']:.0f} MB (first results), "
+            f"peak {memory['peak_rss_rollouts_mb']:.0f} MB during rollouts "
             f"(+{memory['growth_rollouts_mb']:.0f} MB), {memory['peak_rss_mb']:.0f} MB "
             f"incl. the final dataset export (+{memory['growth_mb']:.0f} MB); "
             f"{memory['samples']} samples every {SAMPLE_INTERVAL_S} s"

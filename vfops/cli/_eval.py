@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -149,6 +150,10 @@ async def _evaluate(
         run_dir = resume or new_run_dir(output, env_name, connection.model)
         total = _planned_rollouts(environment, request)
         display = EvalDisplay(total=total, enabled=not quiet and sys.stderr.isatty())
+        # Everything loaded so far (modules, the dataset) lives for the whole run:
+        # moving it out of the collector's reach keeps collections short.
+        gc.collect()
+        gc.freeze()
         with display:
             try:
                 result = await run_eval_async(

@@ -115,11 +115,19 @@ def _plain_message(message: dict[str, Any]) -> dict[str, Any]:
     return plain
 
 
-def iter_examples(dataset: Dataset, n: int = -1) -> Iterator[Example]:
-    """Yield the first ``n`` formatted rows (all when ``n < 0``) as :class:`Example`."""
+def iter_examples(dataset: Dataset, n: int = -1, batch_size: int = 512) -> Iterator[Example]:
+    """Yield the first ``n`` formatted rows (all when ``n < 0``) as :class:`Example`.
+
+    Rows are read a batch at a time: Arrow-to-Python per column batch costs a
+    fraction of per-row indexing, which matters at thousands of rollouts/s.
+    """
     limit = len(dataset) if n < 0 else min(n, len(dataset))
-    for row in dataset.select(range(limit)) if limit < len(dataset) else dataset:
-        yield example_from_row(row)
+    if limit < len(dataset):
+        dataset = dataset.select(range(limit))
+    for batch in dataset.iter(batch_size=batch_size):
+        columns = list(batch)
+        for index in range(len(batch[columns[0]])):
+            yield example_from_row({name: batch[name][index] for name in columns})
 
 
 def example_from_row(row: dict[str, Any]) -> Example:

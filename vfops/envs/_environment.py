@@ -91,6 +91,11 @@ class Environment(ABC):
         """The formatted eval dataset, falling back to the training dataset."""
         return self._formatted_split("eval") or self._formatted_split("train")
 
+    def splits(self) -> dict[str, Dataset]:
+        """The formatted splits the environment defines (``train`` and/or ``eval``)."""
+        found = {split: self._formatted_split(split) for split in ("train", "eval")}
+        return {split: data for split, data in found.items() if data is not None}
+
     def get_dataset(self, n: int = -1, seed: int | None = None) -> Dataset:
         return _take(self.dataset, n, seed, self.name, "dataset")
 

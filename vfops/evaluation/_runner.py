@@ -14,10 +14,10 @@ import datetime as dt
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord
@@ -35,6 +35,12 @@ from vfops.evaluation._store import (
 from vfops.evaluation._summary import EvalSummary
 
 GroupCallback = Callable[[list[RolloutRecord], EvalSummary], None]
+
+
+class RolloutSink(Protocol):
+    """Somewhere else each scored group goes (the registry); may apply backpressure."""
+
+    async def write_group(self, records: list[RolloutRecord]) -> None: ...
 
 
 @dataclass
@@ -94,32 +100,51 @@ async def run_eval_async(
     resume: bool = False,
     on_group: GroupCallback | None = None,
     write_dataset_at_end: bool = True,
+    sinks: Sequence[RolloutSink] = (),
+    done: set[tuple[int, int]] | None = None,
+    metadata_extra: dict[str, Any] | None = None,
 ) -> EvalResult:
     """Evaluate ``env`` with ``client``; stream records into ``run_dir`` (if given).
 
     With ``resume=True`` the records already in ``run_dir`` are kept and only
     missing (example_id, rollout_index) pairs are generated. Cancellation
     (Ctrl-C) keeps every group already written and marks the run interrupted.
+    ``sinks`` receive every group after it is on disk; ``done`` holds keys already
+    completed elsewhere (the registry), which are skipped too.
     """
     request.validate()
     summary = EvalSummary(pass_threshold=request.pass_threshold)
-    done: set[tuple[int, int]] = set()
-    metadata = _initial_metadata(request, env)
+    done_elsewhere = set(done or ())
+    done = set()
+    metadata = {**_initial_metadata(request, env), **(metadata_extra or {})}
     if resume:
         if run_dir is None:
             raise VfopsError("--resume needs the run directory to resume")
         metadata = _check_resumable(run_dir, request, metadata)
+        # Records on disk but not yet in the sinks (a crash between the two
+        # writes) are sent on now, so nothing completed is ever regenerated.
+        catch_up: list[RolloutRecord] = []
         for record in iter_records(run_dir):
-            if record.key not in done:
-                done.add(record.key)
-                summary.add(record, new=False)
+            if record.key in done:
+                continue
+            done.add(record.key)
+            summary.add(record, new=False)
+            if record.key not in done_elsewhere:
+                catch_up.append(record)
+            if len(catch_up) >= 500:
+                await _send(sinks, catch_up)
+                catch_up = []
+        await _send(sinks, catch_up)
+    done |= done_elsewhere
     writer = RolloutWriter(run_dir) if run_dir is not None else None
     if run_dir is not None:
         write_metadata(run_dir, metadata)
 
-    def handle(records: list[RolloutRecord]) -> None:
+    async def handle(records: list[RolloutRecord]) -> None:
         if writer is not None:
             writer.write_group(records)
+        for sink in sinks:
+            await sink.write_group(records)
         for record in records:
             summary.add(record)
         if on_group is not None:
@@ -152,7 +177,7 @@ async def _schedule(
     client: ModelClient,
     request: EvalRequest,
     done: set[tuple[int, int]],
-    handle: Callable[[list[RolloutRecord]], None],
+    handle: Callable[[list[RolloutRecord]], Awaitable[None]],
 ) -> None:
     limiter = asyncio.Semaphore(request.max_concurrent)
     r = request.rollouts_per_example
@@ -166,7 +191,7 @@ async def _schedule(
     async def collect_one() -> None:
         task = await finished.get()
         pending.discard(task)
-        handle(task.result())
+        await handle(task.result())
 
     try:
         for example in env.iter_eval_examples(request.num_examples):
@@ -194,6 +219,12 @@ async def _schedule(
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _send(sinks: Sequence[RolloutSink], records: list[RolloutRecord]) -> None:
+    if records:
+        for sink in sinks:
+            await sink.write_group(records)
 
 
 def _initial_metadata(request: EvalRequest, env: Environment) -> dict[str, Any]:

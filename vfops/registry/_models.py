@@ -46,7 +46,7 @@ def utcnow() -> dt.datetime:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {
+    type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads this class attribute as-is
         dict[str, Any]: JSONType,
         list[Any]: JSONType,
         dt.datetime: DateTime(timezone=True),

@@ -1,0 +1,331 @@
+"""Registry reads and writes: environments, runs, rollouts, judge cache.
+
+Every test runs on SQLite (a temporary file) and on PostgreSQL (a fresh schema).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from tests.registry_fixtures import DIALECTS, database_url, make_error_record, make_record
+from vfops._errors import VfopsError
+from vfops._rollout import RolloutRecord
+from vfops.registry import (
+    EvalRun,
+    RegistryJudgeCache,
+    add_environment_version,
+    completed_keys,
+    count_rollouts,
+    create_run,
+    find_resumable_run,
+    find_version,
+    find_version_by_code_hash,
+    find_version_by_hash,
+    finish_run,
+    get_engine,
+    get_or_create_environment,
+    get_run,
+    insert_rollouts,
+    iter_rollouts,
+    list_environments,
+    list_runs,
+    list_versions,
+    rollouts_for_example,
+    session_scope,
+    set_run_status,
+)
+from vfops.rubrics._judge import JudgeCache
+
+
+@pytest.fixture(params=DIALECTS)
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    for url in database_url(request.param, tmp_path):
+        yield get_engine(url)
+
+
+def _publish(engine: Engine, name: str, version: str, content: str = "") -> None:
+    with session_scope(engine) as session:
+        add_environment_version(
+            session,
+            name,
+            version,
+            content_hash=content or f"content-{version}",
+            code_hash=f"code-{version}",
+            wheel_sha256="w" * 64,
+            sdist_sha256="s" * 64,
+            wheel_uri=f"file:///artifacts/{name}-{version}.whl",
+            sdist_uri=f"file:///artifacts/{name}-{version}.tar.gz",
+            datasets={"eval": {"rows": 3}},
+            dependencies=["math-verify>=0.7"],
+        )
+
+
+def _run(engine: Engine, fingerprint: str = "fp", env: str = "arith", **kwargs: object) -> EvalRun:
+    with session_scope(engine) as session:
+        return create_run(
+            session,
+            environment_name=env,
+            environment_version="1.0.0",
+            environment_content_hash="c" * 64,
+            model="test-model",
+            num_examples=10,
+            rollouts_per_example=2,
+            config_fingerprint=fingerprint,
+            sampling_args={"temperature": 0.7, "max_tokens": 64},
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
+# --- environments -----------------------------------------------------------------------
+
+
+def test_get_or_create_environment_is_idempotent(engine: Engine) -> None:
+    with session_scope(engine) as session:
+        first = get_or_create_environment(session, "arith")
+        again = get_or_create_environment(session, "arith")
+    with session_scope(engine) as session:
+        later = get_or_create_environment(session, "arith")
+        names = [row.name for row in list_environments(session)]
+    assert first.id == again.id == later.id
+    assert names == ["arith"]
+
+
+def test_latest_version_orders_by_semver(engine: Engine) -> None:
+    for version in ("1.9.0", "1.10.0", "1.2.0", "0.99.99"):
+        _publish(engine, "arith", version)
+    _publish(engine, "other", "9.0.0")
+    with session_scope(engine, write=False) as session:
+        latest = find_version(session, "arith")
+        assert latest is not None and latest.version == "1.10.0"
+        assert [v.version for v in list_versions(session, "arith")] == [
+            "1.10.0",
+            "1.9.0",
+            "1.2.0",
+            "0.99.99",
+        ]
+        exact = find_version(session, "arith", "1.9.0")
+        assert exact is not None and exact.datasets == {"eval": {"rows": 3}}
+        assert find_version(session, "arith", "3.0.0") is None
+        assert find_version(session, "missing") is None
+        assert [env.name for env in list_environments(session)] == ["arith", "other"]
+
+
+def test_find_version_by_hash(engine: Engine) -> None:
+    _publish(engine, "arith", "1.0.0", content="aaa")
+    _publish(engine, "arith", "1.1.0", content="bbb")
+    _publish(engine, "other", "1.0.0", content="bbb")
+    with session_scope(engine, write=False) as session:
+        found = find_version_by_hash(session, "arith", "bbb")
+        assert found is not None and found.version == "1.1.0"
+        assert find_version_by_hash(session, "arith", "zzz") is None
+        by_code = find_version_by_code_hash(session, "arith", "code-1.0.0")
+        assert by_code is not None and by_code.version == "1.0.0"
+
+
+def test_versions_are_immutable(engine: Engine) -> None:
+    _publish(engine, "arith", "1.0.0", content="aaa")
+    _publish(engine, "arith", "1.0.0", content="aaa")  # a retried publish: no-op
+    with pytest.raises(VfopsError, match="immutable"):
+        _publish(engine, "arith", "1.0.0", content="changed")
+    with pytest.raises(VfopsError, match=r"MAJOR\.MINOR\.PATCH"):
+        _publish(engine, "arith", "1.0")
+    with session_scope(engine, write=False) as session:
+        assert len(list_versions(session, "arith")) == 1
+
+
+# --- runs -------------------------------------------------------------------------------
+
+
+def test_create_and_get_run_by_id_and_prefix(engine: Engine) -> None:
+    run = _run(engine, run_id="abcdef0123456789abcdef0123456789")
+    _run(engine, run_id="abcd99990123456789abcdef01234567")
+    with session_scope(engine, write=False) as session:
+        found = get_run(session, run.id)
+        assert found is not None and found.model == "test-model"
+        assert found.sampling_args == {"temperature": 0.7, "max_tokens": 64}
+        assert found.status == "running"
+        by_prefix = get_run(session, "abcdef")
+        assert by_prefix is not None and by_prefix.id == run.id
+        assert get_run(session, "ffff") is None
+        assert get_run(session, "ab%") is None  # LIKE wildcards are literal
+        with pytest.raises(VfopsError, match="several runs"):
+            get_run(session, "abcd")
+
+
+def test_find_resumable_run(engine: Engine) -> None:
+    done = _run(engine, fingerprint="same")
+    with session_scope(engine) as session:
+        finish_run(session, done.id, "completed", {"reward": 1.0})
+        assert find_resumable_run(session, "same") is None
+    failed = _run(engine, fingerprint="same")
+    with session_scope(engine) as session:
+        finish_run(session, failed.id, "failed", {})
+    with session_scope(engine) as session:
+        resumable = find_resumable_run(session, "same")
+        assert resumable is not None and resumable.id == failed.id
+        assert find_resumable_run(session, "other") is None
+        set_run_status(session, failed.id, "running")
+    with session_scope(engine, write=False) as session:
+        again = get_run(session, failed.id)
+        assert again is not None and again.status == "running" and again.finished_at is None
+
+
+def test_finish_run_and_list_runs(engine: Engine) -> None:
+    ids = [_run(engine, env="arith" if i % 2 else "gsm8k").id for i in range(5)]
+    with session_scope(engine) as session:
+        finished = finish_run(session, ids[0], "completed", {"avg_reward": 0.5})
+        assert finished.finished_at is not None
+        with pytest.raises(VfopsError, match="unknown run status"):
+            set_run_status(session, ids[1], "exploded")
+        with pytest.raises(VfopsError, match="no eval run"):
+            finish_run(session, "0" * 32, "completed", {})
+    with session_scope(engine, write=False) as session:
+        runs = list_runs(session)
+        assert [run.id for run in runs] == ids[::-1]  # newest first
+        assert {run.id for run in list_runs(session, env_name="arith")} == {ids[1], ids[3]}
+        assert len(list_runs(session, limit=2)) == 2
+        first = get_run(session, ids[0])
+        assert first is not None and first.summary == {"avg_reward": 0.5}
+        assert first.status == "completed"
+
+
+# --- rollouts ---------------------------------------------------------------------------
+
+
+def test_rollout_round_trip(engine: Engine) -> None:
+    run = _run(engine)
+    records = [make_record(1, 0), make_record(1, 1), make_error_record(0, 0)]
+    assert insert_rollouts(engine, run.id, records) == 3
+    # model and sampling_args are the run's; the records above carry the same values
+    stored = list(iter_rollouts(engine, run.id))
+    assert stored == [records[2], records[0], records[1]]
+    assert stored[0].error is not None and stored[0].reward is None
+    assert rollouts_for_example(engine, run.id, 1) == records[:2]
+    assert rollouts_for_example(engine, run.id, 7) == []
+
+
+def test_insert_rollouts_is_idempotent(engine: Engine) -> None:
+    run = _run(engine)
+    batch = [make_record(example, index) for example in range(5) for index in range(2)]
+    assert insert_rollouts(engine, run.id, batch) == 10
+    before = list(iter_rollouts(engine, run.id))
+    assert insert_rollouts(engine, run.id, batch) == 0
+    # a retried key never overwrites what was stored first
+    changed = [make_record(0, 0, answer="other", reward=0.0)]
+    assert insert_rollouts(engine, run.id, changed) == 0
+    assert list(iter_rollouts(engine, run.id)) == before
+    assert count_rollouts(engine, run.id) == 10
+    assert insert_rollouts(engine, run.id, []) == 0
+    # partly new batch: only the new keys count
+    assert insert_rollouts(engine, run.id, [make_record(0, 0), make_record(9, 0)]) == 1
+
+
+def test_completed_keys_and_counts_are_per_run(engine: Engine) -> None:
+    first, second = _run(engine), _run(engine)
+    insert_rollouts(engine, first.id, [make_record(3, 0), make_record(3, 1)])
+    insert_rollouts(engine, second.id, [make_record(3, 0)])
+    assert completed_keys(engine, first.id) == {(3, 0), (3, 1)}
+    assert completed_keys(engine, second.id) == {(3, 0)}
+    assert count_rollouts(engine, first.id) == 2
+    assert completed_keys(engine, "0" * 32) == set()
+
+
+def test_iter_rollouts_streams_in_key_order_across_pages(engine: Engine) -> None:
+    run = _run(engine)
+    keys = [(example, index) for example in (10, 2, 33, 7, 1000) for index in (1, 0)]
+    insert_rollouts(engine, run.id, [make_record(e, i) for e, i in keys])
+    for batch_size in (1, 3, 10, 1000):
+        stored = [r.key for r in iter_rollouts(engine, run.id, batch_size=batch_size)]
+        assert stored == sorted(keys)
+    with pytest.raises(VfopsError, match="no eval run"):
+        next(iter_rollouts(engine, "0" * 32))
+
+
+def test_concurrent_writers_never_duplicate(engine: Engine) -> None:
+    run = _run(engine)
+    writers, rounds = 4, 6
+    barrier = threading.Barrier(writers)
+    inserted = [0] * writers
+    errors: list[BaseException] = []
+
+    def write(writer: int) -> None:
+        try:
+            barrier.wait()
+            for round_ in range(rounds):
+                # overlapping windows: each key is offered by up to three writers
+                start = (round_ * 20 + writer * 10) % 100
+                batch = [make_record(e, i) for e in range(start, start + 30) for i in (0, 1)]
+                inserted[writer] += insert_rollouts(engine, run.id, batch)
+        except BaseException as exc:  # surfaced in the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    keys = completed_keys(engine, run.id)
+    assert count_rollouts(engine, run.id) == len(keys)
+    assert sum(inserted) == len(keys)
+    assert len(list(iter_rollouts(engine, run.id))) == len(keys)
+
+
+def test_nul_characters_do_not_fail_a_batch(engine: Engine) -> None:
+    run = _run(engine)
+    record = make_record(
+        0,
+        0,
+        answer="a\x00b",
+        completion=[{"role": "assistant", "content": "x\x00y"}],
+        info={"k\x00": "v"},
+    )
+    assert insert_rollouts(engine, run.id, [record]) == 1
+    (stored,) = iter_rollouts(engine, run.id)
+    if engine.dialect.name == "postgresql":  # PostgreSQL cannot store NUL in text or jsonb
+        assert stored.answer == "a\ufffdb"
+        assert stored.completion[0]["content"] == "x\ufffdy"
+        assert stored.info == {"k\ufffd": "v"}
+    else:
+        assert stored == record
+
+
+def test_rollouts_need_an_existing_run(engine: Engine) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    with pytest.raises(IntegrityError):
+        insert_rollouts(engine, "0" * 32, [make_record(0, 0)])
+
+
+# --- judge cache -------------------------------------------------------------------------
+
+
+async def test_judge_cache_get_set(engine: Engine) -> None:
+    cache = RegistryJudgeCache(engine, judge_model="judge-1")
+    assert isinstance(cache, JudgeCache)
+    assert await cache.get("k1") is None
+    await cache.set("k1", "yes, correct")
+    assert await cache.get("k1") == "yes, correct"
+    await cache.set("k1", "no")  # insert-or-ignore: the first verdict stays
+    assert await cache.get("k1") == "yes, correct"
+    entry = await cache.get_entry("k1")
+    assert entry is not None and entry.judge_model == "judge-1" and entry.score is None
+    await cache.set_score("k1", 1.0)
+    await cache.set("k2", "no", score=0.0, judge_model="judge-2")
+    scored = await cache.get_entry("k1")
+    assert scored is not None and scored.score == 1.0
+    other = await cache.get_entry("k2")
+    assert other is not None and (other.score, other.judge_model) == (0.0, "judge-2")
+    # another cache object (another process, in practice) sees the same entries
+    assert await RegistryJudgeCache(engine).get("k2") == "no"
+
+
+def test_records_compare_by_value() -> None:
+    # the round-trip tests rely on dataclass equality of nested records
+    assert make_record(1, 2, trace_id="t") == make_record(1, 2, trace_id="t")
+    assert isinstance(make_record(1, 2), RolloutRecord)

@@ -1,0 +1,44 @@
+"""Content-addressed artifact storage (local directories and S3) and safe archive extraction.
+
+>>> store = open_store()                      # VFOPS_ARTIFACTS, default $VFOPS_HOME/artifacts
+>>> ref = store.put_file("dist/pkg-0.1.0-py3-none-any.whl")
+>>> open_uri(ref.uri).get_file(ref, "/tmp/wheels/")   # verified against ref.sha256
+"""
+
+from vfops.artifacts._errors import (
+    ArtifactError,
+    ArtifactIntegrityError,
+    ArtifactNotFoundError,
+    ArtifactStoreError,
+    InvalidArtifactNameError,
+    InvalidArtifactURIError,
+    UnsafeArchiveError,
+)
+from vfops.artifacts._extract import safe_extract
+from vfops.artifacts._local import LocalArtifactStore
+from vfops.artifacts._ref import ArtifactRef
+from vfops.artifacts._s3 import S3ArtifactStore
+from vfops.artifacts._store import (
+    DEFAULT_MULTIPART_THRESHOLD,
+    ArtifactStore,
+    open_store,
+    open_uri,
+)
+
+__all__ = [
+    "DEFAULT_MULTIPART_THRESHOLD",
+    "ArtifactError",
+    "ArtifactIntegrityError",
+    "ArtifactNotFoundError",
+    "ArtifactRef",
+    "ArtifactStore",
+    "ArtifactStoreError",
+    "InvalidArtifactNameError",
+    "InvalidArtifactURIError",
+    "LocalArtifactStore",
+    "S3ArtifactStore",
+    "UnsafeArchiveError",
+    "open_store",
+    "open_uri",
+    "safe_extract",
+]

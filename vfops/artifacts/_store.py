@@ -1,0 +1,243 @@
+"""The :class:`ArtifactStore` interface, shared get/verify logic, and store selection."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import hashlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import IO, BinaryIO
+
+from vfops._settings import artifacts_uri
+from vfops.artifacts._errors import (
+    ArtifactIntegrityError,
+    ArtifactNotFoundError,
+    InvalidArtifactURIError,
+)
+from vfops.artifacts._ref import (
+    ArtifactRef,
+    StoreLocation,
+    check_name,
+    check_sha256,
+    content_key,
+    parse_artifact_uri,
+    parse_store_uri,
+    redact_uri,
+)
+
+log = logging.getLogger("vfops.artifacts")
+
+CHUNK_SIZE = 1024 * 1024
+DEFAULT_MULTIPART_THRESHOLD = 8 * 1024 * 1024
+FILE_MODE = 0o644
+
+StrPath = str | os.PathLike[str]
+
+
+def sha256_stream(stream: IO[bytes]) -> tuple[str, int]:
+    """Hash ``stream`` from its current position to the end, in chunks."""
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := stream.read(CHUNK_SIZE):
+        digest.update(chunk)
+        size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def copy_and_hash(src: IO[bytes], dst: IO[bytes]) -> tuple[str, int]:
+    """Copy ``src`` to ``dst`` in chunks, returning the sha256 and size of what was copied."""
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := src.read(CHUNK_SIZE):
+        digest.update(chunk)
+        dst.write(chunk)
+        size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def open_source(path: StrPath) -> BinaryIO:
+    """Open a file to publish, turning a missing or non-regular file into a user error."""
+    p = Path(path)
+    if not p.is_file():
+        raise ArtifactNotFoundError(
+            f"cannot publish {p}: it does not exist or is not a regular file; check the path"
+        )
+    return p.open("rb")
+
+
+class ArtifactStore(abc.ABC):
+    """A content-addressed store of immutable files.
+
+    Every artifact lives at ``<root>/sha256/<ab>/<sha256>/<name>``; putting the same bytes
+    under the same name twice is a no-op, and every download is verified against its sha256.
+    """
+
+    def __init__(self, location: StoreLocation) -> None:
+        self._location = location
+
+    @property
+    def uri(self) -> str:
+        """The store root, e.g. ``file:///srv/artifacts`` or ``s3://bucket/prefix``."""
+        return self._location.uri
+
+    def uri_for(self, sha256: str, name: str) -> str:
+        """The URI an artifact with this hash and name has (or would have) in this store."""
+        return self._location.child_uri(content_key(check_sha256(sha256), check_name(name)))
+
+    # -- publishing -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def put_file(self, path: StrPath, name: str | None = None) -> ArtifactRef:
+        """Publish a local file (streamed) under ``name`` (default: the file's name)."""
+
+    @abc.abstractmethod
+    def put_bytes(self, data: bytes, name: str) -> ArtifactRef:
+        """Publish in-memory bytes under ``name``."""
+
+    # -- reading ----------------------------------------------------------------------
+
+    def exists(self, ref: ArtifactRef | str) -> bool:
+        """Whether the artifact is present in this store."""
+        return self._stat(self._key_of(ref)) is not None
+
+    def get_file(
+        self,
+        ref: ArtifactRef | str,
+        dest: StrPath,
+        expected_sha256: str | None = None,
+    ) -> Path:
+        """Download an artifact to ``dest``: a file path, or a directory (existing, or
+        ending in ``/``) to download into under the artifact's name.
+
+        The bytes are streamed to a temporary file next to ``dest``, hashed, and renamed
+        into place only if the sha256 matches ``expected_sha256`` (default: the hash in the
+        reference/URI). On a mismatch the temporary file is deleted and
+        :class:`ArtifactIntegrityError` is raised; ``dest`` is never left half-written.
+        """
+        uri = ref.uri if isinstance(ref, ArtifactRef) else ref
+        parsed = parse_artifact_uri(uri)
+        self._check_owned(uri, parsed.store)
+        if expected_sha256 is not None:
+            expected = check_sha256(expected_sha256)
+        elif isinstance(ref, ArtifactRef):
+            expected = check_sha256(ref.sha256)
+        else:
+            expected = parsed.sha256
+        key = content_key(parsed.sha256, parsed.name)
+        target = Path(dest)
+        if target.is_dir() or os.fspath(dest).endswith(("/", os.sep)):
+            target = target / parsed.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(
+            dir=target.parent, prefix=f".{target.name}.", suffix=".part"
+        )
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "w+b") as out:
+                actual = self._download(key, out)
+                out.flush()
+                if actual is None:
+                    out.seek(0)
+                    actual, _ = sha256_stream(out)
+                os.fchmod(out.fileno(), FILE_MODE)
+                os.fsync(out.fileno())
+            if actual != expected:
+                raise ArtifactIntegrityError(redact_uri(uri), expected=expected, actual=actual)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        log.debug("downloaded %s to %s", uri, target)
+        return target
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release network connections (a no-op for local stores)."""
+        return None
+
+    def __enter__(self) -> ArtifactStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+    # -- for subclasses ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _stat(self, key: str) -> int | None:
+        """The size of the object at ``key`` (relative to the root), or None if absent."""
+
+    @abc.abstractmethod
+    def _download(self, key: str, out: BinaryIO) -> str | None:
+        """Write the object's bytes to ``out``; return their sha256 if computed on the way.
+
+        Raise :class:`ArtifactNotFoundError` if there is no such object.
+        """
+
+    def _key_of(self, ref: ArtifactRef | str) -> str:
+        uri = ref.uri if isinstance(ref, ArtifactRef) else ref
+        parsed = parse_artifact_uri(uri)
+        self._check_owned(uri, parsed.store)
+        return content_key(parsed.sha256, parsed.name)
+
+    def _check_owned(self, uri: str, store: StoreLocation) -> None:
+        if store != self._location:
+            raise InvalidArtifactURIError(
+                f"artifact {redact_uri(uri)} is not in store {self.uri}; "
+                "open its own store with vfops.artifacts.open_uri(uri)"
+            )
+
+    def _not_found(self, key: str) -> ArtifactNotFoundError:
+        return ArtifactNotFoundError(
+            f"artifact {self._location.child_uri(key)} does not exist; "
+            "check the URI or publish the artifact again"
+        )
+
+    def _ref(self, sha256: str, size: int, name: str) -> ArtifactRef:
+        return ArtifactRef(
+            uri=self._location.child_uri(content_key(sha256, name)),
+            sha256=sha256,
+            size=size,
+            name=name,
+        )
+
+
+def open_store(
+    uri: str | None = None, *, multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD
+) -> ArtifactStore:
+    """Open the store at ``uri`` (default: ``VFOPS_ARTIFACTS`` / ``$VFOPS_HOME/artifacts``).
+
+    ``file:///abs/path`` gives a :class:`LocalArtifactStore`; ``s3://bucket/prefix`` an
+    :class:`S3ArtifactStore` (``multipart_threshold`` applies to S3 uploads only).
+    """
+    location = parse_store_uri(artifacts_uri() if uri is None else uri)
+    return _open_location(location, multipart_threshold=multipart_threshold)
+
+
+def open_uri(uri: str, *, multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD) -> ArtifactStore:
+    """Open the store that holds the artifact at ``uri`` (an ``ArtifactRef.uri``)."""
+    return _open_location(parse_artifact_uri(uri).store, multipart_threshold=multipart_threshold)
+
+
+def _open_location(location: StoreLocation, *, multipart_threshold: int) -> ArtifactStore:
+    if location.scheme == "file":
+        from vfops.artifacts._local import LocalArtifactStore
+
+        return LocalArtifactStore(location.uri)
+    from vfops.artifacts._s3 import S3ArtifactStore
+
+    return S3ArtifactStore(location.uri, multipart_threshold=multipart_threshold)

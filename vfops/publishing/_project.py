@@ -1,0 +1,105 @@
+"""Reading (and bumping) an environment package's ``pyproject.toml``."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from vfops._errors import VfopsError
+
+ENTRY_POINT_GROUP = "vfops.environments"
+Bump = Literal["patch", "minor", "major"]
+_SEMVER = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+
+
+@dataclass(frozen=True)
+class EnvironmentProject:
+    """What publishing needs to know about an environment package."""
+
+    path: Path
+    distribution: str
+    env_name: str
+    entry_point: str  # "module:function"
+    version: str
+    description: str | None
+    readme: str | None
+    dependencies: list[str]
+
+    @property
+    def top_level_module(self) -> str:
+        return self.entry_point.split(":", 1)[0].split(".", 1)[0]
+
+
+def read_project(path: Path) -> EnvironmentProject:
+    pyproject = path / "pyproject.toml"
+    if not pyproject.is_file():
+        raise VfopsError(
+            f"{path} is not an environment package (no pyproject.toml); "
+            "create one with: vfops env init NAME"
+        )
+    try:
+        data = tomllib.loads(pyproject.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise VfopsError(f"{pyproject} is not valid TOML: {exc}") from exc
+    project = data.get("project") or {}
+    entry_points = (project.get("entry-points") or {}).get(ENTRY_POINT_GROUP) or {}
+    if len(entry_points) != 1:
+        raise VfopsError(
+            f"{pyproject} must declare exactly one entry point in "
+            f'[project.entry-points."{ENTRY_POINT_GROUP}"], found {len(entry_points)}'
+        )
+    ((env_name, entry_point),) = entry_points.items()
+    version = str(project.get("version") or "")
+    parse_semver(version, where=str(pyproject))
+    readme_name = project.get("readme")
+    readme_path = path / readme_name if isinstance(readme_name, str) else path / "README.md"
+    return EnvironmentProject(
+        path=path,
+        distribution=str(project.get("name") or env_name),
+        env_name=env_name,
+        entry_point=str(entry_point),
+        version=version,
+        description=project.get("description"),
+        readme=readme_path.read_text() if readme_path.is_file() else None,
+        dependencies=[str(d) for d in project.get("dependencies") or []],
+    )
+
+
+def parse_semver(version: str, *, where: str = "version") -> tuple[int, int, int]:
+    match = _SEMVER.match(version)
+    if not match:
+        raise VfopsError(
+            f"{where}: version {version!r} is not MAJOR.MINOR.PATCH; set e.g. version = \"0.1.0\""
+        )
+    major, minor, patch = (int(part) for part in match.groups())
+    return major, minor, patch
+
+
+def bumped(version: str, bump: Bump) -> str:
+    major, minor, patch = parse_semver(version)
+    if bump == "major":
+        return f"{major + 1}.0.0"
+    if bump == "minor":
+        return f"{major}.{minor + 1}.0"
+    return f"{major}.{minor}.{patch + 1}"
+
+
+def write_version(path: Path, version: str) -> None:
+    """Set ``version`` in the ``[project]`` table of ``pyproject.toml``."""
+    pyproject = path / "pyproject.toml"
+    text = pyproject.read_text()
+    project_start = re.search(r"(?m)^\[project\]\s*$", text)
+    if project_start is None:
+        raise VfopsError(f"{pyproject} has no [project] table")
+    next_table = re.search(r"(?m)^\[", text[project_start.end():])
+    end = project_start.end() + (next_table.start() if next_table else len(text) - project_start.end())
+    section = text[project_start.end():end]
+    new_section, count = re.subn(
+        r'(?m)^version\s*=\s*["\'][^"\']*["\']', f'version = "{version}"', section, count=1
+    )
+    if count != 1:
+        raise VfopsError(f"{pyproject} has no version = \"...\" line in [project]")
+    pyproject.write_text(text[: project_start.end()] + new_section + text[end:])

@@ -1,0 +1,246 @@
+"""``vfops env publish`` and ``vfops env install NAME@VERSION``.
+
+Publishing is refuse-first: every check that can refuse runs before anything is
+built, uploaded or written, so a refused publish leaves no trace. Artifacts are
+content-addressed (re-uploading is a no-op) and the version row is written in
+one transaction at the end.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from vfops._errors import VfopsError
+from vfops.publishing._build import build_distributions, snapshot_datasets
+from vfops.publishing._hashing import content_hash, wheel_code_hash
+from vfops.publishing._project import Bump, bumped, parse_semver, read_project, write_version
+from vfops.registry._models import EnvironmentRow, EnvironmentVersion
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    env_name: str
+    version: str
+    status: Literal["published", "unchanged"]
+    content_hash: str
+    code_hash: str
+    wheel_uri: str
+    datasets: dict[str, Any] = field(default_factory=dict)
+
+
+def publish_environment(
+    path: Path,
+    *,
+    bump: Bump | None = None,
+    database_url: str | None = None,
+    artifacts_uri: str | None = None,
+) -> PublishResult:
+    """Build, hash, snapshot, upload and register an environment package."""
+    from vfops.artifacts import open_store
+    from vfops.registry import get_engine
+
+    path = path.resolve()
+    project = read_project(path)
+    digest = content_hash(path)
+    engine = get_engine(database_url)
+    with Session(engine) as session:
+        versions = _versions(session, project.env_name)
+        unchanged = [v for v in versions if v.content_hash == digest]
+        if unchanged:  # identical content: report the version that has it
+            return _result(max(unchanged, key=_semver_key), "unchanged")
+        new_version = _choose_version(project.version, versions, bump, path, project.env_name)
+    original_pyproject = (path / "pyproject.toml").read_text()
+    if new_version != project.version:
+        write_version(path, new_version)
+    try:
+        project = read_project(path)
+        store = open_store(artifacts_uri)
+        with tempfile.TemporaryDirectory(prefix="vfops-publish-") as tmp:
+            work = Path(tmp)
+            built = build_distributions(project, work / "dist")
+            code = wheel_code_hash(built.wheel, project.top_level_module)
+            snapshots = snapshot_datasets(project, _mkdir(work / "data"))
+            wheel_ref = store.put_file(built.wheel)
+            sdist_ref = store.put_file(built.sdist)
+            datasets = {}
+            for snap in snapshots:
+                ref = store.put_file(snap.path)
+                datasets[snap.split] = {"uri": ref.uri, "sha256": ref.sha256, "rows": snap.rows}
+        row = _register(
+            engine, project, digest, code, wheel_ref, sdist_ref, datasets
+        )
+    except BaseException:
+        (path / "pyproject.toml").write_text(original_pyproject)
+        raise
+    return _result(row, "published")
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _versions(session: Session, env_name: str) -> list[EnvironmentVersion]:
+    return list(
+        session.scalars(
+            select(EnvironmentVersion)
+            .join(EnvironmentRow)
+            .where(EnvironmentRow.name == env_name)
+        )
+    )
+
+
+def _semver_key(version: EnvironmentVersion) -> tuple[int, int, int]:
+    return (version.version_major, version.version_minor, version.version_patch)
+
+
+def _choose_version(
+    declared: str,
+    versions: list[EnvironmentVersion],
+    bump: Bump | None,
+    path: Path,
+    env_name: str,
+) -> str:
+    taken = {v.version: v for v in versions}
+    if bump is None:
+        if declared in taken:
+            old = taken[declared].content_hash
+            raise VfopsError(
+                f"{env_name}@{declared} is already published with different content "
+                f"(content hash {old[:12]}, now different); versions are immutable: "
+                f"publish a new one with: vfops env publish {path} --bump patch"
+            )
+        return declared
+    latest = max((_semver_key(v) for v in versions), default=None)
+    base = max(parse_semver(declared), latest) if latest else parse_semver(declared)
+    return bumped(".".join(str(part) for part in base), bump)
+
+
+def _register(
+    engine: Any,
+    project: Any,
+    digest: str,
+    code: str,
+    wheel_ref: Any,
+    sdist_ref: Any,
+    datasets: dict[str, Any],
+) -> EnvironmentVersion:
+    major, minor, patch = parse_semver(project.version)
+    with Session(engine, expire_on_commit=False) as session:
+        try:
+            with session.begin():
+                env_row = session.scalar(
+                    select(EnvironmentRow).where(EnvironmentRow.name == project.env_name)
+                )
+                if env_row is None:
+                    env_row = EnvironmentRow(name=project.env_name)
+                    session.add(env_row)
+                    session.flush()
+                row = EnvironmentVersion(
+                    environment_id=env_row.id,
+                    version=project.version,
+                    version_major=major,
+                    version_minor=minor,
+                    version_patch=patch,
+                    content_hash=digest,
+                    code_hash=code,
+                    wheel_sha256=wheel_ref.sha256,
+                    sdist_sha256=sdist_ref.sha256,
+                    wheel_uri=wheel_ref.uri,
+                    sdist_uri=sdist_ref.uri,
+                    datasets=datasets,
+                    dependencies=project.dependencies,
+                    description=project.description,
+                    readme=project.readme,
+                )
+                session.add(row)
+        except IntegrityError as exc:
+            raise VfopsError(
+                f"{project.env_name}@{project.version} was published concurrently; "
+                "run vfops env publish again (identical content is a no-op)"
+            ) from exc
+        row.environment = env_row
+        return row
+
+
+def _result(row: EnvironmentVersion, status: Literal["published", "unchanged"]) -> PublishResult:
+    return PublishResult(
+        env_name=row.environment.name,
+        version=row.version,
+        status=status,
+        content_hash=row.content_hash,
+        code_hash=row.code_hash,
+        wheel_uri=row.wheel_uri,
+        datasets=dict(row.datasets),
+    )
+
+
+# --- install ------------------------------------------------------------------------
+def parse_ref(ref: str) -> tuple[str, str]:
+    """``NAME``, ``NAME@latest`` or ``NAME@1.2.3`` -> (name, version-or-"latest")."""
+    name, _, version = ref.partition("@")
+    if not name:
+        raise VfopsError(f"invalid environment reference {ref!r}; use NAME or NAME@VERSION")
+    return name, version or "latest"
+
+
+def find_published(
+    session: Session, name: str, version: str = "latest"
+) -> EnvironmentVersion:
+    versions = _versions(session, name)
+    if not versions:
+        raise VfopsError(
+            f"environment '{name}' has no published version; publish it with: "
+            "vfops env publish PATH"
+        )
+    if version == "latest":
+        return max(versions, key=_semver_key)
+    for row in versions:
+        if row.version == version:
+            return row
+    known = ", ".join(v.version for v in sorted(versions, key=_semver_key))
+    raise VfopsError(f"{name}@{version} is not published (published: {known})")
+
+
+def install_published(
+    ref: str,
+    *,
+    database_url: str | None = None,
+    python: str = sys.executable,
+    target: Path | None = None,
+    no_deps: bool = False,
+) -> EnvironmentVersion:
+    """Download a published wheel, verify its hash and archive paths, pip-install it."""
+    from vfops.artifacts import open_uri, safe_extract
+    from vfops.registry import get_engine
+
+    name, version = parse_ref(ref)
+    with Session(get_engine(database_url), expire_on_commit=False) as session:
+        row = find_published(session, name, version)
+        _ = row.environment  # loaded before the session closes
+    with tempfile.TemporaryDirectory(prefix="vfops-install-") as tmp:
+        wheel = Path(tmp) / row.wheel_uri.rsplit("/", 1)[-1]
+        open_uri(row.wheel_uri).get_file(row.wheel_uri, wheel, row.wheel_sha256)
+        safe_extract(wheel, Path(tmp) / "check")  # refuses entries escaping the folder
+        command = [python, "-m", "pip", "install", "--quiet", str(wheel)]
+        if target is not None:
+            command += ["--target", str(target)]
+        if no_deps:
+            command.append("--no-deps")
+        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        if completed.returncode != 0:
+            lines = [ln for ln in completed.stderr.splitlines() if ln.strip()]
+            errors = [ln for ln in lines if ln.upper().startswith("ERROR")]
+            raise VfopsError(
+                f"installing {name}@{row.version} failed: {(errors or lines or ['pip failed'])[-1]}"
+            )
+    return row

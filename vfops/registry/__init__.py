@@ -1,0 +1,93 @@
+"""The registry: environments, published versions, eval runs, rollouts, judge cache.
+
+SQLite under ``$VFOPS_HOME`` by default, PostgreSQL via ``VFOPS_DATABASE_URL``.
+The schema is created on first use and migrated with ``vfops db upgrade``.
+"""
+
+from __future__ import annotations
+
+from vfops.registry._db import (
+    current_revision,
+    dispose_engines,
+    downgrade,
+    ensure_schema,
+    get_engine,
+    head_revision,
+    mask_url,
+    session_scope,
+    transaction,
+    upgrade,
+)
+from vfops.registry._models import (
+    Base,
+    EnvironmentRow,
+    EnvironmentVersion,
+    EvalRun,
+    JudgeCacheRow,
+    RolloutRow,
+)
+from vfops.registry._repository import (
+    RUN_STATUSES,
+    JudgeCacheEntry,
+    RegistryJudgeCache,
+    add_environment_version,
+    completed_keys,
+    count_rollouts,
+    create_run,
+    find_resumable_run,
+    find_version,
+    find_version_by_code_hash,
+    find_version_by_hash,
+    finish_run,
+    get_or_create_environment,
+    get_run,
+    insert_rollouts,
+    iter_rollouts,
+    list_environments,
+    list_runs,
+    list_versions,
+    parse_version,
+    rollouts_for_example,
+    set_run_status,
+)
+
+__all__ = [
+    "RUN_STATUSES",
+    "Base",
+    "EnvironmentRow",
+    "EnvironmentVersion",
+    "EvalRun",
+    "JudgeCacheEntry",
+    "JudgeCacheRow",
+    "RegistryJudgeCache",
+    "RolloutRow",
+    "add_environment_version",
+    "completed_keys",
+    "count_rollouts",
+    "create_run",
+    "current_revision",
+    "dispose_engines",
+    "downgrade",
+    "ensure_schema",
+    "find_resumable_run",
+    "find_version",
+    "find_version_by_code_hash",
+    "find_version_by_hash",
+    "finish_run",
+    "get_engine",
+    "get_or_create_environment",
+    "get_run",
+    "head_revision",
+    "insert_rollouts",
+    "iter_rollouts",
+    "list_environments",
+    "list_runs",
+    "list_versions",
+    "mask_url",
+    "parse_version",
+    "rollouts_for_example",
+    "session_scope",
+    "set_run_status",
+    "transaction",
+    "upgrade",
+]

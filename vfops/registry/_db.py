@@ -1,0 +1,327 @@
+"""Engines, transactions and the schema version of the registry database.
+
+One engine per URL per process. SQLite is the embedded default (``$VFOPS_HOME``),
+PostgreSQL the production store; both are migrated by the same Alembic scripts in
+``vfops/registry/migrations`` (inside the package so a wheel install carries them).
+
+A new, empty database is migrated to head on first use, so no set-up step exists;
+a database at an older revision is refused until ``vfops db upgrade`` is run, so
+an upgrade never happens behind the user's back on a shared database.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, make_url, text
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from vfops._errors import VfopsError
+from vfops._settings import database_url
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+# Tables created by the migrations; used to tell an empty database from one that
+# holds vfops tables without a migration history.
+_REGISTRY_TABLES = frozenset(
+    {"environments", "environment_versions", "eval_runs", "rollouts", "judge_cache"}
+)
+# Serialises concurrent first-use migrations of one PostgreSQL database.
+_PG_MIGRATION_LOCK = zlib.crc32(b"vfops.registry.migrate")
+# SQLite: how long a writer waits for another writer's lock before failing.
+_SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Execution option naming the SQLite BEGIN mode (see _configure_sqlite).
+_SQLITE_BEGIN = "vfops_sqlite_begin"
+
+_lock = threading.RLock()
+_engines: dict[str, Engine] = {}
+_checked: set[str] = set()
+
+
+def json_dumps(value: Any) -> str:
+    """orjson for every JSON column: several times faster than ``json.dumps``."""
+    return orjson.dumps(value, default=str).decode()
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe to print or log)."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def get_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
+    """The process-wide engine for ``url`` (default: :func:`vfops._settings.database_url`).
+
+    With ``check_schema`` (the default) the first call per URL runs
+    :func:`ensure_schema`: an empty database is created, an outdated one refused.
+    """
+    url = url or database_url()
+    with _lock:
+        engine = _engines.get(url)
+        if engine is None:
+            engine = _create_engine(url)
+            _engines[url] = engine
+        if check_schema and url not in _checked:
+            ensure_schema(engine)
+            _checked.add(url)
+    return engine
+
+
+def dispose_engines() -> None:
+    """Close every cached engine's connections and forget them (tests, forks)."""
+    with _lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+        _checked.clear()
+
+
+def _create_engine(url: str) -> Engine:
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        database = parsed.database
+        if not database or database == ":memory:" or parsed.query.get("mode") == "memory":
+            raise VfopsError(
+                f"the registry needs a SQLite file, not an in-memory database ({url}); "
+                "set VFOPS_DATABASE_URL to sqlite:///path/to/registry.db"
+            )
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(parsed, json_serializer=json_dumps, json_deserializer=orjson.loads)
+        _configure_sqlite(engine)
+        return engine
+    if backend == "postgresql":
+        if parsed.get_driver_name() != "psycopg":
+            raise VfopsError(
+                f"unsupported PostgreSQL driver in {mask_url(url)}; "
+                "use postgresql+psycopg://user@host/db"
+            )
+        return create_engine(
+            parsed,
+            json_serializer=json_dumps,
+            json_deserializer=orjson.loads,
+            # a server restart or idle timeout must not break the next command
+            pool_pre_ping=True,
+        )
+    raise VfopsError(
+        f"unsupported registry database {mask_url(url)}: use sqlite:///path or "
+        "postgresql+psycopg://user@host/db in VFOPS_DATABASE_URL"
+    )
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+        # pysqlite's own BEGIN handling defers BEGIN past DDL and cannot take the
+        # write lock up front; SQLAlchemy emits BEGIN itself (the "begin" hook).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        # WAL: readers never block the writer; NORMAL sync is durable in WAL mode
+        # except for the last transactions on power loss, and much faster.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        # Writers BEGIN IMMEDIATE: they wait (busy_timeout) for the write lock up
+        # front, instead of failing with SQLITE_BUSY when a deferred read
+        # transaction later tries to write while another writer committed.
+        mode = connection.get_execution_options().get(_SQLITE_BEGIN, "DEFERRED")
+        connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _write_options(engine: Engine) -> dict[str, Any]:
+    return {_SQLITE_BEGIN: "IMMEDIATE"} if engine.dialect.name == "sqlite" else {}
+
+
+@contextmanager
+def transaction(engine: Engine | None = None, *, write: bool = True) -> Iterator[Connection]:
+    """A Core connection inside one transaction: committed on exit, rolled back on error.
+
+    ``write=True`` takes SQLite's write lock at BEGIN (see ``_on_begin``); use
+    ``write=False`` for read-only work so it never waits for a writer.
+    """
+    engine = engine or get_engine()
+    with engine.connect() as connection:
+        if write:
+            connection.execution_options(**_write_options(engine))
+        with connection.begin():
+            yield connection
+
+
+@contextmanager
+def session_scope(engine: Engine | None = None, *, write: bool = True) -> Iterator[Session]:
+    """An ORM session inside one transaction: committed on exit, rolled back on error.
+
+    Objects stay usable after the block (``expire_on_commit=False``), but
+    relationships that were not loaded inside it cannot be loaded later.
+    """
+    engine = engine or get_engine()
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        if write:
+            # procure the connection now so BEGIN IMMEDIATE applies to it
+            session.connection(execution_options=_write_options(engine))
+        yield session
+
+
+# --- migrations -------------------------------------------------------------------
+
+
+def alembic_config(url: str | None = None) -> Any:
+    """An Alembic ``Config`` for ``url``, built in code (no alembic.ini needed)."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # new revision files must be importable module names (mypy checks them)
+    config.set_main_option("file_template", "v%%(rev)s_%%(slug)s")
+    if url is not None:
+        # ConfigParser interpolates '%': a URL-encoded password must survive it
+        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def _script_directory() -> Any:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def head_revision() -> str:
+    """The newest migration this code knows (the schema of ``_models.py``)."""
+    head: str | None = _script_directory().get_current_head()
+    if head is None:  # pragma: no cover - the package always ships migrations
+        raise VfopsError(f"no migrations found in {MIGRATIONS_DIR}; reinstall vfops")
+    return head
+
+
+def _current_heads(connection: Connection) -> tuple[str, ...]:
+    from alembic.runtime.migration import MigrationContext
+
+    heads: tuple[str, ...] = MigrationContext.configure(connection).get_current_heads()
+    return heads
+
+
+def current_revision(url: str | None = None) -> str | None:
+    """The database's revision, or ``None`` when it was never migrated."""
+    engine = get_engine(url, check_schema=False)
+    with transaction(engine, write=False) as connection:
+        heads = _current_heads(connection)
+    return ",".join(heads) if heads else None
+
+
+def _run_alembic(connection: Connection, command_name: str, revision: str) -> None:
+    from alembic import command
+    from alembic.util import CommandError
+
+    config = alembic_config()
+    # env.py runs on this connection, inside the caller's transaction
+    config.attributes["connection"] = connection
+    try:
+        getattr(command, command_name)(config, revision)
+    except CommandError as exc:  # e.g. an unknown target revision
+        raise VfopsError(f"alembic {command_name} to {revision!r} failed: {exc}") from exc
+
+
+def _lock_for_migration(connection: Connection) -> None:
+    # SQLite: BEGIN IMMEDIATE already holds the write lock. PostgreSQL: an advisory
+    # lock, released at commit, so two first commands do not both migrate.
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> tuple[str | None, str | None]:
+    """Migrate the database up to ``revision``; returns (revision before, revision after)."""
+    url = url or database_url()
+    engine = get_engine(url, check_schema=False)
+    with transaction(engine) as connection:
+        _lock_for_migration(connection)
+        before = _current_heads(connection)
+        _check_known(url, before)
+        _run_alembic(connection, "upgrade", revision)
+        after = _current_heads(connection)
+    with _lock:
+        _checked.discard(url)
+    return (",".join(before) or None, ",".join(after) or None)
+
+
+def downgrade(url: str | None, revision: str) -> None:
+    """Migrate the database down to ``revision`` (``"base"`` drops every table)."""
+    url = url or database_url()
+    engine = get_engine(url, check_schema=False)
+    with transaction(engine) as connection:
+        _lock_for_migration(connection)
+        _check_known(url, _current_heads(connection))
+        _run_alembic(connection, "downgrade", revision)
+    with _lock:
+        _checked.discard(url)
+
+
+def _check_known(url: str, heads: tuple[str, ...]) -> None:
+    for revision in heads:
+        if not is_known_revision(revision):
+            raise VfopsError(_ahead_message(url, revision))
+
+
+def _ahead_message(url: str, revision: str) -> str:
+    return (
+        f"the registry database {mask_url(url)} is at revision {revision}, which this "
+        f"vfops does not know (its newest is {head_revision()}): it was migrated by a "
+        "newer vfops; upgrade vfops, or point VFOPS_DATABASE_URL at another database"
+    )
+
+
+def is_known_revision(revision: str) -> bool:
+    """Whether ``revision`` is in this code's migration history."""
+    from alembic.util import CommandError
+
+    try:
+        return _script_directory().get_revision(revision) is not None
+    except CommandError:  # "No such revision or branch"
+        return False
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Create the schema of an empty database; refuse one at another revision.
+
+    Raises :class:`VfopsError` when the database is behind this code (run
+    ``vfops db upgrade``), ahead of it (a newer vfops migrated it), or holds
+    vfops tables without a migration history.
+    """
+    head = head_revision()
+    with transaction(engine, write=False) as connection:
+        heads = _current_heads(connection)
+    if heads == (head,):
+        return  # the common case: no lock, one query
+    with transaction(engine) as connection:
+        _lock_for_migration(connection)
+        # re-read under the lock: another process may have migrated meanwhile
+        heads = _current_heads(connection)
+        if not heads:
+            existing = _REGISTRY_TABLES & set(inspect(connection).get_table_names())
+            if existing:
+                raise VfopsError(
+                    f"the registry database {mask_url(str(engine.url))} has vfops tables "
+                    f"({', '.join(sorted(existing))}) but no migration history; point "
+                    "VFOPS_DATABASE_URL at an empty database or drop those tables"
+                )
+            _run_alembic(connection, "upgrade", "head")
+            return
+    if heads == (head,):
+        return
+    url = str(engine.url)
+    _check_known(url, heads)
+    raise VfopsError(
+        f"the registry database {mask_url(url)} is at revision {','.join(heads)}, behind "
+        f"this vfops ({head}); run `vfops db upgrade` to migrate it"
+    )
