@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import random
 import sqlite3
+import string
 import tempfile
 import time
 import uuid
@@ -47,23 +48,35 @@ from vfops.registry import (
 )
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at "
-    "which but have an they you were her she there been one all we their has would when "
-    "compute answer step first then therefore total number value result check equation"
-).split()
-COLUMNS = (
-    "run_id example_id rollout_index trace_id task prompt completion answer info reward "
-    "metrics stop_reason error_type error_message error_stage generation_ms scoring_ms "
-    "prompt_tokens completion_tokens turns"
-).split()
+COLUMNS = [
+    "run_id",
+    "example_id",
+    "rollout_index",
+    "trace_id",
+    "task",
+    "prompt",
+    "completion",
+    "answer",
+    "info",
+    "reward",
+    "metrics",
+    "stop_reason",
+    "error_type",
+    "error_message",
+    "error_stage",
+    "generation_ms",
+    "scoring_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "turns",
+]
 
 
 def _text(rng: random.Random, chars: int) -> str:
     words: list[str] = []
     size = 0
     while size < chars:
-        word = rng.choice(WORDS)
+        word = "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9)))
         words.append(word)
         size += len(word) + 1
     return " ".join(words)

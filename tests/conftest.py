@@ -1,7 +1,13 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 # Nothing in the test suite may reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Never touch the developer's ~/.vfops: every test session gets its own home
+# (subprocesses inherit it).
+os.environ["VFOPS_HOME"] = tempfile.mkdtemp(prefix="vfops-test-home-")
+os.environ.pop("VFOPS_DATABASE_URL", None)
+os.environ.pop("VFOPS_ARTIFACTS", None)

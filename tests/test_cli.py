@@ -81,7 +81,9 @@ def test_env_init_install_and_eval_against_a_server(tmp_path: Path) -> None:
     assert all(row["metrics"]["correct_answer"] == 1.0 for row in rows)  # type: ignore[index]
     (metadata_path,) = (tmp_path / "out").glob("evals/*/*/metadata.json")
     metadata = orjson.loads(metadata_path.read_bytes())
-    assert metadata["env_version"] == "0.1.0" and metadata["status"] == "completed"
+    # never published: recorded as local code with its hash, not as the package's 0.1.0
+    assert metadata["env_version"] == f"local+{metadata['env_code_hash'][:12]}"
+    assert metadata["status"] == "completed" and len(metadata["run_id"]) == 32
     assert (metadata_path.parent / "dataset" / "dataset_info.json").exists()
 
 

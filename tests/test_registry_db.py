@@ -23,13 +23,13 @@ from vfops._errors import VfopsError
 from vfops.cli._db import app as db_app
 from vfops.registry import (
     Base,
+    _db,
     current_revision,
     downgrade,
     get_engine,
     head_revision,
     upgrade,
 )
-from vfops.registry import _db
 
 EXTRA_REVISION = '''"""Test-only revision after head.
 
@@ -225,6 +225,8 @@ def test_tables_without_history_are_refused(db_url: str) -> None:
         connection.execute(text("DROP TABLE alembic_version"))
     with pytest.raises(VfopsError, match="no migration history"):
         get_engine(db_url)
+    with pytest.raises(VfopsError, match="no migration history"):
+        upgrade(db_url)
 
 
 # --- vfops db ---------------------------------------------------------------------------

@@ -95,6 +95,30 @@ def test_get_or_create_environment_is_idempotent(engine: Engine) -> None:
     assert names == ["arith"]
 
 
+def test_concurrent_get_or_create_environment_makes_one_row(engine: Engine) -> None:
+    barrier = threading.Barrier(4)
+    ids: list[int] = []
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            barrier.wait()
+            with session_scope(engine) as session:
+                ids.append(get_or_create_environment(session, "race").id)
+        except BaseException as exc:  # surfaced in the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert len(set(ids)) == 1
+    with session_scope(engine, write=False) as session:
+        assert [env.name for env in list_environments(session)] == ["race"]
+
+
 def test_latest_version_orders_by_semver(engine: Engine) -> None:
     for version in ("1.9.0", "1.10.0", "1.2.0", "0.99.99"):
         _publish(engine, "arith", version)

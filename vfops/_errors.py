@@ -30,6 +30,5 @@ class MissingExtraError(VfopsError):
 
     def __init__(self, extra: str, module: str) -> None:
         super().__init__(
-            f"{module} is not installed; install the [{extra}] extra: "
-            f"pip install 'vfops[{extra}]'"
+            f"{module} is not installed; install the [{extra}] extra: pip install 'vfops[{extra}]'"
         )

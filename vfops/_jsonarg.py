@@ -17,8 +17,7 @@ def parse_json_object(text: str | None, option: str) -> dict[str, Any]:
         value = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise VfopsError(
-            f"{option} is not valid JSON ({exc}); pass an object such as "
-            '\'{"temperature": 0.7}\''
+            f"{option} is not valid JSON ({exc}); pass an object such as '{{\"temperature\": 0.7}}'"
         ) from exc
     if not isinstance(value, dict):
         raise VfopsError(f"{option} must be a JSON object, got {type(value).__name__}")

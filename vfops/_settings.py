@@ -2,7 +2,8 @@
 
 - ``VFOPS_HOME`` (default ``~/.vfops``): the embedded SQLite registry, local artifacts.
 - ``VFOPS_DATABASE_URL``: a SQLAlchemy URL (``postgresql+psycopg://...``) for production.
-- ``VFOPS_ARTIFACTS``: ``file:///path`` or ``s3://bucket/prefix`` (default: ``$VFOPS_HOME/artifacts``).
+- ``VFOPS_ARTIFACTS``: ``file:///path`` or ``s3://bucket/prefix``
+  (default: ``$VFOPS_HOME/artifacts``).
 - ``VFOPS_S3_ENDPOINT_URL``: an S3-compatible endpoint (MinIO, moto); credentials come from
   the usual AWS variables and are never stored by vfops.
 """

@@ -7,7 +7,7 @@ import sys
 import typer
 
 from vfops._errors import VfopsError
-from vfops.cli import _env, _eval, _model
+from vfops.cli import _db, _env, _eval, _model, _runs
 
 app = typer.Typer(
     name="vfops",
@@ -19,6 +19,8 @@ app = typer.Typer(
 app.command("eval")(_eval.eval_command)
 app.add_typer(_env.app, name="env")
 app.add_typer(_model.app, name="model")
+app.add_typer(_runs.app, name="runs")
+app.add_typer(_db.app, name="db")
 
 
 def _raise_open_file_limit() -> None:

@@ -29,7 +29,7 @@ async def connect(
 ) -> Connection:
     """Resolve the endpoint, read its key from the environment and check it is reachable."""
     if model.startswith(LOCAL_PREFIX):
-        return _connect_local(model[len(LOCAL_PREFIX):])
+        return _connect_local(model[len(LOCAL_PREFIX) :])
     from vfops.clients import OpenAIClient, check_reachable, read_api_key, resolve_endpoint
 
     endpoint = resolve_endpoint(
@@ -38,9 +38,7 @@ async def connect(
     # Required: a loopback server with the default variable unset gets "EMPTY".
     api_key = read_api_key(endpoint, required=True)
     await check_reachable(endpoint.base_url)
-    client = OpenAIClient(
-        endpoint.base_url, api_key, timeout_s=timeout_s, max_retries=max_retries
-    )
+    client = OpenAIClient(endpoint.base_url, api_key, timeout_s=timeout_s, max_retries=max_retries)
     return Connection(client=client, model=endpoint.model, base_url=endpoint.base_url)
 
 

@@ -90,25 +90,108 @@ def init_command(
 
 @app.command("install")
 def install_command(
-    path: Annotated[Path, typer.Argument(help="Folder of an environment package.")],
+    source: Annotated[
+        str, typer.Argument(help="A package folder, or NAME[@VERSION] from the registry.")
+    ],
     editable: Annotated[bool, typer.Option("--editable", "-e", help="Editable install.")] = False,
     target: Annotated[
         Path | None, typer.Option(help="Install into this folder (add it to PYTHONPATH).")
     ] = None,
     no_deps: Annotated[bool, typer.Option(help="Do not install dependencies.")] = False,
 ) -> None:
-    """Install an environment package (pip) so vfops can load it by name."""
-    install_environment(path, editable=editable, target=target, no_deps=no_deps)
-    print(f"installed {path}")
+    """Install an environment package so vfops can load it by name.
+
+    A folder is pip-installed as it is; ``NAME`` or ``NAME@VERSION`` downloads the
+    published wheel, verifies its sha256 and its archive paths, then installs it.
+    """
+    path = Path(source)
+    if path.is_dir() or "/" in source or source.startswith("."):
+        install_environment(path, editable=editable, target=target, no_deps=no_deps)
+        print(f"installed {path}")
+        return
+    from vfops.publishing import install_published
+
+    row = install_published(source, target=target, no_deps=no_deps)
+    print(
+        f"installed {row.environment.name}@{row.version} (sha256 {row.wheel_sha256[:12]} verified)"
+    )
+
+
+@app.command("publish")
+def publish_command(
+    path: Annotated[Path, typer.Argument(help="Folder of an environment package.")],
+    bump: Annotated[
+        str | None, typer.Option(help="Publish a new version: patch, minor or major.")
+    ] = None,
+) -> None:
+    """Build, hash, snapshot datasets, upload and register a new version."""
+    from vfops.publishing import publish_environment
+
+    if bump not in (None, "patch", "minor", "major"):
+        raise VfopsError(f"--bump must be patch, minor or major, not {bump!r}")
+    result = publish_environment(path, bump=bump)  # type: ignore[arg-type]
+    if result.status == "unchanged":
+        print(
+            f"{result.env_name}@{result.version} already has this content "
+            f"({result.content_hash[:12]}); nothing published"
+        )
+        return
+    splits = ", ".join(f"{s}: {d['rows']} rows" for s, d in result.datasets.items()) or "none"
+    print(
+        f"published {result.env_name}@{result.version} (content {result.content_hash[:12]}, "
+        f"code {result.code_hash[:12]}; datasets {splits})"
+    )
 
 
 @app.command("list")
 def list_command() -> None:
-    """List installed environments."""
-    from vfops.envs import installed_environments
+    """List published environments (registry) and installed ones (this Python)."""
+    from sqlalchemy.orm import Session
 
-    table = Table("name", "package", "version", "entry point")
-    for name, entry in sorted(installed_environments().items()):
-        dist = entry.dist
-        table.add_row(name, dist.name if dist else "?", dist.version if dist else "?", entry.value)
+    from vfops.envs import installed_environments
+    from vfops.registry import get_engine, list_environments, list_versions
+
+    installed = installed_environments()
+    table = Table("name", "latest published", "versions", "installed")
+    names: set[str] = set(installed)
+    published: dict[str, list[str]] = {}
+    with Session(get_engine()) as session:
+        for env in list_environments(session):
+            published[env.name] = [v.version for v in list_versions(session, env.name)]
+            names.add(env.name)
+    for name in sorted(names):
+        versions = published.get(name, [])
+        entry = installed.get(name)
+        table.add_row(
+            name,
+            versions[0] if versions else "-",
+            str(len(versions)),
+            entry.dist.version if entry is not None and entry.dist else "-",
+        )
+    Console().print(table)
+
+
+@app.command("show")
+def show_command(
+    ref: Annotated[str, typer.Argument(help="NAME or NAME@VERSION.")],
+) -> None:
+    """Details of a published version: hashes, artifacts, datasets, dependencies."""
+    from sqlalchemy.orm import Session
+
+    from vfops.publishing import find_published, parse_ref
+    from vfops.registry import get_engine
+
+    name, version = parse_ref(ref)
+    with Session(get_engine()) as session:
+        row = find_published(session, name, version)
+        table = Table("field", "value", title=f"{name}@{row.version}")
+        table.add_row("content hash", row.content_hash)
+        table.add_row("code hash", row.code_hash)
+        table.add_row("wheel", f"{row.wheel_uri}\nsha256 {row.wheel_sha256}")
+        table.add_row("sdist", f"{row.sdist_uri}\nsha256 {row.sdist_sha256}")
+        for split, info in sorted(row.datasets.items()):
+            table.add_row(f"dataset {split}", f"{info['rows']} rows, sha256 {info['sha256']}")
+        table.add_row("dependencies", ", ".join(row.dependencies) or "-")
+        table.add_row("description", row.description or "-")
+        table.add_row("published", row.created_at.isoformat())
     Console().print(table)

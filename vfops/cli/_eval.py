@@ -21,7 +21,8 @@ def eval_command(
     model: Annotated[
         str,
         typer.Option(
-            "--model", "-m",
+            "--model",
+            "-m",
             help="Model name, an alias from --endpoints, or local:DIR for an in-process model.",
         ),
     ],
@@ -62,8 +63,13 @@ def eval_command(
         Path, typer.Option("--output", "-o", help="Root folder for run directories.")
     ] = Path("outputs"),
     resume: Annotated[
-        Path | None, typer.Option("--resume", "-R", help="Run directory to finish.")
+        str | None,
+        typer.Option("--resume", "-R", help="Run id (or run directory) to finish."),
     ] = None,
+    registry: Annotated[
+        bool,
+        typer.Option(help="Record the run in the registry (VFOPS_HOME / VFOPS_DATABASE_URL)."),
+    ] = True,
     request_timeout: Annotated[
         float, typer.Option(help="Seconds before one model request times out (then retried).")
     ] = 600.0,
@@ -101,6 +107,7 @@ def eval_command(
             max_retries=max_retries,
             output=output,
             resume=resume,
+            registry=registry,
             quiet=quiet,
         )
     )
@@ -119,7 +126,8 @@ async def _evaluate(
     request_timeout: float,
     max_retries: int,
     output: Path,
-    resume: Path | None,
+    resume: str | None,
+    registry: bool,
     quiet: bool,
 ) -> int:
     from vfops.cli._connect import connect
@@ -128,8 +136,9 @@ async def _evaluate(
 
     EvalRequest(env_name=env_name, model=model, **request_args).validate()
     environment = load_environment(env_name, **request_args["env_args"])
-    if resume is not None:
-        read_metadata(resume)  # fail fast with a clear message on a wrong folder
+    if resume is not None and not registry:
+        read_metadata(Path(resume))  # fail fast with a clear message on a wrong folder
+    engine = _registry_engine() if registry else None
     connection = await connect(
         model,
         base_url=base_url,
@@ -147,27 +156,47 @@ async def _evaluate(
             **request_args,
         )
         request.validate()
-        run_dir = resume or new_run_dir(output, env_name, connection.model)
         total = _planned_rollouts(environment, request)
         display = EvalDisplay(total=total, enabled=not quiet and sys.stderr.isatty())
         # Everything loaded so far (modules, the dataset) lives for the whole run:
         # moving it out of the collector's reach keeps collections short.
         gc.collect()
         gc.freeze()
+        run_label = resume or "the run directory"
         with display:
             try:
-                result = await run_eval_async(
-                    environment,
-                    connection.client,
-                    request,
-                    run_dir=run_dir,
-                    resume=resume is not None,
-                    on_group=display.update,
-                )
+                if engine is not None:
+                    from vfops.evaluation._tracked import run_tracked_eval_async
+
+                    tracked, result = await run_tracked_eval_async(
+                        environment,
+                        connection.client,
+                        request,
+                        output_root=output,
+                        resume=resume,
+                        on_group=display.update,
+                        engine=engine,
+                    )
+                    run_label = tracked.run_id
+                else:
+                    run_dir = (
+                        Path(resume) if resume else new_run_dir(output, env_name, request.model)
+                    )
+                    run_label = str(run_dir)
+                    result = await run_eval_async(
+                        environment,
+                        connection.client,
+                        request,
+                        run_dir=run_dir,
+                        resume=resume is not None,
+                        on_group=display.update,
+                    )
             except asyncio.CancelledError:
+                metadata = _latest_metadata(output, env_name, request.model)
+                run_label = str(metadata.get("run_id") or run_label)
                 print(
-                    f"interrupted: completed rollouts are kept in {run_dir}; finish with: "
-                    f"vfops eval {env_name} -m {model} ... --resume {run_dir}",
+                    f"interrupted: completed rollouts are kept; finish with: "
+                    f"vfops eval {env_name} -m {model} ... --resume {run_label}",
                     file=sys.stderr,
                 )
                 return 130
@@ -176,6 +205,18 @@ async def _evaluate(
     finally:
         await connection.client.aclose()
         await environment.aclose()
+
+
+def _registry_engine() -> Any:
+    from vfops.registry import get_engine
+
+    return get_engine()
+
+
+def _latest_metadata(output: Path, env_name: str, model: str) -> dict[str, Any]:
+    safe_model = model.replace("/", "_").replace(":", "_")
+    runs = sorted((output / "evals" / f"{env_name}--{safe_model}").glob("*/metadata.json"))
+    return read_metadata(runs[-1].parent) if runs else {}
 
 
 def _planned_rollouts(environment: Any, request: EvalRequest) -> int:

@@ -63,9 +63,7 @@ def summary_table(result: EvalResult) -> Table:
     table = Table(title=f"{meta['env_name']} · {meta['model']}", show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_row(
-        "reward", f"{summary.reward.mean:.4f} ± {summary.reward.stderr:.4f} (stderr)"
-    )
+    table.add_row("reward", f"{summary.reward.mean:.4f} ± {summary.reward.stderr:.4f} (stderr)")
     for name, mean in sorted(summary.metrics.items()):
         table.add_row(f"  {name}", f"{mean.mean:.4f}")
     for k, value in summary.pass_at().items():

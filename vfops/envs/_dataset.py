@@ -34,9 +34,7 @@ class Example:
     task: str = "default"
 
 
-def build_prompt(
-    question: str, system_prompt: str | None, few_shot: Messages | None
-) -> Messages:
+def build_prompt(question: str, system_prompt: str | None, few_shot: Messages | None) -> Messages:
     messages: Messages = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
@@ -152,4 +150,3 @@ def resolve_source(source: Any) -> Dataset | None:
         return built
     dataset: Dataset = source
     return dataset
-

@@ -72,12 +72,16 @@ class Environment(ABC):
         if split not in self._formatted:
             source = self._dataset_source if split == "train" else self._eval_dataset_source
             raw = resolve_source(source)
-            self._formatted[split] = None if raw is None else format_dataset(
-                raw,
-                env_name=self.name,
-                system_prompt=self.system_prompt,
-                few_shot=self.few_shot,
-                default_task=self.task,
+            self._formatted[split] = (
+                None
+                if raw is None
+                else format_dataset(
+                    raw,
+                    env_name=self.name,
+                    system_prompt=self.system_prompt,
+                    few_shot=self.few_shot,
+                    default_task=self.task,
+                )
             )
         return self._formatted[split]
 

@@ -85,10 +85,11 @@ class EvalResult:
     metadata: dict[str, Any]
 
 
-def new_run_dir(output_root: Path, env_name: str, model: str) -> Path:
+def new_run_dir(output_root: Path, env_name: str, model: str, run_id: str | None = None) -> Path:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     safe_model = model.replace("/", "_").replace(":", "_")
-    return output_root / "evals" / f"{env_name}--{safe_model}" / f"{stamp}-{uuid.uuid4().hex[:6]}"
+    leaf = f"{stamp}-{run_id or uuid.uuid4().hex[:6]}"
+    return output_root / "evals" / f"{env_name}--{safe_model}" / leaf
 
 
 async def run_eval_async(

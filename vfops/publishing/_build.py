@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vfops._errors import VfopsError
+from vfops.envs._dataset import quiet_datasets
 from vfops.publishing._hashing import file_sha256
 from vfops.publishing._project import EnvironmentProject
 
@@ -27,8 +28,11 @@ def build_distributions(project: EnvironmentProject, out_dir: Path) -> BuiltDist
     command = [sys.executable, "-m", "build", "--outdir", str(out_dir), str(project.path)]
     completed = subprocess.run(command, capture_output=True, text=True, check=False)
     if completed.returncode != 0:
-        lines = [line for line in completed.stderr.splitlines() + completed.stdout.splitlines()
-                 if line.strip()]
+        lines = [
+            line
+            for line in completed.stderr.splitlines() + completed.stdout.splitlines()
+            if line.strip()
+        ]
         errors = [line for line in lines if "error" in line.lower()]
         reason = (errors or lines or ["build failed"])[-1].strip()
         raise VfopsError(f"building {project.path} failed: {reason}")
@@ -53,7 +57,8 @@ def snapshot_datasets(project: EnvironmentProject, out_dir: Path) -> list[Datase
     snapshots = []
     for split, dataset in env.splits().items():
         path = out_dir / f"{project.env_name}-{split}.parquet"
-        dataset.to_parquet(str(path))
+        with quiet_datasets():
+            dataset.to_parquet(str(path))
         snapshots.append(
             DatasetSnapshot(split=split, path=path, sha256=file_sha256(path), rows=len(dataset))
         )
@@ -78,8 +83,11 @@ def load_from_source(project: EnvironmentProject) -> Any:
 @contextlib.contextmanager
 def _source_on_path(path: Path, top_level: str) -> Iterator[None]:
     # Import the source tree, not an installed copy of the same name.
-    saved = {name: mod for name, mod in sys.modules.items()
-             if name == top_level or name.startswith(f"{top_level}.")}
+    saved = {
+        name: mod
+        for name, mod in sys.modules.items()
+        if name == top_level or name.startswith(f"{top_level}.")
+    }
     for name in saved:
         del sys.modules[name]
     roots = [str(path / "src"), str(path)] if (path / "src").is_dir() else [str(path)]

@@ -25,8 +25,18 @@ from pathlib import Path
 from vfops._errors import VfopsError
 
 EXCLUDED_DIRS = {
-    "__pycache__", ".git", ".venv", "venv", "build", "dist", ".mypy_cache", ".ruff_cache",
-    ".pytest_cache", "outputs", ".tox", ".eggs",
+    "__pycache__",
+    ".git",
+    ".venv",
+    "venv",
+    "build",
+    "dist",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    "outputs",
+    ".tox",
+    ".eggs",
 }
 EXCLUDED_SUFFIXES = (".pyc", ".pyo", ".egg-info")
 _VERSION_LINE = re.compile(rb'(?m)^version\s*=\s*["\'][^"\']*["\']\s*$')
@@ -44,7 +54,9 @@ def digest_entries(entries: Iterable[tuple[str, bytes]]) -> str:
 def iter_source_files(project_dir: Path) -> Iterator[Path]:
     for path in sorted(project_dir.rglob("*")):
         relative = path.relative_to(project_dir)
-        if any(part in EXCLUDED_DIRS or part.endswith(EXCLUDED_SUFFIXES) for part in relative.parts):
+        if any(
+            part in EXCLUDED_DIRS or part.endswith(EXCLUDED_SUFFIXES) for part in relative.parts
+        ):
             continue
         if path.is_file():
             yield path
@@ -95,7 +107,8 @@ def installed_code_hash(top_level: str) -> str:
         entries = [
             (f"{top_level}/{path.relative_to(root).as_posix()}", path.read_bytes())
             for path in sorted(root.rglob("*"))
-            if path.is_file() and _is_code_entry(f"{top_level}/{path.relative_to(root).as_posix()}", top_level)
+            if path.is_file()
+            and _is_code_entry(f"{top_level}/{path.relative_to(root).as_posix()}", top_level)
         ]
     else:
         entries = [(f"{top_level}.py", origin.read_bytes())]

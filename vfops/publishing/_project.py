@@ -72,7 +72,7 @@ def parse_semver(version: str, *, where: str = "version") -> tuple[int, int, int
     match = _SEMVER.match(version)
     if not match:
         raise VfopsError(
-            f"{where}: version {version!r} is not MAJOR.MINOR.PATCH; set e.g. version = \"0.1.0\""
+            f'{where}: version {version!r} is not MAJOR.MINOR.PATCH; set e.g. version = "0.1.0"'
         )
     major, minor, patch = (int(part) for part in match.groups())
     return major, minor, patch
@@ -94,12 +94,14 @@ def write_version(path: Path, version: str) -> None:
     project_start = re.search(r"(?m)^\[project\]\s*$", text)
     if project_start is None:
         raise VfopsError(f"{pyproject} has no [project] table")
-    next_table = re.search(r"(?m)^\[", text[project_start.end():])
-    end = project_start.end() + (next_table.start() if next_table else len(text) - project_start.end())
-    section = text[project_start.end():end]
+    next_table = re.search(r"(?m)^\[", text[project_start.end() :])
+    end = project_start.end() + (
+        next_table.start() if next_table else len(text) - project_start.end()
+    )
+    section = text[project_start.end() : end]
     new_section, count = re.subn(
         r'(?m)^version\s*=\s*["\'][^"\']*["\']', f'version = "{version}"', section, count=1
     )
     if count != 1:
-        raise VfopsError(f"{pyproject} has no version = \"...\" line in [project]")
+        raise VfopsError(f'{pyproject} has no version = "..." line in [project]')
     pyproject.write_text(text[: project_start.end()] + new_section + text[end:])

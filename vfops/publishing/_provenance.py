@@ -28,8 +28,9 @@ def inspect_installed(env_name: str) -> InstalledEnvironment:
     entry = available.get(env_name) or available.get(env_name.replace("-", "_"))
     if entry is None:
         raise EnvironmentNotFoundError(
-            f"unknown environment '{env_name}' (installed: {', '.join(sorted(available)) or 'none'})"
-            "; install it with: vfops env install PATH"
+            f"unknown environment '{env_name}' "
+            f"(installed: {', '.join(sorted(available)) or 'none'}); "
+            "install it with: vfops env install PATH"
         )
     top_level = entry.module.split(".", 1)[0]
     return InstalledEnvironment(

@@ -75,9 +75,7 @@ def publish_environment(
             for snap in snapshots:
                 ref = store.put_file(snap.path)
                 datasets[snap.split] = {"uri": ref.uri, "sha256": ref.sha256, "rows": snap.rows}
-        row = _register(
-            engine, project, digest, code, wheel_ref, sdist_ref, datasets
-        )
+        row = _register(engine, project, digest, code, wheel_ref, sdist_ref, datasets)
     except BaseException:
         (path / "pyproject.toml").write_text(original_pyproject)
         raise
@@ -92,9 +90,7 @@ def _mkdir(path: Path) -> Path:
 def _versions(session: Session, env_name: str) -> list[EnvironmentVersion]:
     return list(
         session.scalars(
-            select(EnvironmentVersion)
-            .join(EnvironmentRow)
-            .where(EnvironmentRow.name == env_name)
+            select(EnvironmentVersion).join(EnvironmentRow).where(EnvironmentRow.name == env_name)
         )
     )
 
@@ -193,9 +189,7 @@ def parse_ref(ref: str) -> tuple[str, str]:
     return name, version or "latest"
 
 
-def find_published(
-    session: Session, name: str, version: str = "latest"
-) -> EnvironmentVersion:
+def find_published(session: Session, name: str, version: str = "latest") -> EnvironmentVersion:
     versions = _versions(session, name)
     if not versions:
         raise VfopsError(

@@ -11,6 +11,7 @@ an upgrade never happens behind the user's back on a shared database.
 
 from __future__ import annotations
 
+import functools
 import threading
 import zlib
 from collections.abc import Iterator
@@ -93,7 +94,7 @@ def _create_engine(url: str) -> Engine:
                 f"the registry needs a SQLite file, not an in-memory database ({url}); "
                 "set VFOPS_DATABASE_URL to sqlite:///path/to/registry.db"
             )
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(parsed, json_serializer=json_dumps, json_deserializer=orjson.loads)
         _configure_sqlite(engine)
         return engine
@@ -123,12 +124,13 @@ def _configure_sqlite(engine: Engine) -> None:
         # write lock up front; SQLAlchemy emits BEGIN itself (the "begin" hook).
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        # first, so that switching a new file to WAL also waits for other writers
+        cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_MS}")
         # WAL: readers never block the writer; NORMAL sync is durable in WAL mode
         # except for the last transactions on power loss, and much faster.
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_MS}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -192,9 +194,17 @@ def alembic_config(url: str | None = None) -> Any:
 
 
 def _script_directory() -> Any:
+    return _script_directory_at(str(MIGRATIONS_DIR))
+
+
+@functools.cache
+def _script_directory_at(location: str) -> Any:
+    # parsed once per process: every first use of an engine asks for the head
     from alembic.script import ScriptDirectory
 
-    return ScriptDirectory.from_config(alembic_config())
+    config = alembic_config()
+    config.set_main_option("script_location", location)
+    return ScriptDirectory.from_config(config)
 
 
 def head_revision() -> str:
@@ -248,6 +258,8 @@ def upgrade(url: str | None = None, revision: str = "head") -> tuple[str | None,
         _lock_for_migration(connection)
         before = _current_heads(connection)
         _check_known(url, before)
+        if not before:
+            _refuse_unversioned(connection)
         _run_alembic(connection, "upgrade", revision)
         after = _current_heads(connection)
     with _lock:
@@ -265,6 +277,17 @@ def downgrade(url: str | None, revision: str) -> None:
         _run_alembic(connection, "downgrade", revision)
     with _lock:
         _checked.discard(url)
+
+
+def _refuse_unversioned(connection: Connection) -> None:
+    # Migrating would fail on "table exists" halfway, or adopt unknown tables.
+    existing = _REGISTRY_TABLES & set(inspect(connection).get_table_names())
+    if existing:
+        raise VfopsError(
+            f"the registry database {connection.engine.url} has vfops tables "
+            f"({', '.join(sorted(existing))}) but no migration history; point "
+            "VFOPS_DATABASE_URL at an empty database or drop those tables"
+        )
 
 
 def _check_known(url: str, heads: tuple[str, ...]) -> None:
@@ -308,13 +331,7 @@ def ensure_schema(engine: Engine) -> None:
         # re-read under the lock: another process may have migrated meanwhile
         heads = _current_heads(connection)
         if not heads:
-            existing = _REGISTRY_TABLES & set(inspect(connection).get_table_names())
-            if existing:
-                raise VfopsError(
-                    f"the registry database {mask_url(str(engine.url))} has vfops tables "
-                    f"({', '.join(sorted(existing))}) but no migration history; point "
-                    "VFOPS_DATABASE_URL at an empty database or drop those tables"
-                )
+            _refuse_unversioned(connection)
             _run_alembic(connection, "upgrade", "head")
             return
     if heads == (head,):

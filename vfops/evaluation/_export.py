@@ -1,0 +1,97 @@
+"""Export a registry run as a ``datasets`` dataset and parquet, to a folder or S3."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from vfops._errors import VfopsError
+from vfops._rollout import rollout_features
+from vfops.envs._dataset import quiet_datasets
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+
+def run_metadata(engine: Engine, run_id: str) -> dict[str, Any]:
+    from sqlalchemy.orm import Session
+
+    from vfops.registry import get_run
+
+    with Session(engine) as session:
+        run = get_run(session, run_id)
+        if run is None:
+            raise VfopsError(f"no eval run {run_id!r} in the registry; see: vfops runs list")
+        return {
+            "run_id": run.id,
+            "env_name": run.environment_name,
+            "env_version": run.environment_version,
+            "env_code_hash": run.environment_content_hash,
+            "model": run.model,
+            "sampling_args": run.sampling_args,
+            "env_args": run.env_args,
+            "num_examples": run.num_examples,
+            "rollouts_per_example": run.rollouts_per_example,
+            "status": run.status,
+            "started_at": run.started_at.isoformat(),
+            "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+            "summary": run.summary,
+            "vfops_version": run.vfops_version,
+        }
+
+
+def export_run(engine: Engine, run_id: str, destination: str) -> str:
+    """Write ``dataset/`` (save_to_disk), ``rollouts.parquet`` and ``metadata.json``.
+
+    ``destination`` is a folder or ``s3://bucket/prefix`` (uploaded with boto3).
+    Rows are streamed from the registry; memory does not grow with the run.
+    """
+    from datasets import Dataset
+
+    from vfops.registry import iter_rollouts
+
+    metadata = run_metadata(engine, run_id)
+    full_id = metadata["run_id"]
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for record in iter_rollouts(engine, full_id):
+            yield record.to_row()
+
+    with tempfile.TemporaryDirectory(prefix="vfops-export-") as tmp:
+        staging = Path(tmp) / "export"
+        with quiet_datasets():
+            dataset = Dataset.from_generator(
+                rows, features=rollout_features(), cache_dir=str(Path(tmp) / "cache")
+            )
+            dataset.info.description = orjson.dumps(metadata).decode()
+            dataset.save_to_disk(str(staging / "dataset"))
+            dataset.to_parquet(str(staging / "rollouts.parquet"))
+        (staging / "metadata.json").write_bytes(orjson.dumps(metadata, option=orjson.OPT_INDENT_2))
+        if destination.startswith("s3://"):
+            _upload_folder(staging, destination.rstrip("/"))
+            return destination
+        target = Path(destination)
+        target.mkdir(parents=True, exist_ok=True)
+        for path in sorted(staging.rglob("*")):
+            if path.is_file():
+                out = target / path.relative_to(staging)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(path.read_bytes())
+        return str(target)
+
+
+def _upload_folder(folder: Path, uri: str) -> None:
+    import boto3
+
+    from vfops._settings import s3_endpoint_url
+
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    client = boto3.client("s3", endpoint_url=s3_endpoint_url())
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            key = "/".join(filter(None, [prefix, path.relative_to(folder).as_posix()]))
+            client.upload_file(str(path), bucket, key)
