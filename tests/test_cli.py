@@ -24,8 +24,17 @@ def env_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The CLI test environments, pip-installed into a folder put on PYTHONPATH."""
     site = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
-         str(FIXTURE_ENVS)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(FIXTURE_ENVS),
+        ],
         check=True,
         capture_output=True,
     )
@@ -61,17 +70,29 @@ def test_env_init_install_and_eval_against_a_server(tmp_path: Path) -> None:
     assert created.returncode == 0, created.stderr
     package = tmp_path / "environments" / "demo_env"
     assert {p.name for p in package.rglob("*") if p.is_file()} == {
-        "pyproject.toml", "demo_env.py", "README.md", "test_demo_env.py"
+        "pyproject.toml",
+        "demo_env.py",
+        "README.md",
+        "test_demo_env.py",
     }
     site = tmp_path / "site"
-    installed = run_cli(
-        "env", "install", str(package), "--target", str(site), "--no-deps"
-    )
+    installed = run_cli("env", "install", str(package), "--target", str(site), "--no-deps")
     assert installed.returncode == 0, installed.stderr
     with StubServer(StubConfig(reply_mode="arithmetic")) as server:
         result = run_cli(
-            "eval", "demo_env", "--model", "stub-model", "--base-url", server.base_url,
-            "-n", "50", "-r", "2", "-o", str(tmp_path / "out"), site=site,
+            "eval",
+            "demo_env",
+            "--model",
+            "stub-model",
+            "--base-url",
+            server.base_url,
+            "-n",
+            "50",
+            "-r",
+            "2",
+            "-o",
+            str(tmp_path / "out"),
+            site=site,
         )
         assert server.stats["ok"] == 100
     assert result.returncode == 0, result.stderr
@@ -89,14 +110,35 @@ def test_env_init_install_and_eval_against_a_server(tmp_path: Path) -> None:
 
 def test_eval_completes_against_a_faulty_endpoint(env_site: Path, tmp_path: Path) -> None:
     config = StubConfig(
-        reply_mode="echo_answer", rate_429=0.3, retry_after_s=0.05, rate_500=0.1,
-        rate_timeout=0.02, latency_ms=5, seed=7,
+        reply_mode="echo_answer",
+        rate_429=0.3,
+        retry_after_s=0.05,
+        rate_500=0.1,
+        rate_timeout=0.02,
+        latency_ms=5,
+        seed=7,
     )
     with StubServer(config) as server:
         result = run_cli(
-            "eval", "echo_env", "-m", "stub-model", "-b", server.base_url, "-n", "100", "-r", "2",
-            "-c", "32", "--request-timeout", "1", "--max-retries", "10",
-            "-o", str(tmp_path), site=env_site,
+            "eval",
+            "echo_env",
+            "-m",
+            "stub-model",
+            "-b",
+            server.base_url,
+            "-n",
+            "100",
+            "-r",
+            "2",
+            "-c",
+            "32",
+            "--request-timeout",
+            "1",
+            "--max-retries",
+            "10",
+            "-o",
+            str(tmp_path),
+            site=env_site,
         )
         stats = server.stats
     assert result.returncode == 0, result.stderr
@@ -118,12 +160,16 @@ def test_eval_completes_against_a_faulty_endpoint(env_site: Path, tmp_path: Path
         (["eval", "no_prompt_env", "-m", "m"], "neither a 'prompt' nor a 'question'"),
         (["eval", "echo_env", "-m", "m", "-S", "{bad"], "--sampling-args is not valid JSON"),
         (["eval", "echo_env", "-m", "m", "-a", "[1]"], "--env-args must be a JSON object"),
-        (["eval", "raising_env", "-m", "m", "-a", '{"size": 2}'],
-         "load_environment of 'raising_env' raised ValueError: size must be at least 10, got 2"),
+        (
+            ["eval", "raising_env", "-m", "m", "-a", '{"size": 2}'],
+            "load_environment of 'raising_env' raised ValueError: size must be at least 10, got 2",
+        ),
         (["eval", "echo_env", "-m", "m", "-n", "0"], "--num-examples must be positive"),
         (["eval", "echo_env", "-m", "big", "-e", "{endpoints}"], "unknown model alias 'big'"),
-        (["eval", "echo_env", "-m", "m", "-k", "VFOPS_TEST_UNSET_KEY"],
-         "environment variable VFOPS_TEST_UNSET_KEY is not set"),
+        (
+            ["eval", "echo_env", "-m", "m", "-k", "VFOPS_TEST_UNSET_KEY"],
+            "environment variable VFOPS_TEST_UNSET_KEY is not set",
+        ),
         (["eval", "echo_env", "-m", "m", "-b", "http://127.0.0.1:9/v1"], "cannot reach base URL"),
     ],
 )
@@ -151,8 +197,22 @@ def test_ctrl_c_keeps_completed_rollouts_and_resume_finishes(
     env_site: Path, tmp_path: Path
 ) -> None:
     with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=100)) as server:
-        args = ["eval", "echo_env", "-m", "stub-model", "-b", server.base_url, "-n", "100",
-                "-r", "2", "-c", "8", "-o", str(tmp_path)]
+        args = [
+            "eval",
+            "echo_env",
+            "-m",
+            "stub-model",
+            "-b",
+            server.base_url,
+            "-n",
+            "100",
+            "-r",
+            "2",
+            "-c",
+            "8",
+            "-o",
+            str(tmp_path),
+        ]
         env = {**os.environ, "PYTHONPATH": str(env_site)}
         process = subprocess.Popen(
             [VFOPS, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -180,8 +240,21 @@ def test_api_key_is_used_but_never_written(env_site: Path, tmp_path: Path) -> No
     secret = "sk-test-a1b2c3-never-store-me"
     with StubServer(StubConfig(reply_mode="echo_answer", api_key=secret)) as server:
         result = run_cli(
-            "eval", "echo_env", "-m", "stub-model", "-b", server.base_url, "-k", "MY_TEST_KEY",
-            "-n", "5", "-r", "1", "-o", str(tmp_path), site=env_site,
+            "eval",
+            "echo_env",
+            "-m",
+            "stub-model",
+            "-b",
+            server.base_url,
+            "-k",
+            "MY_TEST_KEY",
+            "-n",
+            "5",
+            "-r",
+            "1",
+            "-o",
+            str(tmp_path),
+            site=env_site,
             extra_env={"MY_TEST_KEY": secret},
         )
         assert server.stats["ok"] == 5

@@ -118,7 +118,10 @@ async def test_multi_turn_feedback_until_solved() -> None:
     assert [m["content"] for m in state["completion"]] == ["0", "higher", "5", "lower", "2"]
     # the model saw the whole conversation on its last turn
     assert [m["content"] for m in client.calls[-1]["messages"]][-4:] == [
-        "0", "higher", "5", "lower"
+        "0",
+        "higher",
+        "5",
+        "lower",
     ]
 
 

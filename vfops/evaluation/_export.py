@@ -52,20 +52,21 @@ def export_run(engine: Engine, run_id: str, destination: str) -> str:
     """
     from datasets import Dataset
 
-    from vfops.registry import iter_rollouts
-
     metadata = run_metadata(engine, run_id)
     full_id = metadata["run_id"]
-
-    def rows() -> Iterator[dict[str, Any]]:
-        for record in iter_rollouts(engine, full_id):
-            yield record.to_row()
 
     with tempfile.TemporaryDirectory(prefix="vfops-export-") as tmp:
         staging = Path(tmp) / "export"
         with quiet_datasets():
             dataset = Dataset.from_generator(
-                rows, features=rollout_features(), cache_dir=str(Path(tmp) / "cache")
+                _rows,
+                features=rollout_features(),
+                cache_dir=str(Path(tmp) / "cache"),
+                # plain strings: datasets fingerprints the generator's arguments
+                gen_kwargs={
+                    "database_url": engine.url.render_as_string(hide_password=False),
+                    "run_id": full_id,
+                },
             )
             dataset.info.description = orjson.dumps(metadata).decode()
             dataset.save_to_disk(str(staging / "dataset"))
@@ -82,6 +83,13 @@ def export_run(engine: Engine, run_id: str, destination: str) -> str:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_bytes(path.read_bytes())
         return str(target)
+
+
+def _rows(database_url: str, run_id: str) -> Iterator[dict[str, Any]]:
+    from vfops.registry import get_engine, iter_rollouts
+
+    for record in iter_rollouts(get_engine(database_url), run_id):
+        yield record.to_row()
 
 
 def _upload_folder(folder: Path, uri: str) -> None:

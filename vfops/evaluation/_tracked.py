@@ -151,14 +151,12 @@ def open_run(
     resume: str | None = None,
 ) -> TrackedRun:
     """Create a registry run, or reopen ``resume`` (a run id, id prefix or run folder)."""
-    from sqlalchemy.orm import Session
-
-    from vfops.registry import create_run, get_run, set_run_status
+    from vfops.registry import create_run, get_run, session_scope, set_run_status
 
     provenance = resolve_provenance(engine, request.env_name)
     request.env_version = provenance.version
     fingerprint = config_fingerprint(request, provenance)
-    with Session(engine) as session, session.begin():
+    with session_scope(engine) as session:
         if resume is None:
             run = create_run(
                 session,
@@ -213,9 +211,7 @@ async def run_tracked_eval_async(
     engine: Engine | None = None,
 ) -> tuple[TrackedRun, EvalResult]:
     """Run (or resume) an eval recorded in the registry; see the module docstring."""
-    from sqlalchemy.orm import Session
-
-    from vfops.registry import completed_keys, finish_run, get_engine
+    from vfops.registry import completed_keys, finish_run, get_engine, session_scope
 
     engine = engine or get_engine()
     tracked = open_run(engine, request, output_root=output_root, resume=resume)
@@ -245,6 +241,6 @@ async def run_tracked_eval_async(
             await asyncio.shield(sink.aclose())
         if not summary and (tracked.run_dir / "metadata.json").exists():
             summary = read_metadata(tracked.run_dir).get("summary") or {}
-        with Session(engine) as session, session.begin():
+        with session_scope(engine) as session:
             finish_run(session, tracked.run_id, status, summary)
     return tracked, result

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -22,8 +22,20 @@ from sqlalchemy.orm import Session
 from vfops._errors import VfopsError
 from vfops.publishing._build import build_distributions, snapshot_datasets
 from vfops.publishing._hashing import content_hash, wheel_code_hash
-from vfops.publishing._project import Bump, bumped, parse_semver, read_project, write_version
+from vfops.publishing._project import (
+    Bump,
+    EnvironmentProject,
+    bumped,
+    parse_semver,
+    read_project,
+    write_version,
+)
 from vfops.registry._models import EnvironmentRow, EnvironmentVersion
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from vfops.artifacts import ArtifactRef
 
 
 @dataclass(frozen=True)
@@ -122,50 +134,41 @@ def _choose_version(
 
 
 def _register(
-    engine: Any,
-    project: Any,
+    engine: Engine,
+    project: EnvironmentProject,
     digest: str,
     code: str,
-    wheel_ref: Any,
-    sdist_ref: Any,
+    wheel_ref: ArtifactRef,
+    sdist_ref: ArtifactRef,
     datasets: dict[str, Any],
 ) -> EnvironmentVersion:
-    major, minor, patch = parse_semver(project.version)
-    with Session(engine, expire_on_commit=False) as session:
-        try:
-            with session.begin():
-                env_row = session.scalar(
-                    select(EnvironmentRow).where(EnvironmentRow.name == project.env_name)
-                )
-                if env_row is None:
-                    env_row = EnvironmentRow(name=project.env_name)
-                    session.add(env_row)
-                    session.flush()
-                row = EnvironmentVersion(
-                    environment_id=env_row.id,
-                    version=project.version,
-                    version_major=major,
-                    version_minor=minor,
-                    version_patch=patch,
-                    content_hash=digest,
-                    code_hash=code,
-                    wheel_sha256=wheel_ref.sha256,
-                    sdist_sha256=sdist_ref.sha256,
-                    wheel_uri=wheel_ref.uri,
-                    sdist_uri=sdist_ref.uri,
-                    datasets=datasets,
-                    dependencies=project.dependencies,
-                    description=project.description,
-                    readme=project.readme,
-                )
-                session.add(row)
-        except IntegrityError as exc:
-            raise VfopsError(
-                f"{project.env_name}@{project.version} was published concurrently; "
-                "run vfops env publish again (identical content is a no-op)"
-            ) from exc
-        row.environment = env_row
-        return row
+    """Write the version row (one transaction; a concurrent identical publish wins once)."""
+    from vfops.registry import add_environment_version, session_scope
+
+    try:
+        with session_scope(engine) as session:
+            row = add_environment_version(
+                session,
+                project.env_name,
+                project.version,
+                content_hash=digest,
+                code_hash=code,
+                wheel_sha256=wheel_ref.sha256,
+                sdist_sha256=sdist_ref.sha256,
+                wheel_uri=wheel_ref.uri,
+                sdist_uri=sdist_ref.uri,
+                datasets=datasets,
+                dependencies=project.dependencies,
+                description=project.description,
+                readme=project.readme,
+            )
+            _ = row.environment  # loaded while the session is open
+    except IntegrityError as exc:
+        raise VfopsError(
+            f"{project.env_name}@{project.version} was published concurrently; "
+            "run vfops env publish again (identical content is a no-op)"
+        ) from exc
+    return row
 
 
 def _result(row: EnvironmentVersion, status: Literal["published", "unchanged"]) -> PublishResult:

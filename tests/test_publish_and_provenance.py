@@ -1,0 +1,250 @@
+"""Publishing, installing and provenance end to end: real CLI processes, real stores.
+
+Each test runs on SQLite and PostgreSQL; artifact stores are a local folder and
+S3 (moto's server mode over HTTP on loopback).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tests.registry_fixtures import DIALECTS, database_url
+from tests.s3_fixtures import aws_fake_env, moto_endpoint, s3_bucket, s3_uri  # noqa: F401
+from vfops.artifacts import open_store
+from vfops.registry import EnvironmentVersion, EvalRun, get_engine
+from vfops.testing import StubConfig, StubServer
+
+VFOPS = [sys.executable, "-m", "vfops"]
+
+
+@pytest.fixture(params=DIALECTS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    yield from database_url(request.param, tmp_path)
+
+
+@pytest.fixture(params=["file", "s3"])
+def artifacts(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "file":
+        return (tmp_path / "artifacts").as_uri()
+    uri: str = request.getfixturevalue("s3_uri")
+    return uri
+
+
+def cli(
+    *args: str, db: str, artifacts: str, python: str = sys.executable, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VFOPS_DATABASE_URL": db, "VFOPS_ARTIFACTS": artifacts}
+    return subprocess.run(
+        [python, "-m", "vfops", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def count_versions(db: str) -> int:
+    with Session(get_engine(db)) as session:
+        return int(session.scalar(select(func.count()).select_from(EnvironmentVersion)) or 0)
+
+
+def artifact_files(artifacts: str) -> set[str]:
+    if artifacts.startswith("file://"):
+        root = Path(artifacts[len("file://") :])
+        return {str(p) for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+    import boto3
+
+    bucket = artifacts[len("s3://") :].split("/", 1)[0]
+    client = boto3.client("s3", endpoint_url=os.environ["VFOPS_S3_ENDPOINT_URL"])
+    listed = client.list_objects_v2(Bucket=bucket)
+    return {item["Key"] for item in listed.get("Contents", [])}
+
+
+def fresh_venv(path: Path) -> str:
+    """A new virtualenv that sees vfops and its dependencies but no environment packages."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    purelib = next(path.glob("lib/python3*/site-packages"))
+    main_site = next(p for p in sys.path if p.endswith("site-packages"))
+    (purelib / "vfops_main.pth").write_text(f"import site; site.addsitedir({main_site!r})\n")
+    return str(path / "bin" / "python")
+
+
+def test_publish_install_and_eval_records_the_version(
+    db_url: str, artifacts: str, tmp_path: Path
+) -> None:
+    assert (
+        cli(
+            "env", "init", "prov_env", "--path", str(tmp_path), db=db_url, artifacts=artifacts
+        ).returncode
+        == 0
+    )
+    package = tmp_path / "prov_env"
+
+    first = cli("env", "publish", str(package), db=db_url, artifacts=artifacts)
+    assert first.returncode == 0, first.stderr
+    assert "published prov_env@0.1.0" in first.stdout
+
+    again = cli("env", "publish", str(package), db=db_url, artifacts=artifacts)
+    assert again.returncode == 0 and "nothing published" in again.stdout
+    stored = artifact_files(artifacts)
+    assert count_versions(db_url) == 1 and len(stored) == 3  # wheel, sdist, eval parquet
+
+    with (package / "prov_env.py").open("a") as handle:
+        handle.write("\n# a change\n")
+    refused = cli("env", "publish", str(package), db=db_url, artifacts=artifacts)
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines() == [refused.stderr.strip()]
+    assert (
+        "already published with different content" in refused.stderr and "--bump" in refused.stderr
+    )
+    assert count_versions(db_url) == 1 and artifact_files(artifacts) == stored  # nothing written
+
+    bumped = cli("env", "publish", str(package), "--bump", "patch", db=db_url, artifacts=artifacts)
+    assert bumped.returncode == 0, bumped.stderr
+    assert "published prov_env@0.1.1" in bumped.stdout
+    assert 'version = "0.1.1"' in (package / "pyproject.toml").read_text()
+
+    python = fresh_venv(tmp_path / "venv")
+    installed = cli(
+        "env",
+        "install",
+        "prov_env@0.1.1",
+        "--no-deps",
+        db=db_url,
+        artifacts=artifacts,
+        python=python,
+    )
+    assert installed.returncode == 0, installed.stderr
+    with StubServer(StubConfig(reply_mode="arithmetic")) as stub:
+        result = cli(
+            "eval",
+            "prov_env",
+            "-m",
+            "stub-model",
+            "-b",
+            stub.base_url,
+            "-n",
+            "4",
+            "-r",
+            "2",
+            "-o",
+            str(tmp_path / "out"),
+            db=db_url,
+            artifacts=artifacts,
+            python=python,
+        )
+    assert result.returncode == 0, result.stderr
+    with Session(get_engine(db_url)) as session:
+        (run,) = session.scalars(select(EvalRun))
+        version = session.get(EnvironmentVersion, run.environment_version_id)
+        assert version is not None and version.version == "0.1.1"
+        assert run.environment_version == "0.1.1"
+        assert run.environment_content_hash == version.code_hash
+
+
+def test_edited_installed_code_is_recorded_as_local(db_url: str, tmp_path: Path) -> None:
+    artifacts = (tmp_path / "artifacts").as_uri()
+    cli("env", "init", "edit_env", "--path", str(tmp_path), db=db_url, artifacts=artifacts)
+    package = tmp_path / "edit_env"
+    assert cli("env", "publish", str(package), db=db_url, artifacts=artifacts).returncode == 0
+    python = fresh_venv(tmp_path / "venv")
+    cli("env", "install", "edit_env", "--no-deps", db=db_url, artifacts=artifacts, python=python)
+    (installed,) = (tmp_path / "venv").glob("lib/python3*/site-packages/edit_env.py")
+    installed.write_text(installed.read_text() + "\n# edited after install\n")
+    with StubServer(StubConfig(reply_mode="arithmetic")) as stub:
+        result = cli(
+            "eval",
+            "edit_env",
+            "-m",
+            "m",
+            "-b",
+            stub.base_url,
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "-o",
+            str(tmp_path / "out"),
+            db=db_url,
+            artifacts=artifacts,
+            python=python,
+        )
+    assert result.returncode == 0, result.stderr
+    with Session(get_engine(db_url)) as session:
+        (run,) = session.scalars(select(EvalRun))
+    assert run.environment_version.startswith("local+") and run.environment_version_id is None
+
+
+def _publish_one(db_url: str, artifacts: str, tmp_path: Path, name: str) -> EnvironmentVersion:
+    cli("env", "init", name, "--path", str(tmp_path), db=db_url, artifacts=artifacts)
+    published = cli("env", "publish", str(tmp_path / name), db=db_url, artifacts=artifacts)
+    assert published.returncode == 0, published.stderr
+    with Session(get_engine(db_url), expire_on_commit=False) as session:
+        return session.scalars(select(EnvironmentVersion)).one()
+
+
+def test_tampered_artifact_is_refused(db_url: str, artifacts: str, tmp_path: Path) -> None:
+    version = _publish_one(db_url, artifacts, tmp_path, "tamper_env")
+    wheel_uri = version.wheel_uri
+    if wheel_uri.startswith("file://"):
+        path = Path(wheel_uri[len("file://") :])
+        path.write_bytes(path.read_bytes() + b"tampered")
+    else:
+        import boto3
+
+        bucket, key = wheel_uri[len("s3://") :].split("/", 1)
+        client = boto3.client("s3", endpoint_url=os.environ["VFOPS_S3_ENDPOINT_URL"])
+        client.put_object(Bucket=bucket, Key=key, Body=b"not the wheel that was published")
+    target = tmp_path / "target"
+    result = cli(
+        "env",
+        "install",
+        "tamper_env@0.1.0",
+        "--target",
+        str(target),
+        "--no-deps",
+        db=db_url,
+        artifacts=artifacts,
+    )
+    assert result.returncode != 0
+    assert "corrupted" in result.stderr and version.wheel_sha256 in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not target.exists() or not any(target.iterdir())
+
+
+def test_wheel_with_escaping_path_is_refused(db_url: str, tmp_path: Path) -> None:
+    artifacts = (tmp_path / "artifacts").as_uri()
+    version = _publish_one(db_url, artifacts, tmp_path, "escape_env")
+    evil = io.BytesIO()
+    with zipfile.ZipFile(evil, "w") as archive:
+        archive.writestr("escape_env.py", "def load_environment(): ...\n")
+        archive.writestr("../../evil.py", "print('escaped')\n")
+    ref = open_store(artifacts).put_bytes(evil.getvalue(), "escape_env-0.1.0-py3-none-any.whl")
+    with Session(get_engine(db_url)) as session, session.begin():
+        row = session.get(EnvironmentVersion, version.id)
+        assert row is not None
+        row.wheel_uri, row.wheel_sha256 = ref.uri, ref.sha256
+    result = cli(
+        "env",
+        "install",
+        "escape_env",
+        "--target",
+        str(tmp_path / "t"),
+        "--no-deps",
+        db=db_url,
+        artifacts=artifacts,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "../../evil.py" in result.stderr
+    assert not (tmp_path / "evil.py").exists()

@@ -1,0 +1,258 @@
+"""``vfops eval`` recorded in the registry: exactly-once after kill -9, runs CLI, secrets.
+
+Every test runs on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from datasets import load_from_disk
+from sqlalchemy import text
+
+from tests.registry_fixtures import DIALECTS, database_url
+from tests.s3_fixtures import aws_fake_env, moto_endpoint, s3_bucket, s3_uri  # noqa: F401
+from vfops.registry import count_rollouts, get_engine, iter_rollouts
+from vfops.testing import StubConfig, StubServer
+
+FIXTURE_ENVS = Path(__file__).parent / "fixtures" / "cli_envs"
+
+
+@pytest.fixture(params=DIALECTS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    yield from database_url(request.param, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def env_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(FIXTURE_ENVS),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return site
+
+
+def cli_env(db_url: str, site: Path, **extra: str) -> dict[str, str]:
+    # COLUMNS: rich sizes tables to the terminal, 80 columns when there is none
+    return {
+        **os.environ,
+        "VFOPS_DATABASE_URL": db_url,
+        "PYTHONPATH": str(site),
+        "COLUMNS": "200",
+        **extra,
+    }
+
+
+def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vfops", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+
+
+def only_run_id(db_url: str) -> str:
+    with get_engine(db_url).connect() as connection:
+        (run_id,) = connection.execute(text("SELECT id FROM eval_runs")).scalars()
+    return str(run_id)
+
+
+def test_kill_9_then_resume_gives_exactly_n_times_r(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    env = cli_env(db_url, env_site)
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=50)) as stub:
+        args = [
+            "eval",
+            "echo_env",
+            "-a",
+            '{"num_examples": 150}',
+            "-m",
+            "stub-model",
+            "-b",
+            stub.base_url,
+            "-n",
+            "150",
+            "-r",
+            "2",
+            "-c",
+            "16",
+            "-o",
+            str(tmp_path),
+        ]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vfops", *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        results = None
+        while time.monotonic() < deadline:
+            found = list(tmp_path.glob("evals/*/*/results.jsonl"))
+            if found and found[0].stat().st_size > 20_000:
+                results = found[0]
+                break
+            time.sleep(0.05)
+        assert results is not None, "the run never got going"
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        run_id = only_run_id(db_url)
+        killed_at = count_rollouts(get_engine(db_url), run_id)
+        assert killed_at < 300
+        resumed = run(*args, "--resume", run_id, env=env)
+        assert resumed.returncode == 0, resumed.stderr
+    engine = get_engine(db_url)
+    keys = [(r.example_id, r.rollout_index) for r in iter_rollouts(engine, run_id)]
+    assert len(keys) == len(set(keys)) == 300 == count_rollouts(engine, run_id)
+    with engine.connect() as connection:
+        status = connection.execute(text("SELECT status FROM eval_runs")).scalar_one()
+    assert status == "completed"
+
+
+def test_runs_list_show_compare_export(
+    db_url: str,
+    env_site: Path,
+    tmp_path: Path,
+    s3_uri: str,  # noqa: F811
+) -> None:
+    env = cli_env(db_url, env_site)
+
+    def wrong_on_odd(request: dict[str, Any]) -> dict[str, Any]:
+        text_ = request["messages"][-1]["content"]
+        number = int(text_.rsplit("ANSWER_HINT:", 1)[1])
+        return {
+            "role": "assistant",
+            "content": f"<answer>{number if number % 2 == 0 else -1}</answer>",
+        }
+
+    with (
+        StubServer(StubConfig(reply_mode="echo_answer")) as good,
+        StubServer(StubConfig(reply_mode=wrong_on_odd)) as worse,
+    ):
+        for server in (good, worse):
+            result = run(
+                "eval",
+                "echo_env",
+                "-m",
+                "m",
+                "-b",
+                server.base_url,
+                "-n",
+                "10",
+                "-r",
+                "2",
+                "-o",
+                str(tmp_path / "out"),
+                env=env,
+            )
+            assert result.returncode == 0, result.stderr
+    with get_engine(db_url).connect() as connection:
+        first, second = connection.execute(
+            text("SELECT id FROM eval_runs ORDER BY started_at")
+        ).scalars()
+    listed = run("runs", "list", "--env", "echo_env", env=env)
+    assert listed.returncode == 0 and first[:12] in listed.stdout and second[:12] in listed.stdout
+    shown = run("runs", "show", first[:8], env=env)
+    assert shown.returncode == 0 and "reward_mean" in shown.stdout and "example 0" in shown.stdout
+    compared = run("runs", "compare", first, second, env=env)
+    assert compared.returncode == 0, compared.stderr
+    assert "10 shared examples" in compared.stdout
+    assert "mean reward delta -0.5000" in compared.stdout
+    assert "to fail 5" in compared.stdout and "to pass 0" in compared.stdout
+
+    exported = run("runs", "export", second, "--to", str(tmp_path / "export"), env=env)
+    assert exported.returncode == 0, exported.stderr
+    dataset = load_from_disk(str(tmp_path / "export" / "dataset"))
+    assert len(dataset) == 20 and sum(row["reward"] for row in dataset) == 10.0
+    assert (tmp_path / "export" / "rollouts.parquet").exists()
+    metadata = orjson.loads((tmp_path / "export" / "metadata.json").read_bytes())
+    assert metadata["run_id"] == second
+
+    s3_env = {**env, **{k: os.environ[k] for k in os.environ if k.startswith(("AWS_", "VFOPS_S3"))}}
+    to_s3 = run("runs", "export", second, "--to", f"{s3_uri}/runs/{second}", env=s3_env)
+    assert to_s3.returncode == 0, to_s3.stderr
+    import boto3
+
+    bucket = s3_uri[len("s3://") :].split("/", 1)[0]
+    client = boto3.client("s3", endpoint_url=os.environ["VFOPS_S3_ENDPOINT_URL"])
+    keys = {item["Key"] for item in client.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert f"artifacts/runs/{second}/rollouts.parquet" in keys
+    assert f"artifacts/runs/{second}/metadata.json" in keys
+
+
+def test_no_secret_reaches_tables_logs_or_exports(
+    db_url: str,
+    env_site: Path,
+    tmp_path: Path,
+    s3_uri: str,  # noqa: F811
+) -> None:
+    api_key = "sk-test-vfops-known-fake-api-key-0123456789"
+    secrets = [api_key, os.environ["AWS_SECRET_ACCESS_KEY"], os.environ["AWS_ACCESS_KEY_ID"]]
+    env = cli_env(db_url, env_site, VFOPS_TEST_API_KEY=api_key, VFOPS_ARTIFACTS=s3_uri)
+    with StubServer(StubConfig(reply_mode="echo_answer", api_key=api_key)) as stub:
+        outputs = [
+            run(
+                "eval",
+                "echo_env",
+                "-m",
+                "m",
+                "-b",
+                stub.base_url,
+                "-k",
+                "VFOPS_TEST_API_KEY",
+                "-n",
+                "5",
+                "-r",
+                "2",
+                "-o",
+                str(tmp_path / "out"),
+                env=env,
+            )
+        ]
+        assert outputs[0].returncode == 0, outputs[0].stderr
+        assert stub.stats["ok"] == 10
+    run_id = only_run_id(db_url)
+    outputs.append(run("runs", "show", run_id, env=env))
+    outputs.append(run("runs", "export", run_id, "--to", str(tmp_path / "export"), env=env))
+    assert all(o.returncode == 0 for o in outputs), [o.stderr for o in outputs]
+    logs = "".join(o.stdout + o.stderr for o in outputs)
+    with get_engine(db_url).connect() as connection:
+        dump = []
+        for table in (
+            "environments",
+            "environment_versions",
+            "eval_runs",
+            "rollouts",
+            "judge_cache",
+        ):
+            dump.extend(str(row) for row in connection.execute(text(f"SELECT * FROM {table}")))
+    files = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    for secret in secrets:
+        assert secret not in logs
+        assert not any(secret in row for row in dump)
+        assert secret.encode() not in files
