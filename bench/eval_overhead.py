@@ -219,6 +219,8 @@ def run_client(
         "HF_DATASETS_OFFLINE": "1",
         "NO_COLOR": "1",
         "TERM": "dumb",
+        # vfops records runs in its registry (on by default): a private SQLite home
+        "VFOPS_HOME": str(out_dir / "vfops-home"),
     }
     log_path = out_dir / "client.log"
     with log_path.open("w") as log:
