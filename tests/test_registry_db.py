@@ -39,8 +39,8 @@ Why: lets a test put a database behind the code's head.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002"
-down_revision = "0001"
+revision = "9999extra"
+down_revision = "{head}"
 branch_labels = None
 depends_on = None
 
@@ -68,7 +68,8 @@ def _with_extra_revision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     """Point vfops at a copy of its migrations with one more revision (0002)."""
     scripts = tmp_path / "migrations"
     shutil.copytree(_db.MIGRATIONS_DIR, scripts, ignore=shutil.ignore_patterns("__pycache__"))
-    (scripts / "versions" / "v0002_extra.py").write_text(EXTRA_REVISION)
+    head = head_revision()
+    (scripts / "versions" / "v9999_extra.py").write_text(EXTRA_REVISION.replace("{head}", head))
     monkeypatch.setattr(_db, "MIGRATIONS_DIR", scripts)
 
 
@@ -191,19 +192,20 @@ def test_concurrent_first_use_migrates_once(db_url: str) -> None:
 def test_database_behind_head_is_refused_until_upgraded(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    upgrade(db_url)  # at 0001, the real head
-    _with_extra_revision(tmp_path, monkeypatch)  # now this code's head is 0002
-    assert head_revision() == "0002"
+    upgrade(db_url)  # at the real head
+    real_head = head_revision()
+    _with_extra_revision(tmp_path, monkeypatch)  # now this code's head is one more
+    assert head_revision() == "9999extra"
     with pytest.raises(VfopsError) as excinfo:
         get_engine(db_url)
     message = str(excinfo.value)
     assert "\n" not in message
     assert "vfops db upgrade" in message
-    assert "0001" in message and "0002" in message
+    assert real_head in message and "9999extra" in message
 
     result = CliRunner().invoke(db_app, ["upgrade", "--url", db_url])
     assert result.exit_code == 0, result.output
-    assert "from 0001 to 0002" in result.output
+    assert f"from {real_head} to 9999extra" in result.output
     get_engine(db_url)  # accepted now
     assert "extra_probe" in _tables(db_url)
 

@@ -7,7 +7,7 @@ import sys
 import typer
 
 from vfops._errors import VfopsError
-from vfops.cli import _db, _env, _eval, _model, _runs
+from vfops.cli import _db, _deploy, _env, _eval, _model, _runs
 
 app = typer.Typer(
     name="vfops",
@@ -17,6 +17,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("eval")(_eval.eval_command)
+app.command("deploy")(_deploy.deploy_command)
 app.add_typer(_env.app, name="env")
 app.add_typer(_model.app, name="model")
 app.add_typer(_runs.app, name="runs")

@@ -57,6 +57,8 @@ class EvalRequest:
     base_url: str | None = None
     env_version: str | None = None
     pass_threshold: float = 1.0
+    tags: list[str] = field(default_factory=list)
+    """Which schedule made the run (e.g. ``nightly:2026-11-29``); part of its identity."""
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -66,6 +68,7 @@ class EvalRequest:
             "sampling_args": self.sampling_args,
             "num_examples": self.num_examples,
             "rollouts_per_example": self.rollouts_per_example,
+            "tags": sorted(self.tags),
         }
 
     def validate(self) -> None:

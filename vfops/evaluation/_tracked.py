@@ -171,6 +171,7 @@ def open_run(
                 num_examples=request.num_examples,
                 rollouts_per_example=request.rollouts_per_example,
                 config_fingerprint=fingerprint,
+                tags=request.tags,
             )
             run_dir = new_run_dir(output_root, request.env_name, request.model, run.id)
             run.output_dir = str(run_dir)

@@ -138,6 +138,8 @@ class EvalRun(Base):
     vfops_version: Mapped[str] = mapped_column(String(40))
     output_dir: Mapped[str | None] = mapped_column(Text)
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
+    # e.g. ["nightly", "nightly:2026-11-29"]: which schedule produced the run
+    tags: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
 
 
 class RolloutRow(Base):

@@ -226,6 +226,7 @@ def create_run(
     output_dir: str | None = None,
     run_id: str | None = None,
     status: str = "running",
+    tags: Sequence[str] = (),
 ) -> EvalRun:
     """Insert a new eval run (id: 32 hex characters unless given) and return it."""
     _check_status(status)
@@ -247,6 +248,7 @@ def create_run(
         summary={},
         vfops_version=__version__,
         output_dir=output_dir,
+        tags=list(tags),
     )
     session.add(run)
     session.flush()

@@ -1,0 +1,33 @@
+"""Statistics for comparing eval runs: paired tests and a measured noise floor.
+
+Imports numpy; ``import vfops`` does not import this package.
+"""
+
+from vfops.stats._noise import NoiseFloor, noise_floor
+from vfops.stats._paired import (
+    DEFAULT_PASS_THRESHOLD,
+    McNemarResult,
+    PairedResult,
+    is_binary,
+    mcnemar,
+    mcnemar_exact_p,
+    paired_bootstrap,
+    per_example_pass,
+)
+from vfops.stats._regression import RegressionReport, compare_runs_statistically, format_p
+
+__all__ = [
+    "DEFAULT_PASS_THRESHOLD",
+    "McNemarResult",
+    "NoiseFloor",
+    "PairedResult",
+    "RegressionReport",
+    "compare_runs_statistically",
+    "format_p",
+    "is_binary",
+    "mcnemar",
+    "mcnemar_exact_p",
+    "noise_floor",
+    "paired_bootstrap",
+    "per_example_pass",
+]

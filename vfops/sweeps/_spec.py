@@ -1,0 +1,212 @@
+"""What a sweep is: environments x endpoints x sampling configs, and its cells.
+
+The models double as the Prefect UI form of the ``eval-sweep`` flow: every field
+has a ``description`` and JSON-schema bounds, so the form explains and checks
+itself. Nothing here touches the registry, the network or Prefect.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vfops._errors import VfopsError
+
+ENDPOINTS_ENV_VAR = "VFOPS_ENDPOINTS"
+DEFAULT_ENDPOINTS_FILE = "endpoints.toml"
+
+RefKind = Literal["installed", "latest", "pinned"]
+
+
+class SamplingConfig(BaseModel):
+    """One named set of sampling arguments (a column of the sweep)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        min_length=1,
+        description="Short label of this sampling configuration, shown in tables and charts.",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Sampling arguments sent with every request, e.g. "
+            '{"temperature": 0.7, "max_tokens": 512}.'
+        ),
+    )
+
+
+def _default_sampling() -> list[SamplingConfig]:
+    return [SamplingConfig(name="default", args={})]
+
+
+class SweepSpec(BaseModel):
+    """An evaluation sweep: every environment x every endpoint x every sampling config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    environments: list[str] = Field(
+        min_length=1,
+        description=(
+            "Environment references: NAME (the installed code, recorded with its provenance), "
+            "NAME@latest (the newest published version) or NAME@1.2.3 (that published version)."
+        ),
+        examples=[["arithmetic@latest"]],
+    )
+    endpoints: list[str] = Field(
+        min_length=1,
+        description=(
+            "Model endpoint aliases from the endpoints file (never keys: each endpoint names "
+            "the environment variable holding its API key on the worker)."
+        ),
+        examples=[["small"]],
+    )
+    endpoints_file: str | None = Field(
+        default=None,
+        description=(
+            f"Path of the endpoints TOML file on the worker; default: ${ENDPOINTS_ENV_VAR} "
+            f"or ./{DEFAULT_ENDPOINTS_FILE}."
+        ),
+    )
+    sampling: list[SamplingConfig] = Field(
+        default_factory=_default_sampling,
+        min_length=1,
+        description="Sampling configurations to sweep (each one is a column of the matrix).",
+    )
+    num_examples: int = Field(
+        default=5, gt=0, description="N: examples evaluated per cell (the first N of the eval set)."
+    )
+    rollouts_per_example: int = Field(
+        default=3, gt=0, description="R: rollouts per example (pass@k uses them)."
+    )
+    max_concurrent: int = Field(
+        default=32, gt=0, description="Rollouts in flight at once within one cell."
+    )
+    max_parallel_cells: int = Field(
+        default=4, gt=0, description="Cells evaluated at the same time."
+    )
+    env_args: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description=(
+            "Arguments of load_environment per environment NAME, e.g. "
+            '{"arithmetic": {"difficulty": "hard"}}.'
+        ),
+    )
+    pass_threshold: float = Field(
+        default=1.0, description="A rollout passes (for pass@k) when its reward is at least this."
+    )
+    reuse_completed: bool = Field(
+        default=True,
+        description=(
+            "Reuse a completed run with the same configuration instead of evaluating again "
+            "(unfinished runs are always resumed). Turn off to measure afresh."
+        ),
+    )
+    request_timeout_s: float = Field(
+        default=600.0, gt=0, description="Seconds before one model request times out (retried)."
+    )
+    max_retries: int = Field(
+        default=5, ge=0, description="Retries per model request on 429/5xx/timeouts."
+    )
+    output_dir: str | None = Field(
+        default=None,
+        description="Root folder for run directories on the worker; default: $VFOPS_HOME/outputs.",
+    )
+
+
+class Cell(BaseModel):
+    """One cell of a sweep: one environment ref x one endpoint x one sampling config."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    env_ref: str = Field(description="The environment reference as given in the sweep.")
+    env_name: str = Field(description="The environment name.")
+    ref_kind: RefKind = Field(description="installed code, the latest or a pinned version.")
+    version: str | None = Field(default=None, description="The pinned version, if any.")
+    endpoint: str = Field(description="The endpoint alias.")
+    endpoints_file: str = Field(description="The endpoints file the alias comes from.")
+    sampling: SamplingConfig
+    num_examples: int = Field(gt=0)
+    rollouts_per_example: int = Field(gt=0)
+    max_concurrent: int = Field(gt=0)
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    pass_threshold: float = 1.0
+    reuse_completed: bool = True
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    max_retries: int = Field(default=5, ge=0)
+
+    @property
+    def label(self) -> str:
+        """``env_ref / endpoint / sampling`` (task run names, table rows)."""
+        return f"{self.env_ref} / {self.endpoint} / {self.sampling.name}"
+
+
+def parse_env_ref(ref: str) -> tuple[str, RefKind, str | None]:
+    """``NAME`` / ``NAME@latest`` / ``NAME@1.2.3`` -> (name, kind, pinned version)."""
+    from vfops.registry import parse_version
+
+    name, at, version = ref.strip().partition("@")
+    if not name or (at and not version):
+        raise VfopsError(
+            f"invalid environment reference {ref!r}; use NAME, NAME@latest or NAME@1.2.3"
+        )
+    if not at:
+        return name, "installed", None
+    if version == "latest":
+        return name, "latest", None
+    try:
+        parse_version(version)
+    except VfopsError:
+        raise VfopsError(
+            f"invalid version in environment reference {ref!r}; use NAME@latest or "
+            "NAME@MAJOR.MINOR.PATCH (e.g. 1.2.3)"
+        ) from None
+    return name, "pinned", version
+
+
+def endpoints_path(spec: SweepSpec) -> Path:
+    """The endpoints file of ``spec``: explicit, ``$VFOPS_ENDPOINTS`` or ./endpoints.toml."""
+    chosen = spec.endpoints_file or os.environ.get(ENDPOINTS_ENV_VAR) or DEFAULT_ENDPOINTS_FILE
+    return Path(chosen).expanduser().resolve()
+
+
+def output_root(spec: SweepSpec) -> Path:
+    """Where run directories go: ``spec.output_dir`` or ``$VFOPS_HOME/outputs``."""
+    from vfops._settings import vfops_home
+
+    if spec.output_dir:
+        return Path(spec.output_dir).expanduser().resolve()
+    return vfops_home() / "outputs"
+
+
+def plan_sweep(spec: SweepSpec) -> list[Cell]:
+    """The matrix: environments (outer) x endpoints x sampling configs (inner)."""
+    file = str(endpoints_path(spec))
+    cells: list[Cell] = []
+    for ref in spec.environments:
+        name, kind, version = parse_env_ref(ref)
+        for alias in spec.endpoints:
+            for sampling in spec.sampling:
+                cells.append(
+                    Cell(
+                        env_ref=ref.strip(),
+                        env_name=name,
+                        ref_kind=kind,
+                        version=version,
+                        endpoint=alias.strip(),
+                        endpoints_file=file,
+                        sampling=sampling,
+                        num_examples=spec.num_examples,
+                        rollouts_per_example=spec.rollouts_per_example,
+                        max_concurrent=spec.max_concurrent,
+                        env_args=dict(spec.env_args.get(name, {})),
+                        pass_threshold=spec.pass_threshold,
+                        reuse_completed=spec.reuse_completed,
+                        request_timeout_s=spec.request_timeout_s,
+                        max_retries=spec.max_retries,
+                    )
+                )
+    return cells

@@ -1,0 +1,146 @@
+"""Refuse a bad sweep before any model is called, with one clear line."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from vfops._errors import EndpointError, VfopsError
+from vfops.sweeps._spec import Cell, SweepSpec, endpoints_path, parse_env_ref, plan_sweep
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+
+def _listing(names: set[str] | list[str]) -> str:
+    return ", ".join(sorted(names)) or "none"
+
+
+def _duplicates(values: list[str]) -> list[str]:
+    return sorted(value for value, count in Counter(values).items() if count > 1)
+
+
+def validate_sweep(spec: SweepSpec, *, engine: Engine | None = None) -> list[Cell]:
+    """Check everything a sweep needs that can be checked without calling a model.
+
+    Raises :class:`VfopsError` (one line: the problem and the fix) for: an unknown
+    environment (neither installed nor published), an unpublished version, two
+    different versions of one environment, an unknown endpoint alias, a missing
+    API-key variable, N/R/concurrency not positive, duplicates, ``env_args`` for an
+    environment not in the sweep. Returns the planned cells.
+    """
+    for field, value in (
+        ("num_examples", spec.num_examples),
+        ("rollouts_per_example", spec.rollouts_per_example),
+        ("max_concurrent", spec.max_concurrent),
+        ("max_parallel_cells", spec.max_parallel_cells),
+    ):
+        if value <= 0:  # pydantic enforces it too, unless the model was built unchecked
+            raise VfopsError(f"{field} must be a positive integer, got {value}")
+    for field, values in (
+        ("environments", spec.environments),
+        ("endpoints", spec.endpoints),
+        ("sampling", [s.name for s in spec.sampling]),
+    ):
+        if not values:
+            raise VfopsError(f"the sweep has no {field}; give at least one")
+        repeated = _duplicates([v.strip() for v in values])
+        if repeated:
+            raise VfopsError(f"{field} lists {repeated[0]!r} twice; give each one once")
+    refs = [parse_env_ref(ref) for ref in spec.environments]
+    names = {name for name, _, _ in refs}
+    stray = sorted(set(spec.env_args) - names)
+    if stray:
+        raise VfopsError(
+            f"env_args has arguments for {stray[0]!r}, which is not among the environments "
+            f"({_listing(names)}); use the environment NAME as the key"
+        )
+    _check_environments(refs, engine)
+    _check_endpoints(spec)
+    return plan_sweep(spec)
+
+
+def _check_environments(
+    refs: list[tuple[str, str, str | None]], engine: Engine | None
+) -> None:
+    from sqlalchemy.orm import Session
+
+    from vfops.envs import installed_environments
+    from vfops.registry import get_engine, list_environments, list_versions
+
+    installed = set(installed_environments())
+    engine = engine or get_engine()
+    with Session(engine) as session:
+        published = {row.name for row in list_environments(session)}
+        versions = {
+            name: {v.version: v.code_hash for v in list_versions(session, name)}
+            for name, _, _ in refs
+        }
+    targets: dict[str, set[str]] = {}
+    for name, kind, version in refs:
+        ref = name if kind == "installed" else f"{name}@{version or 'latest'}"
+        known = versions[name]
+        if name not in installed and not known:
+            raise VfopsError(
+                f"unknown environment '{name}' (installed: {_listing(installed)}; "
+                f"published: {_listing(published)}); install it with: vfops env install PATH, "
+                "or publish it with: vfops env publish PATH"
+            )
+        if kind == "latest" and not known:
+            raise VfopsError(
+                f"{ref}: '{name}' has no published version (it is only installed); publish it "
+                f"with: vfops env publish PATH, or use '{name}' to run the installed code"
+            )
+        if kind == "pinned" and version not in known:
+            raise VfopsError(
+                f"{ref} is not published (published versions of {name}: "
+                f"{_listing(list(known))}); use one of them or {name}@latest"
+            )
+        target = "installed" if kind == "installed" else _target_hash(known, kind, version)
+        targets.setdefault(name, set()).add(target)
+    for name, wanted in sorted(targets.items()):
+        if len(wanted) > 1:
+            raise VfopsError(
+                f"the sweep asks for different versions of '{name}'; one worker runs one "
+                "version of an environment at a time: sweep them in separate runs"
+            )
+
+
+def _target_hash(known: dict[str, str], kind: str, version: str | None) -> str:
+    if kind == "pinned" and version is not None:
+        return known[version]
+    from vfops.registry import parse_version
+
+    latest = max(known, key=parse_version)
+    return known[latest]
+
+
+def _check_endpoints(spec: SweepSpec) -> None:
+    from vfops.clients import load_endpoints
+    from vfops.clients._endpoints import DEFAULT_API_KEY_VAR, is_loopback
+
+    file = endpoints_path(spec)
+    if not file.exists():
+        raise EndpointError(
+            f"endpoints file {file} not found; point endpoints_file (or $VFOPS_ENDPOINTS) "
+            "at a TOML file with an [[endpoint]] per alias"
+        )
+    endpoints = load_endpoints(file)
+    for alias in spec.endpoints:
+        endpoint = endpoints.get(alias.strip())
+        if endpoint is None:
+            raise EndpointError(
+                f"unknown endpoint alias {alias!r} in {file}; known aliases: "
+                f"{_listing(set(endpoints))}; add an [[endpoint]] for it"
+            )
+        var = endpoint.api_key_var
+        if os.environ.get(var):
+            continue
+        if var == DEFAULT_API_KEY_VAR and is_loopback(endpoint.base_url):
+            continue  # a local server (vLLM, the stub) takes the placeholder key
+        raise EndpointError(
+            f"endpoint {alias!r} needs its API key in the environment variable {var}, which is "
+            f"not set on this worker; export {var}=... where the worker runs "
+            "(keys are never sweep parameters)"
+        )
