@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any, Literal
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import httpx2
 import openai
@@ -31,6 +32,20 @@ Transport = Literal["aiohttp", "httpx"]
 DEFAULT_MAX_CONNECTIONS = 8192
 """Connection-pool size: enough for thousands of concurrent rollouts per client
 (lowered to half the open-file limit, so a full pool queues instead of failing)."""
+
+
+@runtime_checkable
+class RequestLimiter(Protocol):
+    """Admission control wrapped around each HTTP attempt of :class:`OpenAIClient`.
+
+    ``acquire()`` returns an async context manager entered right before a request is
+    sent and exited when its response (or error) is in, so every attempt, retries
+    included, takes one unit of a rate budget and holds one concurrency slot while
+    in flight. The client's backoff sleeps happen outside it. Implementations:
+    :class:`vfops.budget.LocalRequestLimiter`, :class:`vfops.budget.PrefectRequestLimiter`.
+    """
+
+    def acquire(self) -> AbstractAsyncContextManager[None]: ...
 
 
 def default_max_connections() -> int:
@@ -145,6 +160,8 @@ class OpenAIClient:
     ``transport`` picks the HTTP stack: ``"aiohttp"`` (default, lower CPU per
     request) or ``"httpx"``. ``max_connections`` sizes the pool (default 8192, or
     half the open-file limit if lower); requests beyond it wait for a connection.
+    ``limiter`` (a :class:`RequestLimiter`) is entered around each HTTP attempt,
+    retries included, to keep a shared rate/concurrency budget.
     Create, use and close a client inside one event loop.
     """
 
@@ -158,12 +175,14 @@ class OpenAIClient:
         max_connections: int | None = None,
         transport: Transport = "aiohttp",
         backoff: RetryPolicy | None = None,
+        limiter: RequestLimiter | None = None,
     ) -> None:
         if backoff is not None and max_retries is not None:
             raise ValueError("pass either max_retries or backoff=RetryPolicy(...), not both")
         self.base_url = base_url
         self.transport: Transport = transport
         self.timeout_s = timeout_s
+        self.limiter = limiter
         self.retry = (
             backoff
             if backoff is not None
@@ -214,15 +233,25 @@ class OpenAIClient:
         payload = orjson.dumps(body)
 
         policy = self.retry
+        limiter = self.limiter
         attempt = 0
         while True:
             try:
-                response = await self._client.post(
-                    "/chat/completions",
-                    cast_to=httpx2.Response,
-                    content=payload,
-                    options=options,
-                )
+                if limiter is None:
+                    response = await self._client.post(
+                        "/chat/completions",
+                        cast_to=httpx2.Response,
+                        content=payload,
+                        options=options,
+                    )
+                else:
+                    async with limiter.acquire():
+                        response = await self._client.post(
+                            "/chat/completions",
+                            cast_to=httpx2.Response,
+                            content=payload,
+                            options=options,
+                        )
                 return parse_chat_completion(response.content)
             except openai.APIStatusError as exc:
                 if _is_context_error(exc):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vfops._errors import EndpointError, VfopsError
@@ -50,20 +51,18 @@ def validate_sweep(spec: SweepSpec, *, engine: Engine | None = None) -> list[Cel
             raise VfopsError(f"{field} lists {repeated[0]!r} twice; give each one once")
     refs = [parse_env_ref(ref) for ref in spec.environments]
     names = {name for name, _, _ in refs}
+    _check_environments(refs, engine)
     stray = sorted(set(spec.env_args) - names)
     if stray:
         raise VfopsError(
             f"env_args has arguments for {stray[0]!r}, which is not among the environments "
             f"({_listing(names)}); use the environment NAME as the key"
         )
-    _check_environments(refs, engine)
     _check_endpoints(spec)
     return plan_sweep(spec)
 
 
-def _check_environments(
-    refs: list[tuple[str, str, str | None]], engine: Engine | None
-) -> None:
+def _check_environments(refs: Sequence[tuple[str, str, str | None]], engine: Engine | None) -> None:
     from sqlalchemy.orm import Session
 
     from vfops.envs import installed_environments

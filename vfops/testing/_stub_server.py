@@ -5,7 +5,9 @@ and ``GET /stats`` on aiohttp. Latency is an ``asyncio.sleep``, so one process
 holds thousands of concurrent requests; per-request work is a regex and two
 orjson calls. Faults are injected by seeded probabilities (``rate_429``,
 ``rate_500``, ``rate_timeout``, ``rate_malformed``) or deterministically for the
-first ``fail_first_n`` requests (``fail_first_kind``).
+first ``fail_first_n`` requests (``fail_first_kind``). ``rate_limit_per_s`` turns
+on a provider-style rate limit: 429 with ``Retry-After`` above R requests in any
+sliding 1 s window.
 
 Use it in-process (``with StubServer(config) as server: server.base_url``), in a
 subprocess (``StubServer(config, subprocess=True)``), or from the command line
@@ -23,6 +25,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -69,6 +72,14 @@ class StubConfig:
     """When set, requests without ``Authorization: Bearer <api_key>`` get a 401."""
     record_requests: bool = False
     """Keep every chat request body in ``StubServer.requests`` (in-process only)."""
+    rate_limit_per_s: float | None = None
+    """When set, a chat request arriving when ``floor(rate_limit_per_s) +
+    rate_limit_burst`` requests were already admitted in the last second (a
+    sliding 1 s window) gets a 429 with ``Retry-After`` (the time until a slot
+    frees up); rejected requests do not count towards the window. The arrival
+    times of admitted requests are kept in ``StubServer.admitted_times``."""
+    rate_limit_burst: int = 0
+    """Requests allowed in the window beyond ``floor(rate_limit_per_s)``."""
 
     def __post_init__(self) -> None:
         total = self.rate_429 + self.rate_500 + self.rate_timeout + self.rate_malformed
@@ -81,6 +92,17 @@ class StubConfig:
             "arithmetic",
         ):
             raise ValueError("reply_mode must be 'echo_answer', 'arithmetic' or a callable")
+        if self.rate_limit_per_s is not None and self.rate_limit_per_s < 1:
+            raise ValueError("rate_limit_per_s must be at least 1 (requests per second) or None")
+        if self.rate_limit_burst < 0:
+            raise ValueError("rate_limit_burst must be 0 or more")
+
+    @property
+    def rate_limit_capacity(self) -> int | None:
+        """Requests admitted per sliding 1 s window, or ``None`` without a rate limit."""
+        if self.rate_limit_per_s is None:
+            return None
+        return int(self.rate_limit_per_s) + self.rate_limit_burst
 
 
 def _text_of(content: Any) -> str:
@@ -159,8 +181,12 @@ class _StubApp:
             "400": 0,
             "context": 0,
             "401": 0,
+            "rate_limited": 0,
         }
         self.requests: list[dict[str, Any]] = []
+        self.admitted_times: list[float] = []
+        """``time.monotonic()`` of each request admitted by the rate limit."""
+        self._window: deque[float] = deque()
         self._created = int(time.time())
 
     def make_app(self) -> web.Application:
@@ -186,6 +212,21 @@ class _StubApp:
 
     async def get_stats(self, request: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(self.stats), headers=_JSON_HEADERS)
+
+    def _rate_limited(self) -> float | None:
+        """``None`` when the request is admitted, else seconds until a slot frees up."""
+        capacity = self.config.rate_limit_capacity
+        if capacity is None:
+            return None
+        now = time.monotonic()
+        window = self._window
+        while window and window[0] <= now - 1.0:
+            window.popleft()
+        if len(window) >= capacity:
+            return max(0.001, window[0] + 1.0 - now)
+        window.append(now)
+        self.admitted_times.append(now)
+        return None
 
     def _pick_fault(self, index: int) -> str | None:
         config = self.config
@@ -233,6 +274,20 @@ class _StubApp:
             )
         if config.record_requests:
             self.requests.append(payload)
+
+        wait = self._rate_limited()
+        if wait is not None:
+            stats["429"] += 1
+            stats["rate_limited"] += 1
+            return web.Response(
+                status=429,
+                body=_error_body(
+                    f"Rate limit reached: {config.rate_limit_capacity} requests per second (stub)",
+                    "requests",
+                    "rate_limit_exceeded",
+                ),
+                headers={**_JSON_HEADERS, "Retry-After": f"{wait:.3f}"},
+            )
 
         fault = self._pick_fault(index)
         if fault == "429":
@@ -390,17 +445,23 @@ def run_stub_server(
         asyncio.run(serve())
 
 
+_IN_PROCESS_ONLY = frozenset({"record_requests", "rate_limit_per_s", "rate_limit_burst"})
+
+
 def config_to_argv(config: StubConfig) -> list[str]:
     """Command-line flags for ``python -m vfops.testing.stub_server`` equivalent to ``config``."""
     if callable(config.reply_mode):
         raise ValueError("a callable reply_mode works only in-process (subprocess=False)")
     if config.record_requests:
         raise ValueError("record_requests works only in-process (subprocess=False)")
+    if config.rate_limit_per_s is not None or config.rate_limit_burst:
+        # the command line (vfops.testing.stub_server) has no --rate-limit-* flags yet
+        raise ValueError("rate_limit_per_s works only in-process (subprocess=False)")
     argv: list[str] = []
     defaults = StubConfig()
     for f in fields(StubConfig):
         value = getattr(config, f.name)
-        if f.name == "record_requests" or value == getattr(defaults, f.name):
+        if f.name in _IN_PROCESS_ONLY or value == getattr(defaults, f.name):
             continue
         flag = "--" + f.name.replace("_", "-")
         argv += [flag, "none" if value is None else str(value)]
@@ -437,6 +498,14 @@ class StubServer:
         with urllib.request.urlopen(f"http://{self.host}:{self.port}/stats", timeout=10) as resp:
             data: dict[str, int] = orjson.loads(resp.read())
         return data
+
+    @property
+    def admitted_times(self) -> list[float]:
+        """``time.monotonic()`` of each chat request admitted by the rate limit
+        (``config.rate_limit_per_s``), in-process only."""
+        if self._stub is None:
+            raise RuntimeError("admitted_times works only for an in-process StubServer")
+        return list(self._stub.admitted_times)
 
     @property
     def requests(self) -> list[dict[str, Any]]:

@@ -1,0 +1,150 @@
+"""Nightly sweeps: tag the runs, find the previous night's run, compare paired.
+
+A nightly run carries the tags ``nightly`` and ``nightly:<date>``; the date is
+part of the run's fingerprint, so rerunning the same night resumes it and the
+next night starts a new run. Each cell (environment, model, sampling args, N, R)
+is compared with its previous completed nightly run, aligned on example_id.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from vfops.evaluation._compare import per_example_rewards
+from vfops.registry._models import EvalRun
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.orm import Session
+
+NIGHTLY_TAG = "nightly"
+
+
+def nightly_tags(day: dt.date) -> list[str]:
+    return [NIGHTLY_TAG, f"{NIGHTLY_TAG}:{day.isoformat()}"]
+
+
+def _same_cell(a: EvalRun, b: EvalRun) -> bool:
+    return (
+        a.environment_name == b.environment_name
+        and a.model == b.model
+        and a.sampling_args == b.sampling_args
+        and a.env_args == b.env_args
+        and a.num_examples == b.num_examples
+        and a.rollouts_per_example == b.rollouts_per_example
+    )
+
+
+def previous_nightly_run(session: Session, run: EvalRun) -> EvalRun | None:
+    """The newest completed nightly run of the same cell that started before ``run``."""
+    candidates = session.scalars(
+        select(EvalRun)
+        .where(
+            EvalRun.environment_name == run.environment_name,
+            EvalRun.model == run.model,
+            EvalRun.status == "completed",
+            EvalRun.started_at < run.started_at,
+            EvalRun.id != run.id,
+        )
+        .order_by(EvalRun.started_at.desc())
+        .limit(200)
+    )
+    for candidate in candidates:
+        if NIGHTLY_TAG in (candidate.tags or []) and _same_cell(candidate, run):
+            return candidate
+    return None
+
+
+@dataclass
+class CellComparison:
+    """One nightly cell against its previous night."""
+
+    label: str
+    run_id: str
+    previous_run_id: str | None
+    previous_version: str | None
+    version: str
+    report: Any | None  # vfops.stats.RegressionReport; None when there is no previous run
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.report is not None and self.report.regressed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "run_id": self.run_id,
+            "previous_run_id": self.previous_run_id,
+            "version": self.version,
+            "previous_version": self.previous_version,
+            "regressed": self.regressed,
+            "report": None if self.report is None else self.report.to_dict(),
+        }
+
+
+def compare_with_previous(
+    engine: Engine,
+    run_id: str,
+    *,
+    label: str | None = None,
+    alpha: float = 0.05,
+    pass_threshold: float | None = None,
+    seed: int = 0,
+) -> CellComparison:
+    """Paired comparison of a nightly run with the previous nightly run of its cell."""
+    from sqlalchemy.orm import Session
+
+    from vfops.stats import compare_runs_statistically
+
+    with Session(engine) as session:
+        run = session.get(EvalRun, run_id)
+        if run is None:
+            raise LookupError(f"no eval run {run_id}")
+        previous = previous_nightly_run(session, run)
+        name = label or f"{run.environment_name} · {run.model}"
+        if previous is None:
+            return CellComparison(name, run.id, None, None, run.environment_version, None)
+        prev_id, prev_version = previous.id, previous.environment_version
+        version = run.environment_version
+    report = compare_runs_statistically(
+        per_example_rewards(engine, prev_id),
+        per_example_rewards(engine, run_id),
+        pass_threshold=pass_threshold,
+        alpha=alpha,
+        seed=seed,
+    )
+    return CellComparison(name, run_id, prev_id, prev_version, version, report)
+
+
+def nightly_history(
+    engine: Engine, env_name: str, *, limit: int = 30
+) -> dict[str, list[tuple[str, float, float]]]:
+    """Per model: (date, reward mean, stderr) of completed nightly runs, oldest first."""
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as session:
+        runs = list(
+            session.scalars(
+                select(EvalRun)
+                .where(EvalRun.environment_name == env_name, EvalRun.status == "completed")
+                .order_by(EvalRun.started_at.desc())
+                .limit(limit * 10)
+            )
+        )
+    history: dict[str, list[tuple[str, float, float]]] = {}
+    for run in reversed(runs):
+        if NIGHTLY_TAG not in (run.tags or []) or not run.summary:
+            continue
+        series = history.setdefault(f"{env_name} · {run.model}", [])
+        series.append(
+            (
+                run.started_at.strftime("%Y-%m-%d %H:%M"),
+                float(run.summary.get("reward_mean", 0.0)),
+                float(run.summary.get("reward_stderr", 0.0)),
+            )
+        )
+    return {name: series[-limit:] for name, series in history.items()}

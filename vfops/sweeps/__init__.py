@@ -1,0 +1,44 @@
+"""Evaluation sweeps: environments x endpoints x sampling configs, one run per cell.
+
+The library behind the ``eval-sweep`` Prefect flow (no Prefect here): plan the
+matrix, refuse bad input before any model call, run a cell resuming or reusing
+the registry run with the same configuration.
+"""
+
+from vfops.sweeps._run import (
+    CellResult,
+    PreparedEnvironment,
+    prepare_environment,
+    registry_summary,
+    run_cell_async,
+    sweep_markdown_fallback,
+    sweep_table,
+)
+from vfops.sweeps._spec import (
+    Cell,
+    SamplingConfig,
+    SweepSpec,
+    endpoints_path,
+    output_root,
+    parse_env_ref,
+    plan_sweep,
+)
+from vfops.sweeps._validate import validate_sweep
+
+__all__ = [
+    "Cell",
+    "CellResult",
+    "PreparedEnvironment",
+    "SamplingConfig",
+    "SweepSpec",
+    "endpoints_path",
+    "output_root",
+    "parse_env_ref",
+    "plan_sweep",
+    "prepare_environment",
+    "registry_summary",
+    "run_cell_async",
+    "sweep_markdown_fallback",
+    "sweep_table",
+    "validate_sweep",
+]
