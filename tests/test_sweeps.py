@@ -167,6 +167,10 @@ def test_parse_env_ref() -> None:
         ({"endpoints": ["remote"]}, f"environment variable {MISSING_KEY_VAR}, which is not set"),
         ({"env_args": {"other": {}}}, "env_args has arguments for 'other'"),
         ({"endpoints_file": "/nonexistent/endpoints.toml"}, "endpoints file /nonexistent"),
+        (
+            {"sampling": [SamplingConfig(name="a"), SamplingConfig(name="b")]},
+            "sampling configs 'a' and 'b' have the same arguments",
+        ),
     ],
 )
 def test_validation_refuses_with_one_clear_line(
@@ -226,6 +230,15 @@ async def test_same_cell_twice_reuses_the_completed_run(
     assert stub.stats["requests"] == requests
     assert run_rows(db_url) == 1
 
+    # other tags (e.g. another night) are another run; the same tags find it again
+    (tagged,) = validate_sweep(spec(endpoints, tags=["nightly:2026-11-29"]))
+    night = await run_cell_async(tagged, output_root=tmp_path / "out")
+    assert night.action == "created" and night.run_id != first.run_id and night.rollouts == 8
+    assert night.tags == ["nightly:2026-11-29"]
+    rerun = await run_cell_async(tagged)  # output_root defaults to $VFOPS_HOME/outputs
+    assert rerun.action == "reused" and rerun.run_id == night.run_id
+    assert run_rows(db_url) == 2
+
     dumped = first.to_json()
     assert "base_url" not in dumped and stub.base_url not in str(dumped)
     (row,) = sweep_table([first])
@@ -278,6 +291,9 @@ async def test_interrupted_cell_is_resumed_to_exactly_n_times_r(
         with engine.connect() as connection:
             status = connection.execute(text("SELECT status FROM eval_runs")).scalar_one()
         assert status == "interrupted"
+        # a killed worker leaves its run "running": that is resumed the same way
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE eval_runs SET status = 'running'"))
 
         resumed = await run_cell_async(cell, output_root=tmp_path)
     assert resumed.action == "resumed" and resumed.run_id == run_id
@@ -313,6 +329,11 @@ async def test_latest_and_pinned_resolve_to_the_published_version(
     # the installed (editable) code is the published code: nothing to install
     assert (result.version, result.published, result.installed_now) == ("0.1.0", True, False)
     assert result.rollouts == 8 and result.action == "created"
+
+    # the installed code and the latest version are the same code: one sweep may name both
+    assert (
+        len(validate_sweep(spec(endpoints, environments=["arithmetic", "arithmetic@0.1.0"]))) == 2
+    )
 
     # same code, same configuration: the pinned ref finds the same run
     (pinned,) = validate_sweep(spec(endpoints, environments=["arithmetic@0.1.0"]))

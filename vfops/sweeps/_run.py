@@ -51,6 +51,7 @@ class CellResult(BaseModel):
     model: str
     sampling: str
     sampling_args: dict[str, Any]
+    tags: list[str] = Field(default_factory=list)
     run_id: str
     action: Action = Field(description="created a run, resumed an unfinished one, reused one")
     status: str
@@ -150,7 +151,13 @@ def prepare_environment(
         if current != wanted:
             if install_target is not None:
                 install_target.mkdir(parents=True, exist_ok=True)
-            install_published(f"{cell.env_name}@{version}", target=install_target, no_deps=True)
+            # a --target install sees none of the installed packages: its dependencies
+            # (vfops at least) must already be importable here
+            install_published(
+                f"{cell.env_name}@{version}",
+                target=install_target,
+                no_deps=install_target is not None,
+            )
             if install_target is not None and str(install_target) not in sys.path:
                 sys.path.insert(0, str(install_target))
             _forget_module(cell.env_name)
@@ -217,16 +224,20 @@ def _run_status(engine: Engine, run_id: str) -> str:
 async def run_cell_async(
     cell: Cell,
     *,
-    output_root: Path,
+    output_root: Path | None = None,
     engine: Engine | None = None,
     client: ModelClient | None = None,
     install_target: Path | None = None,
 ) -> CellResult:
     """Evaluate one cell, finishing only what is missing; see the module docstring.
 
+    Run directories go under ``output_root`` (default ``$VFOPS_HOME/outputs``).
     ``client`` replaces the client built from the endpoint alias (e.g. one wrapped
-    in a shared rate budget); the caller then closes it.
+    in a shared rate budget); the caller then closes it. ``install_target``: where
+    a published wheel is installed when the worker's code differs (default: this
+    interpreter's environment).
     """
+    from vfops._settings import vfops_home
     from vfops.clients import OpenAIClient, check_reachable, read_api_key, resolve_endpoint
     from vfops.envs import load_environment
     from vfops.evaluation import EvalRequest
@@ -248,8 +259,10 @@ async def run_cell_async(
         env_args=dict(cell.env_args),
         base_url=endpoint.base_url,
         pass_threshold=cell.pass_threshold,
+        tags=list(cell.tags),
     )
     request.validate()
+    output_root = output_root or vfops_home() / "outputs"
     provenance = Provenance(
         prepared.env_name, prepared.version, prepared.code_hash, prepared.version_id
     )
@@ -317,6 +330,7 @@ async def _result(
         model=model,
         sampling=cell.sampling.name,
         sampling_args=dict(cell.sampling.args),
+        tags=list(cell.tags),
         run_id=run_id,
         action=action,
         status=status,

@@ -27,6 +27,7 @@ class SamplingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(
+        default="default",
         min_length=1,
         description="Short label of this sampling configuration, shown in tables and charts.",
     )
@@ -115,6 +116,13 @@ class SweepSpec(BaseModel):
         default=None,
         description="Root folder for run directories on the worker; default: $VFOPS_HOME/outputs.",
     )
+    tags: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Tags of the runs (e.g. nightly:2026-11-29); part of a run's identity, so other "
+            "tags make new runs while the same tags resume or reuse the earlier ones."
+        ),
+    )
 
 
 class Cell(BaseModel):
@@ -137,6 +145,7 @@ class Cell(BaseModel):
     reuse_completed: bool = True
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_retries: int = Field(default=5, ge=0)
+    tags: list[str] = Field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -207,6 +216,7 @@ def plan_sweep(spec: SweepSpec) -> list[Cell]:
                         reuse_completed=spec.reuse_completed,
                         request_timeout_s=spec.request_timeout_s,
                         max_retries=spec.max_retries,
+                        tags=list(spec.tags),
                     )
                 )
     return cells

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -49,6 +50,15 @@ def validate_sweep(spec: SweepSpec, *, engine: Engine | None = None) -> list[Cel
         repeated = _duplicates([v.strip() for v in values])
         if repeated:
             raise VfopsError(f"{field} lists {repeated[0]!r} twice; give each one once")
+    seen: dict[str, str] = {}
+    for sampling in spec.sampling:
+        key = json.dumps(sampling.args, sort_keys=True, default=str)
+        if key in seen:
+            raise VfopsError(
+                f"sampling configs {seen[key]!r} and {sampling.name!r} have the same arguments "
+                "(they would be one run); drop one or change its args"
+            )
+        seen[key] = sampling.name
     refs = [parse_env_ref(ref) for ref in spec.environments]
     names = {name for name, _, _ in refs}
     _check_environments(refs, engine)
@@ -96,7 +106,10 @@ def _check_environments(refs: Sequence[tuple[str, str, str | None]], engine: Eng
                 f"{ref} is not published (published versions of {name}: "
                 f"{_listing(list(known))}); use one of them or {name}@latest"
             )
-        target = "installed" if kind == "installed" else _target_hash(known, kind, version)
+        if kind == "installed" and name in installed:
+            target = _installed_hash(name)
+        else:
+            target = _target_hash(known, "latest" if kind == "installed" else kind, version)
         targets.setdefault(name, set()).add(target)
     for name, wanted in sorted(targets.items()):
         if len(wanted) > 1:
@@ -104,6 +117,12 @@ def _check_environments(refs: Sequence[tuple[str, str, str | None]], engine: Eng
                 f"the sweep asks for different versions of '{name}'; one worker runs one "
                 "version of an environment at a time: sweep them in separate runs"
             )
+
+
+def _installed_hash(name: str) -> str:
+    from vfops.publishing import inspect_installed
+
+    return inspect_installed(name).code_hash
 
 
 def _target_hash(known: dict[str, str], kind: str, version: str | None) -> str:

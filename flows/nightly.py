@@ -1,0 +1,134 @@
+"""``nightly-eval``: sweep the latest published versions, compare with the previous night.
+
+Deployed on a cron schedule by ``vfops deploy --nightly-config nightly.toml``.
+Each cell's run is compared with its previous nightly run, aligned on example_id
+(paired bootstrap; McNemar for pass/fail rewards; noise floor measured from the
+previous run's own rollouts). Regressions go into a markdown artifact and are
+emitted as ``vfops.nightly.regression`` Prefect events an automation can act on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.events import emit_event
+from pydantic import BaseModel, Field
+
+from vfops.nightly import compare_with_previous, nightly_history, nightly_tags
+from vfops.registry import get_engine
+from vfops.sweeps import Cell, CellResult, SamplingConfig, SweepSpec, run_cell_async, validate_sweep
+
+
+class NightlyConfig(BaseModel):
+    """What the nightly sweep runs (the deployment's default parameters)."""
+
+    environments: list[str] = Field(
+        description="Environment names; each is evaluated at its latest published version "
+        "(name@latest) unless a version is pinned (name@1.2.3)."
+    )
+    endpoints: list[str] = Field(description="Endpoint aliases from the endpoints file.")
+    endpoints_file: str | None = Field(
+        default=None, description="endpoints.toml (default: $VFOPS_ENDPOINTS or ./endpoints.toml)."
+    )
+    sampling: list[SamplingConfig] = Field(
+        default_factory=lambda: [SamplingConfig()], description="Sampling configurations."
+    )
+    num_examples: int = Field(default=50, gt=0, description="Examples per cell.")
+    rollouts_per_example: int = Field(default=4, gt=0, description="Rollouts per example.")
+    max_concurrent: int = Field(default=32, gt=0, description="Rollouts in flight per cell.")
+    alpha: float = Field(default=0.05, gt=0, lt=0.5, description="Significance level.")
+    pass_threshold: float | None = Field(
+        default=None, description="Mean reward at which an example passes (for McNemar)."
+    )
+    date: str | None = Field(
+        default=None, description="Night to run as (YYYY-MM-DD); default: today (UTC)."
+    )
+
+    def sweep(self) -> SweepSpec:
+        refs = [ref if "@" in ref else f"{ref}@latest" for ref in self.environments]
+        return SweepSpec(
+            environments=refs,
+            endpoints=self.endpoints,
+            endpoints_file=self.endpoints_file,
+            sampling=self.sampling,
+            num_examples=self.num_examples,
+            rollouts_per_example=self.rollouts_per_example,
+            max_concurrent=self.max_concurrent,
+            tags=nightly_tags(self.night()),
+        )
+
+    def night(self) -> dt.date:
+        return dt.date.fromisoformat(self.date) if self.date else dt.datetime.now(dt.UTC).date()
+
+
+@task(retries=2, retry_delay_seconds=5, task_run_name="nightly {cell.env_ref} · {cell.endpoint}")
+async def run_nightly_cell(cell: Cell) -> dict[str, Any]:
+    result: CellResult = await run_cell_async(cell)
+    return result.model_dump()
+
+
+@task
+def compare_cell(result: dict[str, Any], alpha: float, pass_threshold: float | None) -> Any:
+    label = f"{result['env']}@{result['version']} · {result['model_alias']} · {result['sampling']}"
+    return compare_with_previous(
+        get_engine(), result["run_id"], label=label, alpha=alpha, pass_threshold=pass_threshold
+    )
+
+
+@flow(name="nightly-eval", log_prints=True)
+async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
+    """Sweep the latest versions tonight and flag significant regressions."""
+    from vfops.reports import nightly_trend_chart, regression_markdown
+
+    logger = get_run_logger()
+    cells = validate_sweep(config.sweep())  # bad input fails here, before any model call
+    futures = [run_nightly_cell.submit(cell) for cell in cells]
+    results = [future.result() for future in futures]
+    comparisons = [compare_cell(result, config.alpha, config.pass_threshold) for result in results]
+
+    history: dict[str, list[tuple[str, float, float]]] = {}
+    for env in sorted({result["env"] for result in results}):
+        history.update(nightly_history(get_engine(), env))
+    chart = nightly_trend_chart(history) if history else None
+    reports = [(c.label, c.report) for c in comparisons if c.report is not None]
+    baselines = [c.label for c in comparisons if c.report is None]
+    markdown = regression_markdown(reports, chart) if reports else "# Nightly eval\n"
+    if baselines:
+        markdown += "\n\nFirst nightly run (baseline, nothing to compare): " + ", ".join(baselines)
+    await create_markdown_artifact(
+        key="nightly-eval-report", markdown=markdown, description="Nightly regressions"
+    )
+    await create_table_artifact(
+        key="nightly-eval-cells",
+        table=[
+            {
+                "cell": c.label,
+                "run": c.run_id,
+                "previous run": c.previous_run_id or "-",
+                "verdict": "-" if c.report is None else c.report.verdict,
+                "delta": None if c.report is None else round(c.report.delta, 4),
+                "noise floor": None if c.report is None else round(c.report.noise_floor.value, 4),
+            }
+            for c in comparisons
+        ],
+    )
+    for comparison in comparisons:
+        if comparison.regressed:
+            logger.warning("REGRESSION %s: %s", comparison.label, comparison.report.summary)
+            emit_event(
+                event="vfops.nightly.regression",
+                resource={
+                    "prefect.resource.id": f"vfops.eval-run.{comparison.run_id}",
+                    "prefect.resource.name": comparison.label,
+                },
+                payload=comparison.to_dict(),
+            )
+    emit_event(
+        event="vfops.nightly.completed",
+        resource={"prefect.resource.id": f"vfops.nightly.{config.night().isoformat()}"},
+        payload={"cells": len(comparisons), "regressions": sum(c.regressed for c in comparisons)},
+    )
+    return [c.to_dict() for c in comparisons]
