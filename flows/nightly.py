@@ -78,7 +78,7 @@ def compare_cell(result: dict[str, Any], alpha: float, pass_threshold: float | N
     )
 
 
-@flow(name="nightly-eval", log_prints=True)
+@flow(name="nightly-eval")
 async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
     """Sweep the latest versions tonight and flag significant regressions."""
     from vfops.reports import nightly_trend_chart, regression_markdown

@@ -23,6 +23,7 @@ from vfops.budget._prefect import (
     LimitsInfo,
     PrefectRequestLimiter,
     ensure_limits,
+    prefect_limiter,
     read_rate_limit,
 )
 from vfops.clients._openai import RequestLimiter
@@ -40,6 +41,7 @@ __all__ = [
     "ensure_limits",
     "limit_name",
     "load_budgets",
+    "prefect_limiter",
     "rate_limit_batch",
     "rate_limit_name",
     "read_rate_limit",

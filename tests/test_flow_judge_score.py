@@ -1,0 +1,264 @@
+"""The ``judge-score`` flow under one Prefect test harness for the module.
+
+The judge endpoint is the stub server in rate-limit mode: above R requests in any
+sliding second it answers 429. The flow runs with the budget at R: the Prefect
+rate limit named after the judge model paces the requests, so (almost) no 429
+comes back while the achieved rate stays near R, and a rerun is answered entirely
+from the registry's judge cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+# before Prefect is imported: no telemetry, no ~/.prefect
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-home-"))
+
+import pytest
+
+from tests.registry_fixtures import make_record
+from vfops.registry import create_run, dispose_engines, get_engine, insert_rollouts, session_scope
+from vfops.testing import StubConfig, StubServer
+
+RATE = 20  # judge requests per second allowed by the stub, and the flow's budget
+ROLLOUTS = 300  # ~15 s at RATE
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    from prefect.settings import (
+        PREFECT_HOME,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        temporary_settings,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    updates: dict[Any, Any] = {PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
+    with temporary_settings(updates=updates), prefect_test_harness():
+        yield
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('registry') / 'registry.db'}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VFOPS_DATABASE_URL", url)
+        patch.delenv("OPENAI_API_KEY", raising=False)
+        patch.delenv("VFOPS_BUDGETS", raising=False)
+        yield url
+    dispose_engines()
+
+
+def _judge_reply(request: dict[str, Any]) -> dict[str, Any]:
+    content = str(request["messages"][-1]["content"])
+    answer = int(content.split("Ground truth answer:\n```\n", 1)[1].split("\n", 1)[0])
+    return {"content": "yes" if answer % 3 else "no"}
+
+
+@pytest.fixture(scope="module")
+def judge_stub() -> Iterator[StubServer]:
+    config = StubConfig(reply_mode=_judge_reply, rate_limit_per_s=RATE, latency_ms=20)
+    with StubServer(config) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def endpoints(tmp_path_factory: pytest.TempPathFactory, judge_stub: StubServer) -> Path:
+    path = tmp_path_factory.mktemp("config") / "endpoints.toml"
+    path.write_text(
+        f'[[endpoint]]\nalias = "judge"\nmodel = "stub-judge"\nbase_url = "{judge_stub.base_url}"\n'
+    )
+    return path
+
+
+def make_run(url: str, rollouts: int, run_id: str) -> str:
+    engine = get_engine(url)
+    with session_scope(engine) as session:
+        create_run(
+            session,
+            environment_name="arith",
+            environment_version="1.0.0",
+            environment_content_hash="c" * 64,
+            model="policy-model",
+            num_examples=rollouts // 2,
+            rollouts_per_example=2,
+            config_fingerprint=f"fp-{run_id}",
+            run_id=run_id,
+        )
+    records = [make_record(i // 2, i % 2) for i in range(rollouts)]
+    assert insert_rollouts(engine, run_id, records) == rollouts
+    return run_id
+
+
+async def flow_run_artifacts(flow_run_id: UUID) -> dict[str, Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async with get_client() as client:
+        artifacts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return {artifact.key: artifact for artifact in artifacts}
+
+
+async def read_limit(name: str) -> Any:
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        return await client.read_global_concurrency_limit_by_name(name)
+
+
+def achieved_rate(times: list[float]) -> float:
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def test_judge_score_holds_the_rate_limit_and_a_rerun_makes_no_judge_call(
+    harness: None, registry: str, endpoints: Path, judge_stub: StubServer
+) -> None:
+    from flows.judge_score import judge_score
+
+    run_id = make_run(registry, ROLLOUTS, "judge-score-run-1")
+    params = {
+        "run_id": run_id,
+        "judge": "judge",
+        "endpoints_file": str(endpoints),
+        "requests_per_s": RATE,
+        "max_concurrent": 8,
+        "max_retries": 3,  # a 429 would be retried: the stub's counters show every one
+    }
+    before = judge_stub.stats
+    admitted_before = len(judge_stub.admitted_times)
+    state = asyncio.run(judge_score(spec=params, return_state=True))
+    assert state.is_completed(), state.message
+    summary = state.result()
+    stats = judge_stub.stats
+    requests = stats["requests"] - before["requests"]
+    rejected = stats["429"] - before["429"]
+    times = judge_stub.admitted_times[admitted_before:]
+    rate = achieved_rate(times)
+    print(f"judge-score: {requests} requests, {rejected} x 429, achieved {rate:.2f}/s of {RATE}")
+    assert rejected <= 3, stats
+    assert rate >= 0.9 * RATE, rate
+    assert summary["n_judged"] == ROLLOUTS and summary["n_errors"] == 0
+    assert summary["n_cached"] == 0 and requests == ROLLOUTS + rejected
+    expected = sum(1 for i in range(ROLLOUTS) if (i // 2 + i % 2) % 3) / ROLLOUTS
+    assert summary["mean_score"] == pytest.approx(expected)
+    json.dumps(summary)
+
+    # the global limits named after the judge model exist, with the rate
+    limit = asyncio.run(read_limit("vfops-judge-stub-judge-rate"))
+    assert (limit.limit, limit.slot_decay_per_second) == (RATE, RATE)
+
+    artifacts = asyncio.run(flow_run_artifacts(state.state_details.flow_run_id))
+    key = "judge-score-judge-score-run-1"
+    assert {key, key + "-report"} <= set(artifacts)
+    table = artifacts[key].data
+    rows = json.loads(table) if isinstance(table, str) else table
+    assert rows[0]["judged"] == ROLLOUTS and rows[0]["run_id"] == run_id
+    report = artifacts[key + "-report"].data
+    assert "stub-judge" in report and judge_stub.base_url not in report
+
+    # the same judge again: every verdict from the registry's judge cache
+    again = asyncio.run(judge_score(spec=params, return_state=True))
+    assert again.is_completed(), again.message
+    assert judge_stub.stats["requests"] == stats["requests"]  # zero judge calls
+    result = again.result()
+    assert (result["n_cached"], result["n_judged"]) == (ROLLOUTS, 0)
+    assert result["mean_score"] == summary["mean_score"]
+
+
+def test_two_flows_share_one_budget(
+    harness: None, registry: str, endpoints: Path, judge_stub: StubServer
+) -> None:
+    """Two judge-score flows at once against the same judge model: together they
+    stay under the one rate limit (each alone would run at R)."""
+    from flows.judge_score import judge_score
+
+    runs = [make_run(registry, 60, f"judge-score-shared-{i}") for i in range(2)]
+    before = judge_stub.stats
+    admitted_before = len(judge_stub.admitted_times)
+
+    async def both() -> list[Any]:
+        return list(
+            await asyncio.gather(
+                *(
+                    judge_score(
+                        spec={
+                            "run_id": run_id,
+                            "judge": "judge",
+                            "endpoints_file": str(endpoints),
+                            "requests_per_s": RATE,
+                            "max_concurrent": 8,
+                            "max_retries": 3,
+                        },
+                        return_state=True,
+                    )
+                    for run_id in runs
+                )
+            )
+        )
+
+    states = asyncio.run(both())
+    assert all(state.is_completed() for state in states), [s.message for s in states]
+    stats = judge_stub.stats
+    times = judge_stub.admitted_times[admitted_before:]
+    assert len(times) == 120
+    rejected = stats["429"] - before["429"]
+    print(f"two flows: {rejected} x 429, combined {achieved_rate(times):.2f}/s of {RATE}")
+    assert rejected <= 3, stats
+    assert achieved_rate(times) <= RATE * 1.05
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"run_id": "no-such-run"}, "no eval run with id 'no-such-run'"),
+        ({"judge": "nope"}, "unknown model alias 'nope'"),
+        ({"judge_prompt": "{oops}"}, "not a valid template"),
+    ],
+)
+def test_bad_parameters_fail_the_flow_run_before_any_judge_call(
+    harness: None,
+    registry: str,
+    endpoints: Path,
+    judge_stub: StubServer,
+    overrides: dict[str, Any],
+    expected: str,
+) -> None:
+    from flows.judge_score import judge_score
+
+    run_id = "judge-score-bad-params"
+    from sqlalchemy.orm import Session
+
+    from vfops.registry import get_run
+
+    with Session(get_engine(registry)) as session:
+        if get_run(session, run_id) is None:
+            make_run(registry, 2, run_id)
+    params = {"run_id": run_id, "judge": "judge", "endpoints_file": str(endpoints)}
+    params.update(overrides)
+    before = judge_stub.stats["requests"]
+    state = asyncio.run(judge_score(spec=params, return_state=True))
+    assert state.is_failed()
+    assert expected in (state.message or ""), state.message
+    assert judge_stub.stats["requests"] == before
+
+
+def test_out_of_range_parameters_are_rejected_by_the_form(
+    harness: None, registry: str, endpoints: Path
+) -> None:
+    from flows.judge_score import judge_score
+
+    params = {"run_id": "x", "judge": "judge", "requests_per_s": 0, "max_concurrent": 0}
+    state = asyncio.run(judge_score(spec=params, return_state=True))
+    assert state.is_failed()
+    assert "requests_per_s" in (state.message or "") or "validation" in (state.message or "")

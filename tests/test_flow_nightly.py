@@ -1,0 +1,165 @@
+"""The ``nightly-eval`` flow over three nights: a baseline, sampling noise, a planted drop."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import random
+import re
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# before Prefect is imported: no telemetry, no ~/.prefect
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-home-"))
+
+import pytest
+
+from vfops.cli._env import init_environment
+from vfops.publishing import install_published, publish_environment
+from vfops.registry import dispose_engines
+from vfops.testing import StubConfig, StubServer
+
+# Prefect's events client (emit_event) leaves its websocket sockets to the test
+# server for the garbage collector; that is Prefect's, not ours.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+N, R = 60, 4
+_QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    updates: dict[Any, Any] = {PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
+    with temporary_settings(updates=updates), prefect_test_harness():
+        yield
+        drain_events()
+
+
+def drain_events() -> None:
+    """Send every emitted event and close the events client's connection."""
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all()
+
+
+@pytest.fixture(scope="module")
+def published_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A published environment, installed into a folder on sys.path (not the venv)."""
+    root = tmp_path_factory.mktemp("nightly")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VFOPS_DATABASE_URL", f"sqlite:///{root / 'registry.db'}")
+        patch.setenv("VFOPS_ARTIFACTS", (root / "artifacts").as_uri())
+        patch.setenv("VFOPS_HOME", str(root / "home"))
+        patch.delenv("OPENAI_API_KEY", raising=False)
+        package = init_environment("nightly_env", root / "src")
+        publish_environment(package)
+        site = root / "site"
+        install_published("nightly_env@latest", target=site, no_deps=True)
+        sys.path.insert(0, str(site))
+        importlib.invalidate_caches()
+        try:
+            yield str(root)
+        finally:
+            sys.path.remove(str(site))
+    dispose_engines()
+
+
+def answer_with(p_correct: float, seed: int, drop_below: int = -1) -> Any:
+    """A stub reply: right with probability p, always wrong when a < drop_below."""
+    rng = random.Random(seed)
+
+    def reply(request: dict[str, Any]) -> dict[str, Any]:
+        a, b = map(int, _QUESTION.search(request["messages"][-1]["content"]).groups())  # type: ignore[union-attr]
+        right = a >= drop_below and rng.random() < p_correct
+        return {"role": "assistant", "content": f"<answer>{a + b if right else -1}</answer>"}
+
+    return reply
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# one endpoint URL for every night: the base URL is part of a run's configuration
+PORT = free_port()
+
+
+async def run_night(root: str, night: str, reply: Any) -> tuple[list[dict[str, Any]], str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.nightly import NightlyConfig, nightly_eval
+
+    with StubServer(StubConfig(reply_mode=reply), port=PORT) as stub:
+        endpoints = Path(root) / "endpoints.toml"
+        endpoints.write_text(
+            f'[[endpoint]]\nalias = "stub"\nmodel = "stub-model"\nbase_url = "{stub.base_url}"\n'
+        )
+        config = NightlyConfig(
+            environments=["nightly_env"],
+            endpoints=["stub"],
+            endpoints_file=str(endpoints),
+            num_examples=N,
+            rollouts_per_example=R,
+            date=night,
+        )
+        comparisons = await nightly_eval(config)
+    async with get_client() as client:
+        artifacts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["nightly-eval-report"])),
+            sort="CREATED_DESC",  # type: ignore[arg-type]
+            limit=1,
+        )
+    return comparisons, str(artifacts[0].data)
+
+
+async def test_three_nights(harness: None, published_env: str) -> None:
+    first, _ = await run_night(published_env, "2026-11-01", answer_with(0.75, seed=1))
+    assert [c["previous_run_id"] for c in first] == [None]
+
+    noisy, noisy_report = await run_night(published_env, "2026-11-02", answer_with(0.75, seed=2))
+    assert noisy[0]["previous_run_id"] == first[0]["run_id"]
+    assert noisy[0]["regressed"] is False, noisy[0]["report"]["summary"]
+    assert "noise floor" in noisy_report
+
+    dropped, report = await run_night(
+        published_env, "2026-11-03", answer_with(0.75, seed=3, drop_below=40)
+    )
+    assert dropped[0]["previous_run_id"] == noisy[0]["run_id"]
+    assert dropped[0]["regressed"] is True, dropped[0]["report"]["summary"]
+    assert "REGRESSION" in dropped[0]["report"]["summary"]
+    assert "regression" in report.lower() and "noise floor" in report
+
+    # the regression reached Prefect as an event an automation can trigger on
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter
+    from prefect.events.worker import EventsWorker
+
+    await EventsWorker.drain_all()  # type: ignore[misc]
+    async with get_client() as client:
+        for _ in range(60):  # the server persists events in batches
+            page = await client.read_events(
+                filter=EventFilter(event=EventNameFilter(name=["vfops.nightly.regression"])),
+                limit=50,
+            )
+            if page.events:
+                break
+            await asyncio.sleep(0.5)
+    assert [e.resource.id for e in page.events] == [f"vfops.eval-run.{dropped[0]['run_id']}"]
+    assert page.events[0].payload["report"]["regressed"] is True
+
+    # rerunning the same night resumes/reuses its run instead of starting another
+    again, _ = await run_night(published_env, "2026-11-03", answer_with(0.75, seed=4))
+    assert again[0]["run_id"] == dropped[0]["run_id"]

@@ -1,0 +1,237 @@
+"""Re-score the rollouts of a registry run with a judge, through the registry's judge cache.
+
+Every verdict goes into the ``judge_cache`` table (reply text and score, keyed by
+:func:`vfops.rubrics.judge_cache_key` over judge model, sampling args, template,
+question, response and answer), so scoring the same rollouts with the same judge
+again makes no judge call at all, in any process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from vfops._errors import VfopsError
+from vfops._rollout import RolloutRecord
+from vfops.parsers._parser import last_user_text
+from vfops.registry import RegistryJudgeCache, get_run, iter_rollouts
+from vfops.rubrics import JudgeRubric
+from vfops.rubrics._judge import judge_says_yes
+
+MAX_ERRORS_KEPT = 20
+_CHUNK = 256  # rollouts read per trip to the database thread
+
+
+def yes_no_score(text: str) -> float:
+    """1.0 when the judge's reply says yes, else 0.0 (JudgeRubric's judge_reward)."""
+    return 1.0 if judge_says_yes(text) else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutJudgement:
+    """The judge's verdict on one rollout (``score`` ``None``: skipped or failed)."""
+
+    example_id: int
+    rollout_index: int
+    key: str | None
+    score: float | None
+    cached: bool
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class RescoreResult:
+    """What :func:`rescore_run` did: counts, the mean score and (optionally) every verdict."""
+
+    run_id: str
+    judge_model: str
+    n_rollouts: int = 0
+    """Rollouts read from the run."""
+    n_judged: int = 0
+    """Scored by a new judge request (identical requests in flight at once share one)."""
+    n_cached: int = 0
+    """Scored from the registry's judge cache: no request."""
+    n_skipped: int = 0
+    """Without a response to judge (the rollout failed before scoring)."""
+    n_errors: int = 0
+    """The judge request failed (after retries); a rerun tries these again."""
+    score_sum: float = 0.0
+    elapsed_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    """The first error messages (at most ``MAX_ERRORS_KEPT``)."""
+    judgements: list[RolloutJudgement] | None = None
+    """Every verdict in (example_id, rollout_index) order, when ``keep_judgements``."""
+
+    @property
+    def n_scored(self) -> int:
+        return self.n_judged + self.n_cached
+
+    @property
+    def mean_score(self) -> float | None:
+        return self.score_sum / self.n_scored if self.n_scored else None
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able summary (no per-rollout data)."""
+        return {
+            "run_id": self.run_id,
+            "judge_model": self.judge_model,
+            "n_rollouts": self.n_rollouts,
+            "n_scored": self.n_scored,
+            "n_judged": self.n_judged,
+            "n_cached": self.n_cached,
+            "n_skipped": self.n_skipped,
+            "n_errors": self.n_errors,
+            "mean_score": self.mean_score,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "errors": list(self.errors),
+        }
+
+
+def resolve_run_id(engine: Engine, run_id: str) -> str:
+    """The full id of run ``run_id`` (an id or a unique prefix); :class:`VfopsError` if none."""
+    with Session(engine) as session:
+        run = get_run(session, run_id.strip())
+        if run is None:
+            raise VfopsError(
+                f"no eval run with id {run_id!r} in the registry; list runs with `vfops runs list`"
+            )
+        return run.id
+
+
+def _judgeable(record: RolloutRecord) -> bool:
+    # a rollout that failed while generating has no (complete) response to judge
+    return record.error is None or record.error.stage == "scoring"
+
+
+async def rescore_run(
+    engine: Engine,
+    run_id: str,
+    rubric: JudgeRubric,
+    *,
+    max_concurrent: int = 8,
+    score_fn: Callable[[str], float] = yes_no_score,
+    keep_judgements: bool = True,
+    on_judgement: Callable[[RolloutJudgement], None] | None = None,
+    page_size: int = 1000,
+) -> RescoreResult:
+    """Judge every rollout of run ``run_id`` with ``rubric``'s judge.
+
+    Rollouts stream from the registry (memory does not grow with the run, except
+    ``judgements`` when ``keep_judgements``); up to ``max_concurrent`` are judged
+    at once (the rubric's own ``max_concurrent`` and its client's limiter, if
+    any, apply too). The rubric's cache is a :class:`RegistryJudgeCache` on
+    ``engine`` for the duration: a verdict already stored under the same key is
+    reused without a request, and each new one is stored with its
+    ``score_fn(reply)`` score. A failed judge request is counted and reported,
+    not raised (rerunning retries it); errors reading the run are raised.
+    """
+    if max_concurrent < 1:
+        raise VfopsError(f"max_concurrent must be at least 1, got {max_concurrent}")
+    full_id = resolve_run_id(engine, run_id)
+    cache = RegistryJudgeCache(engine, judge_model=rubric.judge_model)
+    result = RescoreResult(
+        run_id=full_id, judge_model=rubric.judge_model, judgements=[] if keep_judgements else None
+    )
+    started = time.perf_counter()
+    records: asyncio.Queue[tuple[int, RolloutRecord] | None] = asyncio.Queue(
+        maxsize=2 * max_concurrent
+    )
+    done: dict[int, RolloutJudgement] = {}  # out-of-order verdicts awaiting their turn
+    next_to_emit = 0
+
+    def emit(position: int, judgement: RolloutJudgement) -> None:
+        nonlocal next_to_emit
+        if judgement.error is not None:
+            result.n_errors += 1
+            if len(result.errors) < MAX_ERRORS_KEPT:
+                result.errors.append(
+                    f"example {judgement.example_id} rollout {judgement.rollout_index}: "
+                    f"{judgement.error}"
+                )
+        elif judgement.score is None:
+            result.n_skipped += 1
+        else:
+            result.score_sum += judgement.score
+            if judgement.cached:
+                result.n_cached += 1
+            else:
+                result.n_judged += 1
+        if on_judgement is None and result.judgements is None:
+            return
+        # hand verdicts on in run order, whatever order they finished in
+        done[position] = judgement
+        while next_to_emit in done:
+            ready = done.pop(next_to_emit)
+            next_to_emit += 1
+            if result.judgements is not None:
+                result.judgements.append(ready)
+            if on_judgement is not None:
+                on_judgement(ready)
+
+    async def judge_one(record: RolloutRecord) -> RolloutJudgement:
+        ids = record.example_id, record.rollout_index
+        if not _judgeable(record):
+            return RolloutJudgement(*ids, key=None, score=None, cached=False)
+        question = last_user_text(record.prompt)
+        response = rubric.parser.parse_answer(record.completion) or ""
+        answer = record.answer or ""
+        key = rubric.cache_key(question, response, answer)
+        try:
+            entry = await cache.get_entry(key)
+            if entry is not None:
+                score = entry.score
+                if score is None or not math.isfinite(score):
+                    score = score_fn(entry.response)
+                    await cache.set_score(key, score)
+                return RolloutJudgement(*ids, key=key, score=score, cached=True)
+            text = await rubric.judge(record.prompt, record.completion, answer)
+            score = score_fn(text)
+            await cache.set_score(key, score)
+            return RolloutJudgement(*ids, key=key, score=score, cached=False)
+        except Exception as exc:  # one failed verdict must not stop the others
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            return RolloutJudgement(*ids, key=key, score=None, cached=False, error=error)
+
+    async def produce() -> None:
+        rollouts: Iterator[RolloutRecord] = iter_rollouts(engine, full_id, batch_size=page_size)
+        position = 0
+        while True:
+            chunk = await asyncio.to_thread(lambda: list(itertools.islice(rollouts, _CHUNK)))
+            if not chunk:
+                break
+            for record in chunk:
+                await records.put((position, record))
+                position += 1
+        for _ in range(max_concurrent):
+            await records.put(None)
+
+    async def work() -> None:
+        while (item := await records.get()) is not None:
+            position, record = item
+            result.n_rollouts += 1
+            emit(position, await judge_one(record))
+
+    previous_cache = rubric.cache
+    rubric.cache = cache
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(produce())
+            for _ in range(max_concurrent):
+                group.create_task(work())
+    except ExceptionGroup as group_error:
+        # one task failed (reading the run) and the rest were cancelled: raise it as is
+        if len(group_error.exceptions) == 1:
+            raise group_error.exceptions[0] from None
+        raise
+    finally:
+        rubric.cache = previous_cache
+    result.elapsed_s = time.perf_counter() - started
+    return result
