@@ -11,10 +11,10 @@ no judge request) and attaches a table and a markdown artifact.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from vfops._errors import VfopsError
@@ -60,7 +60,7 @@ async def rescore_task(plan: JudgeScorePlan) -> RescoreResult:
 
 
 @flow(name="judge-score", validate_parameters=True)
-async def judge_score(spec: JudgeScoreSpec) -> dict[str, Any]:
+def judge_score(spec: JudgeScoreSpec) -> dict[str, Any]:
     """Re-score an eval run's rollouts with a judge model.
 
     Args:
@@ -69,7 +69,8 @@ async def judge_score(spec: JudgeScoreSpec) -> dict[str, Any]:
     """
     logger = get_run_logger()
     plan = plan_judge_score(spec, get_engine())  # raises before any model call
-    result = await rescore_task(plan)
+    # submitted: the async task runs on the task runner's own event loop
+    result = cast(RescoreResult, rescore_task.submit(plan).result())
     summary = result.summary()
     logger.info(
         "run %s: mean judge score %s over %d rollouts (%d new judge requests, %d from cache, "
@@ -83,12 +84,12 @@ async def judge_score(spec: JudgeScoreSpec) -> dict[str, Any]:
         result.n_errors,
     )
     key = artifact_key(result.run_id)
-    await acreate_table_artifact(
+    create_table_artifact(
         table=judge_score_table(result, plan),
         key=key,
         description=f"Judge scores of run {result.run_id} by {result.judge_model}",
     )
-    await acreate_markdown_artifact(
+    create_markdown_artifact(
         markdown=judge_score_markdown(result, plan),
         key=key + "-report",
         description=f"Judge scores of run {result.run_id} by {result.judge_model}",

@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -94,7 +95,15 @@ def make_run(url: str, rollouts: int, run_id: str) -> str:
             config_fingerprint=f"fp-{run_id}",
             run_id=run_id,
         )
-    records = [make_record(i // 2, i % 2) for i in range(rollouts)]
+    # the run id in the question: every run's judge requests are distinct
+    records = [
+        make_record(
+            i // 2,
+            i % 2,
+            prompt=[{"role": "user", "content": f"{run_id}: what is {i // 2} + {i % 2}?"}],
+        )
+        for i in range(rollouts)
+    ]
     assert insert_rollouts(engine, run_id, records) == rollouts
     return run_id
 
@@ -107,7 +116,7 @@ async def flow_run_artifacts(flow_run_id: UUID) -> dict[str, Any]:
         artifacts = await client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
-    return {artifact.key: artifact for artifact in artifacts}
+    return {str(artifact.key): artifact for artifact in artifacts}
 
 
 async def read_limit(name: str) -> Any:
@@ -137,7 +146,7 @@ def test_judge_score_holds_the_rate_limit_and_a_rerun_makes_no_judge_call(
     }
     before = judge_stub.stats
     admitted_before = len(judge_stub.admitted_times)
-    state = asyncio.run(judge_score(spec=params, return_state=True))
+    state = judge_score(spec=params, return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
     stats = judge_stub.stats
@@ -158,7 +167,9 @@ def test_judge_score_holds_the_rate_limit_and_a_rerun_makes_no_judge_call(
     limit = asyncio.run(read_limit("vfops-judge-stub-judge-rate"))
     assert (limit.limit, limit.slot_decay_per_second) == (RATE, RATE)
 
-    artifacts = asyncio.run(flow_run_artifacts(state.state_details.flow_run_id))
+    flow_run_id = state.state_details.flow_run_id
+    assert flow_run_id is not None
+    artifacts = asyncio.run(flow_run_artifacts(flow_run_id))
     key = "judge-score-judge-score-run-1"
     assert {key, key + "-report"} <= set(artifacts)
     table = artifacts[key].data
@@ -168,7 +179,7 @@ def test_judge_score_holds_the_rate_limit_and_a_rerun_makes_no_judge_call(
     assert "stub-judge" in report and judge_stub.base_url not in report
 
     # the same judge again: every verdict from the registry's judge cache
-    again = asyncio.run(judge_score(spec=params, return_state=True))
+    again = judge_score(spec=params, return_state=True)
     assert again.is_completed(), again.message
     assert judge_stub.stats["requests"] == stats["requests"]  # zero judge calls
     result = again.result()
@@ -180,34 +191,29 @@ def test_two_flows_share_one_budget(
     harness: None, registry: str, endpoints: Path, judge_stub: StubServer
 ) -> None:
     """Two judge-score flows at once against the same judge model: together they
-    stay under the one rate limit (each alone would run at R)."""
+    stay under the one rate limit (each alone would run at R), and the slots of
+    the global concurrency limit they lease come back."""
     from flows.judge_score import judge_score
 
     runs = [make_run(registry, 60, f"judge-score-shared-{i}") for i in range(2)]
     before = judge_stub.stats
     admitted_before = len(judge_stub.admitted_times)
 
-    async def both() -> list[Any]:
-        return list(
-            await asyncio.gather(
-                *(
-                    judge_score(
-                        spec={
-                            "run_id": run_id,
-                            "judge": "judge",
-                            "endpoints_file": str(endpoints),
-                            "requests_per_s": RATE,
-                            "max_concurrent": 8,
-                            "max_retries": 3,
-                        },
-                        return_state=True,
-                    )
-                    for run_id in runs
-                )
-            )
-        )
+    def run(run_id: str) -> Any:
+        spec = {
+            "run_id": run_id,
+            "judge": "judge",
+            "endpoints_file": str(endpoints),
+            "requests_per_s": RATE,
+            "max_concurrent": 8,
+            "global_max_concurrent": 16,  # each flow run leases 8 of these slots
+            "max_retries": 3,
+        }
+        return judge_score(spec=spec, return_state=True)
 
-    states = asyncio.run(both())
+    # two flow runs at once, as two workers would (threads here: one harness)
+    with ThreadPoolExecutor(2) as pool:
+        states = list(pool.map(run, runs))
     assert all(state.is_completed() for state in states), [s.message for s in states]
     stats = judge_stub.stats
     times = judge_stub.admitted_times[admitted_before:]
@@ -216,6 +222,9 @@ def test_two_flows_share_one_budget(
     print(f"two flows: {rejected} x 429, combined {achieved_rate(times):.2f}/s of {RATE}")
     assert rejected <= 3, stats
     assert achieved_rate(times) <= RATE * 1.05
+    # the leased concurrency slots went back
+    concurrency = asyncio.run(read_limit("vfops-judge-stub-judge"))
+    assert (concurrency.limit, concurrency.active_slots) == (16, 0)
 
 
 @pytest.mark.parametrize(
@@ -247,7 +256,7 @@ def test_bad_parameters_fail_the_flow_run_before_any_judge_call(
     params = {"run_id": run_id, "judge": "judge", "endpoints_file": str(endpoints)}
     params.update(overrides)
     before = judge_stub.stats["requests"]
-    state = asyncio.run(judge_score(spec=params, return_state=True))
+    state = judge_score(spec=params, return_state=True)
     assert state.is_failed()
     assert expected in (state.message or ""), state.message
     assert judge_stub.stats["requests"] == before
@@ -259,6 +268,43 @@ def test_out_of_range_parameters_are_rejected_by_the_form(
     from flows.judge_score import judge_score
 
     params = {"run_id": "x", "judge": "judge", "requests_per_s": 0, "max_concurrent": 0}
-    state = asyncio.run(judge_score(spec=params, return_state=True))
+    state = judge_score(spec=params, return_state=True)
     assert state.is_failed()
     assert "requests_per_s" in (state.message or "") or "validation" in (state.message or "")
+
+
+def test_ensure_limits_is_idempotent_and_the_per_request_concurrency_mode(harness: None) -> None:
+    from vfops._errors import VfopsError
+    from vfops.budget import PrefectRequestLimiter, ensure_limits, limit_name
+
+    name = limit_name("endpoint", "Shared/Endpoint")
+    assert name == "vfops-endpoint-shared-endpoint"
+
+    async def scenario() -> tuple[int, Any, Any]:
+        with pytest.raises(VfopsError, match="no Prefect global concurrency limit"):
+            async with PrefectRequestLimiter(name).acquire():
+                pass
+        for _ in range(2):  # twice: the second is a no-op
+            await ensure_limits(name, max_concurrent=5, requests_per_s=50)
+        info = await ensure_limits(name, max_concurrent=2, requests_per_s=None)  # an update
+        assert info.rate_limit is None and info.concurrency_limit == name
+
+        limiter = PrefectRequestLimiter(name, rate=False, concurrency=True)
+        in_flight = peak = 0
+
+        async def one() -> None:
+            nonlocal in_flight, peak
+            async with limiter.acquire():
+                in_flight += 1
+                peak = max(peak, in_flight)
+                await asyncio.sleep(0.05)
+                in_flight -= 1
+
+        await asyncio.gather(*(one() for _ in range(4)))
+        assert limiter.acquired == 4
+        return peak, await read_limit(name), await read_limit(name + "-rate")
+
+    peak, concurrency, rate = asyncio.run(scenario())
+    assert peak <= 2
+    assert (concurrency.limit, concurrency.active_slots) == (2, 0)
+    assert (rate.limit, rate.slot_decay_per_second) == (50, 50.0)  # left as it was
