@@ -270,7 +270,8 @@ def test_out_of_range_parameters_are_rejected_by_the_form(
     params = {"run_id": "x", "judge": "judge", "requests_per_s": 0, "max_concurrent": 0}
     state = judge_score(spec=params, return_state=True)
     assert state.is_failed()
-    assert "requests_per_s" in (state.message or "") or "validation" in (state.message or "")
+    message = state.message or ""
+    assert "spec.requests_per_s" in message and "spec.max_concurrent" in message, message
 
 
 def test_ensure_limits_is_idempotent_and_the_per_request_concurrency_mode(harness: None) -> None:

@@ -189,8 +189,22 @@ def cell_runs(stack: dict[str, Any]) -> dict[str, int]:
 
 
 def test_deploy_worker_and_trigger_through_the_api(stack: dict[str, Any]) -> None:
+    nightly = stack["root"] / "nightly.toml"
+    nightly.write_text(
+        '[nightly]\nenvironments = ["arithmetic"]\nendpoints = ["stub"]\n'
+        f'endpoints_file = "{stack["endpoints"]}"\nnum_examples = 20\nrollouts_per_example = 4\n'
+    )
     deployed = subprocess.run(
-        [str(BIN / "vfops"), "deploy", "--work-pool", POOL],
+        [
+            str(BIN / "vfops"),
+            "deploy",
+            "--work-pool",
+            POOL,
+            "--nightly-config",
+            str(nightly),
+            "--nightly-cron",
+            "0 4 * * *",
+        ],
         env=stack["env"],
         capture_output=True,
         text=True,
@@ -202,8 +216,12 @@ def test_deploy_worker_and_trigger_through_the_api(stack: dict[str, Any]) -> Non
         "eval-sweep/eval-sweep",
         "publish-environment/publish-environment",
         "judge-score/judge-score",
+        "nightly-eval/nightly-eval",
     ):
         assert f"deployed {name}" in deployed.stdout
+    nightly_deployment = rest(stack, "GET", "/deployments/name/nightly-eval/nightly-eval")
+    assert [s["schedule"]["cron"] for s in nightly_deployment["schedules"]] == ["0 4 * * *"]
+    assert nightly_deployment["parameters"]["config"]["num_examples"] == 20
     worker = start_worker(stack, "worker-1")
     try:
         flow_run_id = trigger(stack, sweep(stack, n=4, r=2, c=4))
