@@ -55,7 +55,26 @@ async def run_cell(cell: Cell, output_dir: str) -> dict[str, Any]:
     """Evaluate one cell (creating, resuming or reusing its registry run)."""
     from pathlib import Path
 
-    result = await run_cell_async(cell, output_root=Path(output_dir))
+    from vfops.budget import budget_for, limit_name, prefect_limiter
+
+    # The endpoint's budget (budgets.toml / $VFOPS_BUDGETS) is shared through Prefect
+    # global concurrency limits by every flow calling that endpoint, on every worker.
+    budget = budget_for(cell.endpoint)
+    limiter = None
+    if budget.max_concurrent or budget.requests_per_s:
+        limiter = await prefect_limiter(
+            limit_name("endpoint", cell.endpoint),
+            max_concurrent=budget.max_concurrent,
+            requests_per_s=budget.requests_per_s,
+            concurrency_slots=(
+                min(budget.max_concurrent, cell.max_concurrent) if budget.max_concurrent else None
+            ),
+        )
+    try:
+        result = await run_cell_async(cell, output_root=Path(output_dir), limiter=limiter)
+    finally:
+        if limiter is not None:
+            await limiter.aclose()
     get_run_logger().info(
         "%s: %s run %s, %d rollouts (%d new), reward %s",
         cell.label,

@@ -250,3 +250,41 @@ def test_publish_flow(harness: None, registry: str, tmp_path: Path) -> None:
     assert again.result()["status"] == "unchanged"
     bad = publish_environment_flow(path=str(tmp_path / "missing"), return_state=True)
     assert bad.is_failed()
+
+
+def test_cells_share_the_endpoint_budget(
+    harness: None, registry: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two cells in parallel against an endpoint that refuses more than R requests/s:
+    the budget (a Prefect rate limit shared by both) keeps them under it together."""
+    from flows.eval_sweep import eval_sweep
+
+    rate = 10.0
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text(f"[budget.limited]\nrequests_per_s = {rate}\n")
+    monkeypatch.setenv("VFOPS_BUDGETS", str(budgets))
+    with StubServer(StubConfig(reply_mode="arithmetic", rate_limit_per_s=rate)) as limited:
+        endpoints = tmp_path / "endpoints.toml"
+        endpoints.write_text(
+            '[[endpoint]]\nalias = "limited"\nmodel = "stub-model"\n'
+            f'base_url = "{limited.base_url}"\n'
+        )
+        spec = SweepSpec.model_validate(
+            sweep_params(
+                endpoints,
+                tmp_path / "out",
+                environments=["arithmetic"],
+                endpoints=["limited"],
+                num_examples=20,
+                rollouts_per_example=2,
+                max_concurrent=16,
+                env_args={"arithmetic": {"num_examples": 20}},
+            )
+        )
+        state = eval_sweep(spec=spec, return_state=True)
+        assert state.is_completed(), state.message
+        stats, times = limited.stats, sorted(limited.admitted_times)
+    assert stats["ok"] == 2 * 20 * 2
+    assert stats.get("rate_limited", 0) <= 2  # the budget, not the server, did the limiting
+    achieved = (len(times) - 1) / (times[-1] - times[0])
+    assert achieved <= rate * 1.1

@@ -27,8 +27,9 @@ def _nightly_parameters(path: Path | None) -> dict[str, Any] | None:
 
 
 def deploy_command(
-    work_pool: Annotated[str, typer.Option(help="Prefect work pool (created as type process).")]
-    = "vfops-process",
+    work_pool: Annotated[
+        str, typer.Option(help="Prefect work pool (created as type process).")
+    ] = "vfops-process",
     nightly_config: Annotated[
         Path | None,
         typer.Option(help="TOML with a [nightly] table: environments, endpoints, N, R, sampling."),

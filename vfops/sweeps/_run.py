@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from vfops.clients import ModelClient
+    from vfops.clients._openai import RequestLimiter
     from vfops.evaluation import EvalSummary
     from vfops.registry import EvalRun
 
@@ -228,8 +229,12 @@ async def run_cell_async(
     engine: Engine | None = None,
     client: ModelClient | None = None,
     install_target: Path | None = None,
+    limiter: RequestLimiter | None = None,
 ) -> CellResult:
     """Evaluate one cell, finishing only what is missing; see the module docstring.
+
+    ``limiter`` wraps every model request of the client built here (the endpoint's
+    shared budget: a Prefect global concurrency / rate limit).
 
     Run directories go under ``output_root`` (default ``$VFOPS_HOME/outputs``).
     ``client`` replaces the client built from the endpoint alias (e.g. one wrapped
@@ -287,6 +292,7 @@ async def run_cell_async(
                 api_key,
                 timeout_s=cell.request_timeout_s,
                 max_retries=cell.max_retries,
+                limiter=limiter,
             )
         tracked, result = await run_tracked_eval_async(
             environment,
