@@ -22,10 +22,10 @@ demo: setup
 	$(VENV)/bin/vfops eval arithmetic -m local:$(DEMO_DIR)/tiny-model -n 20 -r 2 -o $(DEMO_DIR)/outputs
 
 test: setup
-	$(VENV)/bin/ruff check vfops tests environments bench
+	$(VENV)/bin/ruff check vfops flows tests environments bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
 lint: setup
-	$(VENV)/bin/ruff check vfops tests environments bench
+	$(VENV)/bin/ruff check vfops flows tests environments bench
 	$(VENV)/bin/mypy
