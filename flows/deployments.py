@@ -50,6 +50,12 @@ def deployment_specs(
             "Environments x endpoints x sampling configs, one task per cell.",
         ),
         DeploymentSpec(
+            "flows.promote",
+            "promote_checkpoint_flow",
+            "promote-checkpoint",
+            "Evaluate a registered checkpoint on the gate environments and move its alias.",
+        ),
+        DeploymentSpec(
             "flows.judge_score",
             "judge_score",
             "judge-score",

@@ -7,7 +7,7 @@ import sys
 import typer
 
 from vfops._errors import VfopsError
-from vfops.cli import _db, _deploy, _env, _eval, _model, _runs
+from vfops.cli import _db, _deploy, _env, _eval, _model, _promote, _runs
 
 app = typer.Typer(
     name="vfops",
@@ -18,7 +18,9 @@ app = typer.Typer(
 )
 app.command("eval")(_eval.eval_command)
 app.command("deploy")(_deploy.deploy_command)
+app.command("promote")(_promote.promote_command)
 app.add_typer(_env.app, name="env")
+_model.app.command("register")(_promote.register_command)
 app.add_typer(_model.app, name="model")
 app.add_typer(_runs.app, name="runs")
 app.add_typer(_db.app, name="db")

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -184,3 +185,30 @@ class JudgeCacheRow(Base):
     score: Mapped[float | None] = mapped_column(Float)
     response: Mapped[str] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=func.now())
+
+
+class AliasEvent(Base):
+    """One promotion decision on a model alias: append-only, never updated or deleted.
+
+    Refusals are recorded too, so "who was champion when, and on what evidence"
+    can always be reconstructed from this table.
+    """
+
+    __tablename__ = "alias_events"
+    __table_args__ = (Index("ix_alias_events_model_alias", "model_name", "alias", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=func.now())
+    actor: Mapped[str] = mapped_column(String(200))
+    model_name: Mapped[str] = mapped_column(String(300))
+    alias: Mapped[str] = mapped_column(String(100))
+    # the version holding the alias before the decision (None: nobody held it)
+    from_version: Mapped[str | None] = mapped_column(String(40))
+    to_version: Mapped[str] = mapped_column(String(40))
+    # "promoted" or "refused"
+    outcome: Mapped[str] = mapped_column(String(20))
+    forced: Mapped[bool] = mapped_column(Boolean)
+    metric: Mapped[str] = mapped_column(String(100))
+    # {"<env>": {"candidate_run_id", "holder_run_id", "delta", "verdict", ...}}
+    evidence: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    reason: Mapped[str] = mapped_column(Text)

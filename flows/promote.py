@@ -1,0 +1,84 @@
+"""``promote-checkpoint``: evidence-gated promotion of a registered model version.
+
+A thin layer over :func:`vfops.models.promote_async`: evaluates the candidate
+(and the current alias holder) on the gate environments, moves the alias only
+on evidence, records the decision in the registry's ``alias_events`` table and
+attaches a markdown artifact. A refused promotion fails the flow run with the
+reason (which environment regressed and by how much).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import acreate_markdown_artifact
+
+from vfops.models import promote_async
+
+REPORT_KEY = "promote-checkpoint"
+
+
+@flow(name="promote-checkpoint", validate_parameters=True)
+async def promote_checkpoint_flow(
+    name: str,
+    version: str,
+    gate_envs: list[str],
+    alias: str = "champion",
+    num_examples: int = 20,
+    rollouts_per_example: int = 1,
+    metric: str = "reward_mean",
+    sampling_args: dict[str, Any] | None = None,
+    force: bool = False,
+    actor: str | None = None,
+) -> dict[str, Any]:
+    """Promote registered model ``name`` version ``version`` to ``alias`` if the gate passes.
+
+    Args:
+        name: Registered model name in MLflow.
+        version: The candidate version.
+        gate_envs: Installed environments to evaluate on.
+        alias: The alias to move.
+        num_examples: Examples per gate environment.
+        rollouts_per_example: Rollouts per example.
+        metric: reward_mean or a rubric metric.
+        sampling_args: Sampling arguments of the gate evals (same for both models).
+        force: Move the alias even if the gate fails (recorded as forced).
+        actor: Who asks (default: $USER of the worker).
+    """
+    decision = await promote_async(
+        name,
+        version,
+        alias=alias,
+        gate_envs=gate_envs,
+        num_examples=num_examples,
+        rollouts_per_example=rollouts_per_example,
+        metric=metric,
+        sampling_args=sampling_args,
+        force=force,
+        actor=actor,
+    )
+    lines = [
+        f"# {decision.outcome.upper()}{' (forced)' if decision.forced else ''}: "
+        f"`{name}` v{decision.to_version} -> @{alias}",
+        "",
+        f"Previous holder: {('v' + decision.from_version) if decision.from_version else 'none'}",
+        "",
+        "| environment | candidate run | holder run | delta | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for r in decision.envs:
+        delta = "-" if r.delta is None else f"{r.delta:+.3f}"
+        lines.append(
+            f"| `{r.env}` | `{r.candidate_run_id}` | `{r.holder_run_id or '-'}` | {delta} "
+            f"| {r.verdict or '-'} |"
+        )
+    lines += ["", decision.reason]
+    await acreate_markdown_artifact(
+        markdown="\n".join(lines) + "\n",
+        key=f"{REPORT_KEY}-{re.sub('[^a-z0-9]+', '-', name.lower()).strip('-')}",
+        description=f"{name} v{decision.to_version} -> @{alias}: {decision.outcome}",
+    )
+    decision.raise_if_refused()
+    return decision.to_dict()

@@ -1,0 +1,207 @@
+"""Checkpoints in the MLflow registry and evidence-gated promotion (embedded SQLite stores).
+
+The gate environment rewards brevity: 1 / (1 + characters of the reply). The
+tiny model decodes greedily (temperature 0), so a checkpoint whose
+``generation_config.json`` caps replies at fewer tokens is deterministically
+better: the same weights, a prefix of the same reply. Promotion evaluates the
+registered artifacts themselves (downloaded from MLflow, loaded in-process).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from typer.testing import CliRunner
+
+from vfops.registry import dispose_engines, get_engine
+
+# MLflow's SQLAlchemy store still uses the ``noload`` strategy (deprecated in SQLAlchemy 2.1)
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning"
+)
+
+ENV_NAME = "brevity_gate"
+SAMPLING = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def gate_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A tiny installed environment package (a module and its dist-info on sys.path)."""
+    site = tmp_path_factory.mktemp("gate_site")
+    (site / "brevity_gate_env.py").write_text(
+        textwrap.dedent(
+            """
+            from datasets import Dataset
+
+            import vfops
+
+
+            def brevity(completion) -> float:
+                text = completion[-1]["content"] if completion else ""
+                return 1.0 / (1.0 + len(text or ""))
+
+
+            def load_environment() -> vfops.Environment:
+                rows = [{"question": f"Tell me about item {i}.", "answer": ""} for i in range(12)]
+                return vfops.SingleTurnEnv(
+                    eval_dataset=Dataset.from_list(rows), rubric=vfops.Rubric(funcs=[brevity])
+                )
+            """
+        )
+    )
+    dist = site / "brevity_gate_env-0.0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: brevity-gate-env\nVersion: 0.0.1\n"
+    )
+    (dist / "entry_points.txt").write_text(
+        f"[vfops.environments]\n{ENV_NAME} = brevity_gate_env:load_environment\n"
+    )
+    sys.path.insert(0, str(site))
+    yield ENV_NAME
+    sys.path.remove(str(site))
+    sys.modules.pop("brevity_gate_env", None)
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vfops.local import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "base", seed=3)
+
+
+def checkpoint(base: Path, dst: Path, max_new_tokens: int) -> Path:
+    shutil.copytree(base, dst)
+    config_path = dst / "generation_config.json"
+    config = json.loads(config_path.read_text())
+    config["max_new_tokens"] = max_new_tokens
+    config_path.write_text(json.dumps(config, indent=2))
+    return dst
+
+
+@pytest.fixture
+def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    home = tmp_path / "home"
+    monkeypatch.setenv("VFOPS_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    monkeypatch.setenv("VFOPS_DATABASE_URL", url)
+    monkeypatch.setenv("USER", "tester")
+    yield url
+    dispose_engines()
+
+
+def test_register_then_load_round_trips_the_folder(tiny_base: Path, stores: str) -> None:
+    from vfops.models import load_model_dir, register_checkpoint
+    from vfops.models._mlflow import mlflow_tracking_uri
+
+    info = register_checkpoint(
+        tiny_base,
+        name="tiny",
+        training_run_id="train-123",
+        base_model="tiny-base",
+        environment_versions=["brevity_gate@0.0.1"],
+    )
+    assert mlflow_tracking_uri().endswith("/home/mlflow/mlflow.db")
+    assert info.version == "1"
+    assert info.tags["vfops.training_run_id"] == "train-123"
+    assert info.tags["vfops.base_model"] == "tiny-base"
+    assert json.loads(info.tags["vfops.environment_versions"]) == {"brevity_gate": "0.0.1"}
+    assert info.source.startswith((Path(stores[10:]).parent / "home" / "mlflow").as_uri())
+    local = load_model_dir("models:/tiny/1")
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
+        assert (local / name).read_bytes() == (tiny_base / name).read_bytes()
+
+
+def test_promotion_gate_records_every_decision(
+    tiny_base: Path, gate_env: str, stores: str, tmp_path: Path
+) -> None:
+    from vfops.cli._promote import promote_command
+    from vfops.local import LocalModelClient
+    from vfops.models import (
+        PromotionRefusedError,
+        load_model_dir,
+        promote,
+        promotion_history,
+        register_checkpoint,
+    )
+
+    gate = {
+        "gate_envs": [gate_env],
+        "num_examples": 10,
+        "rollouts_per_example": 2,
+        "sampling_args": SAMPLING,
+    }
+    v1 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v1", 8), name="tiny")
+    first = promote("tiny", v1.version, **gate)  # type: ignore[arg-type]
+    assert first.promoted and first.from_version is None and not first.forced
+
+    v2 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v2", 32), name="tiny")
+    second = promote("tiny", v2.version, **gate)  # type: ignore[arg-type]
+    assert second.outcome == "refused"
+    assert second.from_version == "1"
+    assert f"{gate_env} regressed" in second.reason and "delta -" in second.reason
+    (result,) = second.envs
+    assert result.regressed and result.delta is not None and result.delta < 0
+    with pytest.raises(PromotionRefusedError, match=gate_env):
+        second.raise_if_refused()
+
+    v3 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v3", 2), name="tiny")
+    third = promote("tiny", v3.version, **gate)  # type: ignore[arg-type]
+    assert third.promoted, third.reason
+    (result,) = third.envs
+    assert result.delta is not None and result.delta > 0 and result.verdict == "improvement"
+
+    history = promotion_history("tiny")
+    assert [(e.from_version, e.to_version, e.outcome) for e in history] == [
+        (None, "1", "promoted"),
+        ("1", "2", "refused"),
+        ("1", "3", "promoted"),
+    ]
+    assert all(e.actor == "tester" and not e.forced and e.alias == "champion" for e in history)
+    # the evidence names real registry runs of the gate environment
+    engine = get_engine(stores)
+    run_ids = {
+        run
+        for e in history
+        for info in e.evidence["envs"].values()
+        for run in (info["candidate_run_id"], info["holder_run_id"])
+        if run
+    }
+    assert len(run_ids) == 5
+    with engine.connect() as connection:
+        envs = connection.execute(text("SELECT DISTINCT environment_name FROM eval_runs")).scalars()
+        assert list(envs) == [gate_env]
+
+    champion = load_model_dir("models:/tiny@champion")
+    assert json.loads((champion / "generation_config.json").read_text())["max_new_tokens"] == 2
+    assert champion == load_model_dir("models:/tiny/3")
+    LocalModelClient(champion)  # loads
+
+    # CLI: the history, and a forced promotion of the worse v2 (recorded as forced)
+    app_runner = CliRunner()
+    import typer
+
+    app = typer.Typer()
+    app.command()(promote_command)
+    shown = app_runner.invoke(app, ["history", "tiny"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.count("promoted") == 2 and shown.output.count("refused") == 1
+    forced = promote("tiny", "2", force=True, **gate)  # type: ignore[arg-type]
+    assert forced.promoted and forced.forced and "FORCED" in forced.reason
+    assert promotion_history("tiny")[-1].forced
+    assert load_model_dir("models:/tiny@champion").name == "2"
+
+
+def test_promote_checkpoint_flow_is_defined() -> None:
+    from flows.promote import promote_checkpoint_flow
+
+    assert promote_checkpoint_flow.name == "promote-checkpoint"

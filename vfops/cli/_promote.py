@@ -1,0 +1,144 @@
+"""``vfops promote NAME VERSION`` / ``vfops promote history NAME`` and ``vfops model register``.
+
+Wiring (in ``vfops/cli/_app.py`` and ``vfops/cli/_model.py``)::
+
+    app.command("promote")(_promote.promote_command)
+    _model.app.command("register")(_promote.register_command)
+
+``promote`` is one command whose first argument is either a model name or the
+keyword ``history``: ``vfops promote NAME VERSION [--alias champion] [--env ENV ...]``
+runs the gate; ``vfops promote history NAME [--alias A]`` prints the decisions.
+(A model literally named ``history`` cannot be promoted from the CLI.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vfops._errors import VfopsError
+
+HISTORY = "history"
+
+
+def register_command(
+    path: Annotated[Path, typer.Argument(help="Hugging Face model folder (save_pretrained).")],
+    name: Annotated[str, typer.Option("--name", help="Registered model name in MLflow.")],
+    training_run: Annotated[
+        str | None, typer.Option("--training-run", help="Id of the training run that made it.")
+    ] = None,
+    base_model: Annotated[
+        str | None, typer.Option("--base-model", help="The model it was trained from.")
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="Environment it was trained on, NAME@VERSION (repeatable)."),
+    ] = None,
+) -> None:
+    """Log a model folder as a new version of NAME in the MLflow model registry."""
+    from vfops.models import register_checkpoint
+
+    info = register_checkpoint(
+        path,
+        name=name,
+        training_run_id=training_run,
+        base_model=base_model,
+        environment_versions=env or None,
+    )
+    print(f"registered {info.uri} (run {info.run_id}, source {info.source})")
+
+
+def promote_command(
+    name: Annotated[str, typer.Argument(help="Registered model name, or 'history'.")],
+    version: Annotated[
+        str, typer.Argument(help="Version to promote (with 'history': the model name).")
+    ],
+    alias: Annotated[str, typer.Option("--alias", help="Alias to move.")] = "champion",
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", "-e", help="Gate environment (repeatable)."),
+    ] = None,
+    num_examples: Annotated[
+        int, typer.Option("--num-examples", "-n", help="Examples per gate environment.")
+    ] = 20,
+    rollouts_per_example: Annotated[
+        int, typer.Option("--rollouts-per-example", "-r", help="Rollouts per example.")
+    ] = 1,
+    metric: Annotated[
+        str, typer.Option("--metric", help="reward_mean, or a rubric metric name.")
+    ] = "reward_mean",
+    sampling_args: Annotated[
+        str | None,
+        typer.Option("--sampling-args", "-S", help="JSON object of sampling arguments."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of sampling and the test.")] = 0,
+    force: Annotated[
+        bool, typer.Option("--force", help="Move the alias even if the gate fails (recorded).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Promote NAME VERSION to an alias on evidence, or show `history NAME`."""
+    if name == HISTORY:
+        _history(version, alias if alias != "champion" else None, as_json)
+        return
+    from vfops.models import promote
+
+    args = json.loads(sampling_args) if sampling_args else {}
+    if not isinstance(args, dict):
+        raise VfopsError("--sampling-args must be a JSON object")
+    decision = promote(
+        name,
+        version,
+        alias=alias,
+        gate_envs=env or [],
+        num_examples=num_examples,
+        rollouts_per_example=rollouts_per_example,
+        metric=metric,
+        force=force,
+        sampling_args=args,
+        seed=seed,
+    )
+    if as_json:
+        print(json.dumps(decision.to_dict(), indent=2, default=str))
+    else:
+        for result in decision.envs:
+            print(result.describe(metric))
+        print(f"{decision.outcome}{' (forced)' if decision.forced else ''}: {decision.reason}")
+    decision.raise_if_refused()
+
+
+def _history(name: str, alias: str | None, as_json: bool) -> None:
+    from vfops.models import promotion_history
+
+    events = promotion_history(name, alias=alias)
+    if as_json:
+        print(json.dumps([e.__dict__ for e in events], indent=2, default=str))
+        return
+    if not events:
+        print(f"no promotion decisions recorded for {name}")
+        return
+    table = Table("#", "when", "who", "alias", "from", "to", "outcome", "forced", "evidence")
+    for e in events:
+        runs = ", ".join(
+            f"{env}: {info.get('candidate_run_id')}"
+            + (f" vs {info['holder_run_id']}" if info.get("holder_run_id") else "")
+            + (f" Δ{info['delta']:+.3f}" if info.get("delta") is not None else "")
+            for env, info in e.evidence.get("envs", {}).items()
+        )
+        table.add_row(
+            str(e.id),
+            e.created_at[:19],
+            e.actor,
+            e.alias,
+            e.from_version or "-",
+            e.to_version,
+            e.outcome,
+            "yes" if e.forced else "no",
+            runs or "-",
+        )
+    Console(width=200).print(table)

@@ -1,0 +1,79 @@
+"""Checkpoints in the MLflow model registry, and evidence-gated alias promotion.
+
+Importing this package is cheap: mlflow, torch and transformers load only when a
+name below is first used.
+
+- :func:`register_checkpoint`: log a Hugging Face model directory (weights,
+  tokenizer, config, generation config) as a new version of a registered model,
+  tagged with its training run, base model and environment versions.
+- :func:`load_model_dir`: download ``models:/NAME@alias`` or ``models:/NAME/VERSION``
+  to a local directory that :class:`vfops.local.LocalModelClient` can load.
+- :func:`promote`: evaluate a candidate version (and the current alias holder) on
+  gate environments, compare them with the nightly sweep's paired test, and move
+  the alias only on evidence; every decision goes to the append-only
+  ``alias_events`` table of the vfops registry (:func:`promotion_history`).
+
+The MLflow tracking/registry URI is ``MLFLOW_TRACKING_URI``, or by default the
+embedded ``sqlite:///$VFOPS_HOME/mlflow/mlflow.db`` with artifacts under
+``$VFOPS_HOME/mlflow/artifacts``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vfops.models._checkpoints import ModelVersionInfo, load_model_dir, register_checkpoint
+    from vfops.models._mlflow import mlflow_tracking_uri
+    from vfops.models._promotion import (
+        AliasEventInfo,
+        EnvGateResult,
+        PromotionDecision,
+        PromotionRefusedError,
+        promote,
+        promote_async,
+        promotion_history,
+    )
+
+__all__ = [
+    "AliasEventInfo",
+    "EnvGateResult",
+    "ModelVersionInfo",
+    "PromotionDecision",
+    "PromotionRefusedError",
+    "load_model_dir",
+    "mlflow_tracking_uri",
+    "promote",
+    "promote_async",
+    "promotion_history",
+    "register_checkpoint",
+]
+
+_LAZY = {
+    "ModelVersionInfo": "vfops.models._checkpoints",
+    "load_model_dir": "vfops.models._checkpoints",
+    "register_checkpoint": "vfops.models._checkpoints",
+    "mlflow_tracking_uri": "vfops.models._mlflow",
+    "AliasEventInfo": "vfops.models._promotion",
+    "EnvGateResult": "vfops.models._promotion",
+    "PromotionDecision": "vfops.models._promotion",
+    "PromotionRefusedError": "vfops.models._promotion",
+    "promote": "vfops.models._promotion",
+    "promote_async": "vfops.models._promotion",
+    "promotion_history": "vfops.models._promotion",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
