@@ -11,6 +11,7 @@ retried task or a re-run flow finishes only the missing rollouts.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 from typing import Any
 
@@ -51,7 +52,9 @@ def prepare_environment_task(cell: Cell) -> dict[str, Any]:
     retry_delay_seconds=[2, 10],
     cache_policy=NO_CACHE,  # the registry is the cache: a cell resumes or reuses its run
 )
-async def run_cell(cell: Cell, output_dir: str) -> dict[str, Any]:
+async def run_cell(
+    cell: Cell, output_dir: str, mlflow_parent_run_id: str | None = None
+) -> dict[str, Any]:
     """Evaluate one cell (creating, resuming or reusing its registry run)."""
     from pathlib import Path
 
@@ -75,6 +78,8 @@ async def run_cell(cell: Cell, output_dir: str) -> dict[str, Any]:
     finally:
         if limiter is not None:
             await limiter.aclose()
+    if mlflow_parent_run_id is not None:
+        await _log_cell(result.run_id, mlflow_parent_run_id)
     get_run_logger().info(
         "%s: %s run %s, %d rollouts (%d new), reward %s",
         cell.label,
@@ -87,7 +92,39 @@ async def run_cell(cell: Cell, output_dir: str) -> dict[str, Any]:
     return result.to_json()
 
 
-def _run_cells(cells: list[Cell], output_dir: str, parallel: int) -> list[dict[str, Any]]:
+async def _log_cell(run_id: str, parent_run_id: str) -> None:
+    """The cell's run as an MLflow run nested under the sweep's; a failure only warns."""
+    import asyncio
+
+    from vfops.registry import get_engine
+    from vfops.tracking import log_eval_run
+
+    try:
+        await asyncio.to_thread(log_eval_run, get_engine(), run_id, parent_run_id=parent_run_id)
+    except Exception as exc:  # the cell's rollouts are safe in the registry
+        get_run_logger().warning("could not log run %s to MLflow: %s", run_id, exc)
+
+
+def _start_tracking(cells: list[Cell]) -> dict[str, str]:
+    """One parent MLflow run per environment of the sweep ({} when tracking is off)."""
+    from vfops.tracking import start_sweep_runs, tracking_enabled
+
+    if not tracking_enabled():
+        return {}
+    from prefect.runtime import flow_run
+
+    name = str(flow_run.get_name() or flow_run.get_id() or "eval-sweep")
+    tags = {"prefect.flow_run_id": str(flow_run.get_id() or "")}
+    try:
+        return start_sweep_runs([c.env_name for c in cells], sweep_name=name, tags=tags)
+    except Exception as exc:
+        get_run_logger().warning("MLflow tracking is off for this sweep: %s", exc)
+        return {}
+
+
+def _run_cells(
+    cells: list[Cell], output_dir: str, parallel: int, parents: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Submit the cells, at most ``parallel`` at a time; failed cells become error rows."""
     outcomes: dict[int, dict[str, Any]] = {}
     running: dict[PrefectFuture[dict[str, Any]], int] = {}
@@ -113,7 +150,8 @@ def _run_cells(cells: list[Cell], output_dir: str, parallel: int) -> list[dict[s
     while queue or running:
         while queue and len(running) < parallel:
             index, cell = queue.pop(0)
-            running[run_cell.submit(cell, output_dir)] = index
+            parent = (parents or {}).get(cell.env_name)
+            running[run_cell.submit(cell, output_dir, parent)] = index
         collect(next(as_completed(list(running))))
     return [outcomes[index] for index in range(len(cells))]
 
@@ -141,7 +179,17 @@ def eval_sweep(spec: SweepSpec) -> list[dict[str, Any]]:
     logger.info("sweep of %d cells", len(cells))
     for cell in {c.env_ref: c for c in cells}.values():  # one install per ref, in order
         prepare_environment_task(cell)
-    results = _run_cells(cells, str(output_root(spec)), spec.max_parallel_cells)
+    parents = _start_tracking(cells)
+    results: list[dict[str, Any]] = []
+    try:
+        results = _run_cells(cells, str(output_root(spec)), spec.max_parallel_cells, parents)
+    finally:
+        if parents:
+            from vfops.tracking import finish_sweep_runs
+
+            failed = not results or any(r.get("status") == "failed" for r in results)
+            with contextlib.suppress(Exception):
+                finish_sweep_runs(parents, failed=failed)
 
     create_table_artifact(
         table=sweep_table(results),

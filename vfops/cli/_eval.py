@@ -70,6 +70,13 @@ def eval_command(
         bool,
         typer.Option(help="Record the run in the registry (VFOPS_HOME / VFOPS_DATABASE_URL)."),
     ] = True,
+    tracking: Annotated[
+        bool,
+        typer.Option(
+            help="Log the run to MLflow (MLFLOW_TRACKING_URI, else an SQLite store under "
+            "VFOPS_HOME); needs the registry. VFOPS_TRACKING=0 turns it off.",
+        ),
+    ] = True,
     request_timeout: Annotated[
         float, typer.Option(help="Seconds before one model request times out (then retried).")
     ] = 600.0,
@@ -108,6 +115,7 @@ def eval_command(
             output=output,
             resume=resume,
             registry=registry,
+            tracking=tracking,
             quiet=quiet,
         )
     )
@@ -129,6 +137,7 @@ async def _evaluate(
     resume: str | None,
     registry: bool,
     quiet: bool,
+    tracking: bool = False,
 ) -> int:
     from vfops.cli._connect import connect
     from vfops.envs import load_environment
@@ -139,6 +148,11 @@ async def _evaluate(
     if resume is not None and not registry:
         read_metadata(Path(resume))  # fail fast with a clear message on a wrong folder
     engine = _registry_engine() if registry else None
+    track = engine is not None and tracking and _tracking_enabled()
+    if track:
+        from vfops.tracking import check_tracking
+
+        check_tracking()  # a one-line error now, not after the eval
     connection = await connect(
         model,
         base_url=base_url,
@@ -178,6 +192,8 @@ async def _evaluate(
                         engine=engine,
                     )
                     run_label = tracked.run_id
+                    if track:
+                        await _log_to_mlflow(engine, tracked.run_id)
                 else:
                     run_dir = (
                         Path(resume) if resume else new_run_dir(output, env_name, request.model)
@@ -205,6 +221,23 @@ async def _evaluate(
     finally:
         await connection.client.aclose()
         await environment.aclose()
+
+
+def _tracking_enabled() -> bool:
+    from vfops.tracking import tracking_enabled
+
+    return tracking_enabled()
+
+
+async def _log_to_mlflow(engine: Any, run_id: str) -> None:
+    """Log the finished run to MLflow; a failure is a warning (the run is in the registry)."""
+    from vfops.tracking import log_eval_run
+
+    try:
+        await asyncio.to_thread(log_eval_run, engine, run_id)
+    except Exception as exc:  # the eval itself succeeded: report, do not fail it
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"warning: could not log run {run_id} to MLflow: {first}", file=sys.stderr)
 
 
 def _registry_engine() -> Any:

@@ -1,0 +1,137 @@
+"""A real ``mlflow server`` on loopback with S3 artifacts on moto, for tracking tests.
+
+Use from a test module (import the whole chain so pytest can resolve it)::
+
+    from tests.mlflow_fixtures import mlflow_server  # noqa: F401
+    from tests.s3_fixtures import moto_endpoint  # noqa: F401
+
+``mlflow_server`` (module scope) starts ``mlflow server`` as a subprocess in its own
+process group (job execution disabled: 2 processes, healthy in seconds), with an SQLite
+backend store in a temporary folder and ``--artifacts-destination s3://<bucket>/mlflow``
+on the session's moto server and one worker, waits for ``/health``, yields its URL and kills the
+process group it started afterwards. The server gets the fake AWS credentials of
+``tests.s3_fixtures``; clients reach artifacts through the server's proxy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.s3_fixtures import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN, REGION
+
+MLFLOW = str(Path(sys.executable).parent / "mlflow")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def fake_aws_env(endpoint: str) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_ACCESS_KEY,
+        "AWS_SESSION_TOKEN": FAKE_SESSION_TOKEN,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_CONFIG_FILE": "/nonexistent/vfops-test-aws-config",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/vfops-test-aws-credentials",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "MLFLOW_S3_ENDPOINT_URL": endpoint,
+    }
+
+
+def _create_bucket(endpoint: str, bucket: str) -> None:
+    import boto3
+
+    client = boto3.session.Session(
+        aws_access_key_id=FAKE_ACCESS_KEY_ID,
+        aws_secret_access_key=FAKE_SECRET_ACCESS_KEY,
+        aws_session_token=FAKE_SESSION_TOKEN,
+    ).client("s3", endpoint_url=endpoint, region_name=REGION)
+    try:
+        client.create_bucket(Bucket=bucket)
+    finally:
+        client.close()
+
+
+class MlflowServer:
+    def __init__(self, url: str, bucket: str, endpoint: str, log: Path) -> None:
+        self.url = url
+        self.bucket = bucket
+        self.s3_endpoint = endpoint
+        self.log = log
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(
+    moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MlflowServer]:
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    bucket = f"vfops-mlflow-{uuid.uuid4().hex[:10]}"
+    _create_bucket(moto_endpoint, bucket)
+    port = _free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))},
+        **fake_aws_env(moto_endpoint),
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
+    log = folder / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                MLFLOW,
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--backend-store-uri",
+                f"sqlite:///{folder / 'mlflow.db'}",
+                "--artifacts-destination",
+                f"s3://{bucket}/mlflow",
+                "--workers",
+                "1",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"mlflow server exited early:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"mlflow server not healthy in 60 s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield MlflowServer(url, bucket, moto_endpoint, log)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):  # workers that outlived the main process
+            os.killpg(process.pid, signal.SIGKILL)

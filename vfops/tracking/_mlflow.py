@@ -1,0 +1,458 @@
+"""Eval runs as MLflow runs, through an explicit ``MlflowClient`` (no global active run)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import re
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+
+from vfops._errors import VfopsError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from sqlalchemy.engine import Engine
+
+    from vfops.evaluation import EvalSummary
+
+EMBEDDED_DIR: Final = "mlflow"
+RUN_ID_TAG: Final = "vfops.run_id"
+SWEEP_TAG: Final = "vfops.sweep"
+PARENT_TAG: Final = "mlflow.parentRunId"
+ARTIFACT_NAME: Final = "rollouts.parquet"
+_MAX_PARAM_VALUE: Final = 6000
+_BATCH_PARAMS: Final = 100
+_BATCH_METRICS: Final = 1000
+# A parameter whose flattened name looks like a credential is never logged.
+_SECRET_NAME = re.compile(
+    r"(api[_-]?key|secret|passw(or)?d|authorization|credential|(^|[._-])token$)", re.I
+)
+_MLFLOW_STATUS: Final = {
+    "completed": "FINISHED",
+    "failed": "FAILED",
+    "interrupted": "KILLED",
+}
+# MLflow's SQL store is not safe for concurrent writers on SQLite; one logger at a time.
+_lock = threading.Lock()
+
+
+def tracking_enabled() -> bool:
+    """False when ``VFOPS_TRACKING`` is ``0``/``false``/``off``/``no``."""
+    value = os.environ.get("VFOPS_TRACKING", "").strip().lower()
+    return value not in ("0", "false", "off", "no")
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else the embedded SQLite store under ``VFOPS_HOME``."""
+    configured = os.environ.get("MLFLOW_TRACKING_URI")
+    if configured:
+        return configured
+    from vfops._settings import vfops_home
+
+    folder = vfops_home() / EMBEDDED_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def is_embedded() -> bool:
+    """True when no ``MLFLOW_TRACKING_URI`` is configured (the SQLite store under VFOPS_HOME)."""
+    return not os.environ.get("MLFLOW_TRACKING_URI")
+
+
+def artifact_root() -> str | None:
+    """Where new experiments keep artifacts: ``VFOPS_MLFLOW_ARTIFACTS``, else the local
+    folder for the embedded store, else ``None`` (the tracking server decides)."""
+    configured = os.environ.get("VFOPS_MLFLOW_ARTIFACTS")
+    if configured:
+        return configured.rstrip("/")
+    if is_embedded():
+        from vfops._settings import vfops_home
+
+        folder = vfops_home() / EMBEDDED_DIR / "artifacts"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder.as_uri()
+    return None
+
+
+def experiment_name(env_name: str) -> str:
+    return f"vfops/{env_name}"
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence MLflow's own deprecation noise (its store under SQLAlchemy 2.1) and INFO logs."""
+    logger = logging.getLogger("mlflow")
+    level = logger.level
+    if level == logging.NOTSET or level < logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"mlflow\b")
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"mlflow\b")
+            warnings.filterwarnings("ignore", message=r".*``noload`` loader strategy")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def mlflow_client(uri: str | None = None) -> MlflowClient:
+    """An ``MlflowClient`` on ``uri`` (default: :func:`tracking_uri`)."""
+    with _quiet():
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri=uri or tracking_uri())
+
+
+def check_tracking(uri: str | None = None, *, timeout_s: float = 5.0) -> None:
+    """Fail with one line when the configured tracking store cannot be reached.
+
+    Meant to run before an eval starts: an HTTP server must answer ``/health``;
+    any other store must answer one experiment search.
+    """
+    uri = uri or tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        import httpx
+
+        from vfops.registry import mask_url
+
+        url = uri.rstrip("/") + "/health"
+        try:
+            response = httpx.get(url, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise VfopsError(
+                f"cannot reach the MLflow tracking server at {mask_url(uri)} "
+                f"(MLFLOW_TRACKING_URI): {type(exc).__name__}: {exc}; start it, fix the "
+                "variable, or pass --no-tracking"
+            ) from None
+        if response.status_code >= 500 or response.status_code in (401, 403):
+            raise VfopsError(
+                f"the MLflow tracking server at {mask_url(uri)} answered HTTP "
+                f"{response.status_code} on /health; fix it or pass --no-tracking"
+            )
+        return
+    try:
+        with _quiet():
+            mlflow_client(uri).search_experiments(max_results=1)
+    except Exception as exc:
+        from vfops.registry import mask_url
+
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise VfopsError(
+            f"cannot open the MLflow tracking store {mask_url(uri)}: {first}; "
+            "fix MLFLOW_TRACKING_URI or pass --no-tracking"
+        ) from None
+
+
+def _experiment_id(client: MlflowClient, env_name: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    name = experiment_name(env_name)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment.experiment_id)
+        return str(experiment.experiment_id)
+    root = artifact_root()
+    location = None if root is None else f"{root}/{_safe_path(env_name)}"
+    try:
+        return str(client.create_experiment(name, artifact_location=location))
+    except MlflowException:
+        experiment = client.get_experiment_by_name(name)  # created concurrently
+        if experiment is None:
+            raise
+        return str(experiment.experiment_id)
+
+
+def _safe_path(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "_"
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict) and value:
+        for key, inner in value.items():
+            _flatten(f"{prefix}.{key}", inner, out)
+        return
+    if _SECRET_NAME.search(prefix.rsplit(".", 1)[-1]):
+        return
+    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    if len(text) > _MAX_PARAM_VALUE:
+        text = text[: _MAX_PARAM_VALUE - 3] + "..."
+    out[prefix] = text
+
+
+@dataclass(frozen=True)
+class _RunInfo:
+    """What is logged of a registry run (read once; no base URL, no keys)."""
+
+    id: str
+    env_name: str
+    env_version: str
+    code_hash: str
+    published: bool
+    model: str
+    sampling_args: dict[str, Any]
+    env_args: dict[str, Any]
+    num_examples: int
+    rollouts_per_example: int
+    status: str
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    summary: dict[str, Any]
+    vfops_version: str
+    tags: list[Any]
+    mlflow_run_id: str | None
+
+    def params(self) -> dict[str, str]:
+        params = {
+            "environment": self.env_name,
+            "environment_version": self.env_version,
+            "environment_code_hash": self.code_hash,
+            "model": self.model,
+            "num_examples": str(self.num_examples),
+            "rollouts_per_example": str(self.rollouts_per_example),
+        }
+        _flatten("sampling", self.sampling_args, params)
+        _flatten("env_args", self.env_args, params)
+        return params
+
+
+def _read_run(engine: Engine, run_id: str) -> _RunInfo:
+    from vfops.registry import get_run, session_scope
+
+    with session_scope(engine, write=False) as session:
+        row = get_run(session, run_id)
+        if row is None:
+            raise VfopsError(f"no eval run {run_id!r} in the registry; see: vfops runs list")
+        return _RunInfo(
+            id=row.id,
+            env_name=row.environment_name,
+            env_version=row.environment_version,
+            code_hash=row.environment_content_hash,
+            published=row.environment_version_id is not None,
+            model=row.model,
+            sampling_args=dict(row.sampling_args or {}),
+            env_args=dict(row.env_args or {}),
+            num_examples=row.num_examples,
+            rollouts_per_example=row.rollouts_per_example,
+            status=row.status,
+            started_at=row.started_at,
+            finished_at=row.finished_at,
+            summary=dict(row.summary or {}),
+            vfops_version=row.vfops_version,
+            tags=list(row.tags or []),
+            mlflow_run_id=row.mlflow_run_id,
+        )
+
+
+def _ms(moment: dt.datetime | None) -> int | None:
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _write_parquet(engine: Engine, run_id: str, path: Path, pass_threshold: float) -> EvalSummary:
+    """Stream the run's rollouts from the registry into ``path``; return their statistics."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from vfops._rollout import rollout_features
+    from vfops.evaluation import EvalSummary
+    from vfops.registry import iter_rollouts
+
+    schema = rollout_features().arrow_schema
+    summary = EvalSummary(pass_threshold=pass_threshold)
+    batch: list[dict[str, Any]] = []
+    with pq.ParquetWriter(str(path), schema) as writer:
+        for record in iter_rollouts(engine, run_id):
+            summary.add(record, new=False)
+            batch.append(record.to_row())
+            if len(batch) >= 1000:
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                batch = []
+        if batch or summary.rollouts == 0:
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+    return summary
+
+
+def _metrics(summary: EvalSummary, stored: dict[str, Any]) -> dict[str, float]:
+    rollouts = summary.rollouts
+    scored = summary.reward.count
+    metrics: dict[str, float] = {
+        "rollouts": float(rollouts),
+        "scored_rollouts": float(scored),
+        "errors": float(summary.error_count),
+        "error_rate": summary.error_count / rollouts if rollouts else 0.0,
+        "truncated": float(summary.truncated_count),
+        "prompt_tokens": float(summary.prompt_tokens),
+        "completion_tokens": float(summary.completion_tokens),
+        "total_tokens": float(summary.prompt_tokens + summary.completion_tokens),
+    }
+    if scored:
+        metrics["reward_mean"] = summary.reward.mean
+        metrics["reward_std"] = summary.reward.std
+        metrics["reward_stderr"] = summary.reward.stderr
+    for name, mean in sorted(summary.metrics.items()):
+        metrics[f"metric/{_metric_name(name)}"] = mean.mean
+    for k, value in summary.pass_at().items():
+        metrics[f"pass_at_{k}"] = value
+    for key in ("rollouts_per_s", "wall_s"):
+        stored_value = stored.get(key)
+        if isinstance(stored_value, int | float):
+            metrics[key] = float(stored_value)
+    return metrics
+
+
+def _metric_name(name: str) -> str:
+    return re.sub(r"[^\w.\- /:]", "_", name)
+
+
+def _find_mlflow_run(client: MlflowClient, experiment_id: str, info: _RunInfo) -> Any | None:
+    """The MLflow run already recorded for ``info`` (by its stored id, else by tag)."""
+    from mlflow.exceptions import MlflowException
+
+    if info.mlflow_run_id:
+        try:
+            run = client.get_run(info.mlflow_run_id)
+        except MlflowException:
+            run = None  # e.g. another tracking store than the one it was logged to
+        if run is not None and run.info.lifecycle_stage != "deleted":
+            return run
+    found = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{info.id}'", max_results=1
+    )
+    return found[0] if found else None
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def log_eval_run(
+    engine: Engine,
+    run_id: str,
+    *,
+    parent_run_id: str | None = None,
+    client: MlflowClient | None = None,
+) -> str:
+    """Log registry run ``run_id`` as an MLflow run; return the MLflow run id.
+
+    Experiment ``vfops/<environment>``; params from the registry row only (it holds no
+    keys); metrics computed from the run's rollouts, streamed from the registry into
+    a ``rollouts.parquet`` artifact; tags link the registry run. The MLflow run id is
+    then stored on the registry run. Logging the same run again reuses its MLflow run
+    (new metric values, the artifact replaced). ``parent_run_id`` nests a new run
+    under a sweep's parent run.
+    """
+    with _lock, _quiet():
+        return _log_eval_run(engine, run_id, parent_run_id, client)
+
+
+def _log_eval_run(
+    engine: Engine, run_id: str, parent_run_id: str | None, client: MlflowClient | None
+) -> str:
+    from mlflow.entities import Metric, Param, RunTag
+
+    from vfops.registry import get_run, session_scope
+
+    info = _read_run(engine, run_id)
+    client = client or mlflow_client()
+    experiment_id = _experiment_id(client, info.env_name)
+    run = _find_mlflow_run(client, experiment_id, info)
+    tags = {
+        RUN_ID_TAG: info.id,
+        "vfops.version": info.vfops_version,
+        "vfops.environment": info.env_name,
+        "vfops.environment_version": info.env_version,
+        "vfops.published": str(info.published).lower(),
+        "vfops.status": info.status,
+    }
+    if info.tags:
+        tags["vfops.tags"] = ",".join(str(t) for t in info.tags)
+    if run is None:
+        if parent_run_id:
+            tags[PARENT_TAG] = parent_run_id
+        run = client.create_run(
+            experiment_id,
+            start_time=_ms(info.started_at),
+            tags=tags,
+            run_name=f"{info.env_name}@{info.env_version} {info.model} {info.id[:8]}",
+        )
+    elif parent_run_id and PARENT_TAG not in run.data.tags:
+        tags[PARENT_TAG] = parent_run_id
+    mlflow_id: str = run.info.run_id
+    logged = run.data.params
+    params = [Param(k, v) for k, v in info.params().items() if k not in logged]
+    pass_threshold = float(info.summary.get("pass_threshold", 1.0) or 1.0)
+    with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
+        path = Path(folder) / ARTIFACT_NAME
+        summary = _write_parquet(engine, info.id, path, pass_threshold)
+        client.log_artifact(mlflow_id, str(path))
+    now = _ms(dt.datetime.now(dt.UTC)) or 0
+    metrics = [Metric(k, v, now, 0) for k, v in _metrics(summary, info.summary).items()]
+    run_tags = [RunTag(k, v) for k, v in tags.items()]
+    client.log_batch(
+        mlflow_id, metrics=metrics[:_BATCH_METRICS], params=params[:_BATCH_PARAMS], tags=run_tags
+    )
+    for extra in _chunks(params[_BATCH_PARAMS:], _BATCH_PARAMS):
+        client.log_batch(mlflow_id, params=list(extra))
+    for extra in _chunks(metrics[_BATCH_METRICS:], _BATCH_METRICS):
+        client.log_batch(mlflow_id, metrics=list(extra))
+    status = _MLFLOW_STATUS.get(info.status)
+    if status is not None:
+        client.set_terminated(mlflow_id, status=status, end_time=_ms(info.finished_at))
+    if info.mlflow_run_id != mlflow_id:
+        with session_scope(engine) as session:
+            row = get_run(session, info.id)
+            if row is not None:
+                row.mlflow_run_id = mlflow_id
+    return mlflow_id
+
+
+def start_sweep_runs(
+    env_names: Sequence[str],
+    *,
+    sweep_name: str,
+    tags: dict[str, str] | None = None,
+    client: MlflowClient | None = None,
+) -> dict[str, str]:
+    """One parent MLflow run per environment of a sweep (in that environment's experiment,
+    so the UI nests the cells under it); returns ``{env_name: parent run id}``."""
+    from mlflow.entities import RunTag
+
+    with _lock, _quiet():
+        client = client or mlflow_client()
+        parents: dict[str, str] = {}
+        for env_name in dict.fromkeys(env_names):
+            experiment_id = _experiment_id(client, env_name)
+            run = client.create_run(
+                experiment_id,
+                tags={SWEEP_TAG: sweep_name, "vfops.environment": env_name},
+                run_name=f"sweep {sweep_name}",
+            )
+            if tags:
+                client.log_batch(run.info.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+            parents[env_name] = run.info.run_id
+        return parents
+
+
+def finish_sweep_runs(
+    parents: dict[str, str], *, failed: bool = False, client: MlflowClient | None = None
+) -> None:
+    """Mark the parent runs of a sweep finished (or failed)."""
+    with _lock, _quiet():
+        client = client or mlflow_client()
+        for run_id in parents.values():
+            client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
