@@ -13,32 +13,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.env_fixtures import env_site  # noqa: F401
 from vfops.testing import StubConfig, StubServer
 
 VFOPS = str(Path(sys.executable).parent / "vfops")
-FIXTURE_ENVS = Path(__file__).parent / "fixtures" / "cli_envs"
-
-
-@pytest.fixture(scope="module")
-def env_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The CLI test environments, pip-installed into a folder put on PYTHONPATH."""
-    site = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--target",
-            str(site),
-            str(FIXTURE_ENVS),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return site
 
 
 @pytest.fixture(scope="module")

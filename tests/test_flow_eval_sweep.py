@@ -26,27 +26,13 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from tests.prefect_fixtures import harness  # noqa: F401
 from vfops.registry import EvalRun, count_rollouts, dispose_engines, get_engine
 from vfops.sweeps import SweepSpec
 from vfops.testing import StubConfig, StubServer
 
 REPO = Path(__file__).resolve().parent.parent
 N, R = 3, 2
-
-
-@pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    from prefect.settings import (
-        PREFECT_HOME,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        temporary_settings,
-    )
-    from prefect.testing.utilities import prefect_test_harness
-
-    home = tmp_path_factory.mktemp("prefect-home")
-    updates: dict[Any, Any] = {PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
-    with temporary_settings(updates=updates), prefect_test_harness():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -25,27 +25,13 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 
 import pytest
 
+from tests.prefect_fixtures import harness  # noqa: F401
 from tests.registry_fixtures import make_record
 from vfops.registry import create_run, dispose_engines, get_engine, insert_rollouts, session_scope
 from vfops.testing import StubConfig, StubServer
 
 RATE = 20  # judge requests per second allowed by the stub, and the flow's budget
 ROLLOUTS = 300  # ~15 s at RATE
-
-
-@pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    from prefect.settings import (
-        PREFECT_HOME,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        temporary_settings,
-    )
-    from prefect.testing.utilities import prefect_test_harness
-
-    home = tmp_path_factory.mktemp("prefect-home")
-    updates: dict[Any, Any] = {PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
-    with temporary_settings(updates=updates), prefect_test_harness():
-        yield
 
 
 @pytest.fixture(scope="module")

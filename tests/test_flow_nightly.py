@@ -20,6 +20,7 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 
 import pytest
 
+from tests.prefect_fixtures import harness  # noqa: F401
 from vfops.cli._env import init_environment
 from vfops.publishing import install_published, publish_environment
 from vfops.registry import dispose_engines
@@ -31,25 +32,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 
 N, R = 60, 4
 _QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")
-
-
-@pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    home = tmp_path_factory.mktemp("prefect-home")
-    updates: dict[Any, Any] = {PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
-    with temporary_settings(updates=updates), prefect_test_harness():
-        yield
-        drain_events()
-
-
-def drain_events() -> None:
-    """Send every emitted event and close the events client's connection."""
-    from prefect.events.worker import EventsWorker
-
-    EventsWorker.drain_all()
 
 
 @pytest.fixture(scope="module")

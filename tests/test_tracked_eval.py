@@ -19,38 +19,16 @@ import pytest
 from datasets import load_from_disk
 from sqlalchemy import text
 
+from tests.env_fixtures import env_site  # noqa: F401
 from tests.registry_fixtures import DIALECTS, database_url
 from tests.s3_fixtures import aws_fake_env, moto_endpoint, s3_bucket, s3_uri  # noqa: F401
 from vfops.registry import count_rollouts, get_engine, iter_rollouts
 from vfops.testing import StubConfig, StubServer
 
-FIXTURE_ENVS = Path(__file__).parent / "fixtures" / "cli_envs"
-
 
 @pytest.fixture(params=DIALECTS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     yield from database_url(request.param, tmp_path)
-
-
-@pytest.fixture(scope="module")
-def env_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    site = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--target",
-            str(site),
-            str(FIXTURE_ENVS),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return site
 
 
 def cli_env(db_url: str, site: Path, **extra: str) -> dict[str, str]:
@@ -138,7 +116,7 @@ def test_runs_list_show_compare_export(
     db_url: str,
     env_site: Path,
     tmp_path: Path,
-    s3_uri: str,  # noqa: F811
+    s3_uri: str,
 ) -> None:
     env = cli_env(db_url, env_site)
 
@@ -209,7 +187,7 @@ def test_no_secret_reaches_tables_logs_or_exports(
     db_url: str,
     env_site: Path,
     tmp_path: Path,
-    s3_uri: str,  # noqa: F811
+    s3_uri: str,
 ) -> None:
     api_key = "sk-test-vfops-known-fake-api-key-0123456789"
     secrets = [api_key, os.environ["AWS_SECRET_ACCESS_KEY"], os.environ["AWS_ACCESS_KEY_ID"]]

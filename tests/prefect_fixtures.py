@@ -1,0 +1,30 @@
+"""One Prefect test harness per test module (it starts a server subprocess, ~9 s).
+
+Use from a test module: ``from tests.prefect_fixtures import harness  # noqa: F401``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+# before Prefect is imported anywhere: no telemetry, no ~/.prefect
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-home-"))
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    from prefect.events.worker import EventsWorker
+    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    updates: dict[Any, Any] = {PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
+    with temporary_settings(updates=updates), prefect_test_harness():
+        yield
+        EventsWorker.drain_all()  # send emitted events before the server stops
