@@ -88,13 +88,19 @@ def experiment_name(env_name: str) -> str:
     return f"vfops/{env_name}"
 
 
+_NOISY_LOGGERS = ("mlflow", "mlflow.store.db.utils", "alembic.runtime.migration")
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Silence MLflow's own deprecation noise (its store under SQLAlchemy 2.1) and INFO logs."""
-    logger = logging.getLogger("mlflow")
-    level = logger.level
-    if level == logging.NOTSET or level < logging.WARNING:
-        logger.setLevel(logging.WARNING)
+    # MLflow sets levels on some child loggers itself (its SQL store announces table
+    # creation at INFO): quiet those too, and put every level back afterwards.
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger, level in zip(loggers, levels, strict=True):
+        if level == logging.NOTSET or level < logging.WARNING:
+            logger.setLevel(logging.WARNING)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"mlflow\b")
@@ -102,7 +108,8 @@ def _quiet() -> Iterator[None]:
             warnings.filterwarnings("ignore", message=r".*``noload`` loader strategy")
             yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def mlflow_client(uri: str | None = None) -> MlflowClient:
