@@ -46,30 +46,12 @@ from vfops.registry import (
     insert_rollouts,
     session_scope,
 )
+from vfops.registry._repository import _INSERT_COLUMNS
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-COLUMNS = [
-    "run_id",
-    "example_id",
-    "rollout_index",
-    "trace_id",
-    "task",
-    "prompt",
-    "completion",
-    "answer",
-    "info",
-    "reward",
-    "metrics",
-    "stop_reason",
-    "error_type",
-    "error_message",
-    "error_stage",
-    "generation_ms",
-    "scoring_ms",
-    "prompt_tokens",
-    "completion_tokens",
-    "turns",
-]
+# The same columns, in the same order, as the registry's insert (so the raw baseline
+# writes exactly what insert_rollouts writes).
+COLUMNS = list(_INSERT_COLUMNS)
 
 
 def _text(rng: random.Random, chars: int) -> str:
