@@ -147,6 +147,31 @@ class Environment(ABC):
     ) -> list[RolloutRecord]:
         """Generate the rollouts of one example concurrently, then score them as a group."""
         sampling = self.merged_sampling_args(sampling_args)
+        states, scores = await self.run_group_states(
+            client, model, example, rollout_indices, sampling_args=sampling_args, limiter=limiter
+        )
+        return [
+            state_to_record(state, score, model=model, sampling_args=sampling)
+            for state, score in zip(states, scores, strict=True)
+        ]
+
+    async def run_group_states(
+        self,
+        client: ModelClient,
+        model: str,
+        example: Example,
+        rollout_indices: Sequence[int],
+        *,
+        sampling_args: SamplingArgs | None = None,
+        limiter: asyncio.Semaphore | None = None,
+    ) -> tuple[list[State], list[RolloutScore]]:
+        """Like :meth:`run_group`, but the final states (with ``state["responses"]``,
+        the raw model responses training needs) and their scores.
+
+        Each rollout runs in its own asyncio task, so context variables a client sets
+        during a rollout are private to that rollout.
+        """
+        sampling = self.merged_sampling_args(sampling_args)
 
         async def one(index: int) -> State:
             if limiter is None:
@@ -158,12 +183,9 @@ class Environment(ABC):
                     client, model, example, rollout_index=index, sampling_args=sampling
                 )
 
-        states = await asyncio.gather(*(one(i) for i in rollout_indices))
-        scores = await self.rubric_for(example.task).score_group(list(states))
-        return [
-            state_to_record(state, score, model=model, sampling_args=sampling)
-            for state, score in zip(states, scores, strict=True)
-        ]
+        states = list(await asyncio.gather(*(one(i) for i in rollout_indices)))
+        scores = await self.rubric_for(example.task).score_group(states)
+        return states, scores
 
 
 def _take(dataset: Dataset | None, n: int, seed: int | None, env: str, split: str) -> Dataset:

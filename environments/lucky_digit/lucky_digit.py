@@ -1,0 +1,88 @@
+"""lucky_digit: reply with the asked digit, as many times as you like (a GRPO toy task).
+
+Built so a tiny random-initialised model learns it in minutes on a CPU: the
+reward is dense (the fraction of the reply's visible characters that are the
+asked digit), so even random completions differ in reward within a group and
+group-relative advantages have a signal from the first step. Prompts are
+generated locally with a seeded RNG; the train and eval splits use different
+phrasings and different filler words, so the held-out eval measures prompts the
+policy never trained on.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from datasets import Dataset
+
+import vfops
+
+SYSTEM_PROMPT = "Reply with the digit only."
+
+TRAIN_TEMPLATES = (
+    "Say the digit {d}. ({w})",
+    "Write {d} now, {w}.",
+    "Digit {d} please: {w}",
+)
+EVAL_TEMPLATES = (
+    "Give me the digit {d} ({w})",
+    "{w}: answer with {d}.",
+)
+TRAIN_WORDS = ("apple", "river", "stone", "cloud", "green", "table", "light", "music")
+EVAL_WORDS = ("ocean", "policy", "token", "batch", "score", "model")
+
+
+def digit_fraction(completion: list[dict[str, Any]], info: dict[str, Any]) -> float:
+    """Fraction of the reply's non-space characters that are the asked digit (0 when empty)."""
+    text = "".join(str(m.get("content") or "") for m in completion if m.get("role") == "assistant")
+    visible = [c for c in text if not c.isspace()]
+    if not visible:
+        return 0.0
+    return sum(1 for c in visible if c == str(info["digit"])) / len(visible)
+
+
+def build_dataset(num_examples: int, *, digits: str, seed: int, split: str) -> Dataset:
+    """``num_examples`` prompts; the same (split, seed) always gives the same rows."""
+    rng = random.Random(f"lucky_digit:{split}:{seed}")
+    templates = TRAIN_TEMPLATES if split == "train" else EVAL_TEMPLATES
+    words = TRAIN_WORDS if split == "train" else EVAL_WORDS
+    rows = []
+    for _ in range(num_examples):
+        digit = rng.choice(digits)
+        question = rng.choice(templates).format(d=digit, w=rng.choice(words))
+        rows.append({"question": question, "answer": digit, "info": {"digit": digit}})
+    return Dataset.from_list(rows)
+
+
+def load_environment(
+    digits: str = "7",
+    num_train_examples: int = 256,
+    num_examples: int = 64,
+    seed: int = 0,
+    max_tokens: int = 8,
+) -> vfops.Environment:
+    """Build the environment.
+
+    Args:
+        digits: Digits the prompts ask for (``"7"``: always 7, the CPU-proof default;
+            ``"0123456789"``: the policy must read the prompt).
+        num_train_examples: Rows of the train split.
+        num_examples: Rows of the eval split (held-out phrasings and words).
+        seed: Seed of the prompt generator.
+        max_tokens: Default ``max_tokens`` per reply.
+    """
+    if not digits or not all(c.isdigit() for c in digits):
+        raise ValueError(f"digits must be a non-empty string of 0-9, got {digits!r}")
+    if num_train_examples < 1 or num_examples < 1:
+        raise ValueError("num_train_examples and num_examples must be positive")
+    rubric = vfops.Rubric()
+    rubric.add_reward_func(digit_fraction, weight=1.0)
+    return vfops.SingleTurnEnv(
+        dataset=lambda: build_dataset(num_train_examples, digits=digits, seed=seed, split="train"),
+        eval_dataset=lambda: build_dataset(num_examples, digits=digits, seed=seed, split="eval"),
+        system_prompt=SYSTEM_PROMPT,
+        rubric=rubric,
+        sampling_args={"max_tokens": max_tokens},
+        name="lucky_digit",
+    )

@@ -1,0 +1,79 @@
+"""GRPO training on accelerate (the ``[train]`` extra), imported lazily.
+
+Importing this package loads no torch: the config (:class:`GRPOConfig`,
+:func:`load_config`) is light, and the recipe, the generation backends and the
+token utilities load torch/transformers only when first used.
+
+- :class:`GRPORecipe`: ``setup()``, ``train_step() -> dict[str, float]``,
+  ``evaluate()``, ``train()``, ``save(dir)``, ``resume(dir)``, ``close()``.
+- :class:`GRPOConfig` and its sections; :func:`load_config` reads TOML with
+  one-line errors; :func:`config_help` lists every field's help text.
+- :class:`HFBackend`: in-process generation; the vLLM backend lives in ``_vllm``.
+- :class:`GenerationBackend`, :class:`TurnTokens`, :data:`TOKENS_KEY`: the backend contract.
+- :func:`prefix_breaks`, :func:`suffix_ids`, :func:`rollout_sequences`: multi-turn
+  token consistency (see ``vfops/training/_tokens.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vfops.training._backend import TOKENS_KEY, GenerationBackend, TurnTokens
+    from vfops.training._config import (
+        ConfigError,
+        GRPOConfig,
+        config_from_dict,
+        config_help,
+        load_config,
+    )
+    from vfops.training._generation_hf import HFBackend
+    from vfops.training._recipe import GRPORecipe
+    from vfops.training._tokens import prefix_breaks, rollout_sequences, suffix_ids
+
+__all__ = [
+    "TOKENS_KEY",
+    "ConfigError",
+    "GRPOConfig",
+    "GRPORecipe",
+    "GenerationBackend",
+    "HFBackend",
+    "TurnTokens",
+    "config_from_dict",
+    "config_help",
+    "load_config",
+    "prefix_breaks",
+    "rollout_sequences",
+    "suffix_ids",
+]
+
+_LAZY = {
+    "TOKENS_KEY": "vfops.training._backend",
+    "GenerationBackend": "vfops.training._backend",
+    "TurnTokens": "vfops.training._backend",
+    "ConfigError": "vfops.training._config",
+    "GRPOConfig": "vfops.training._config",
+    "config_from_dict": "vfops.training._config",
+    "config_help": "vfops.training._config",
+    "load_config": "vfops.training._config",
+    "HFBackend": "vfops.training._generation_hf",
+    "GRPORecipe": "vfops.training._recipe",
+    "prefix_breaks": "vfops.training._tokens",
+    "rollout_sequences": "vfops.training._tokens",
+    "suffix_ids": "vfops.training._tokens",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

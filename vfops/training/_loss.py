@@ -1,0 +1,108 @@
+"""GRPO maths: group-relative advantages and the token-level clipped policy-gradient loss.
+
+Heavy module (torch), imported lazily. Pure functions of tensors, so the loss
+variants and the masking are unit-testable without a model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+def group_advantages(rewards: Sequence[float], *, scale: bool, eps: float = 1e-4) -> list[float]:
+    """``r - mean(group)``, divided by the group's std (population) when ``scale``."""
+    n = len(rewards)
+    mean = sum(rewards) / n
+    centred = [r - mean for r in rewards]
+    if not scale:
+        return centred
+    std = math.sqrt(sum(c * c for c in centred) / n)
+    return [c / (std + eps) for c in centred]
+
+
+@dataclass(frozen=True, slots=True)
+class LossNorm:
+    """Global denominators of one optimizer step, so micro-batches add up exactly.
+
+    ``sequences``: sequences with at least one trained token (``grpo``);
+    ``tokens``: trained tokens in the step (``bnpo``); ``dr_grpo`` divides by
+    ``all_sequences * max_tokens`` (a constant, no length bias).
+    """
+
+    sequences: int
+    all_sequences: int
+    tokens: int
+    max_tokens: int
+
+
+def token_logprobs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of each next token (``[B, T-1]``) and the policy's entropy there."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logits = logits[:, :-1, :].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logprobs.exp() * logprobs).sum(-1)
+    return chosen, entropy
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_type: str,
+    norm: LossNorm,
+    clip_low: float,
+    clip_high: float,
+    beta: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the step's loss, and sums for the step's metrics.
+
+    Per token: ``-min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``
+    with ``ratio = exp(logp - logp_behaviour)``, plus ``beta * KL`` (the k3
+    estimator against the reference model). ``mask`` is 1 on sampled assistant
+    tokens and 0 on prompt, environment, tool, padding and truncated tokens.
+    """
+    mask = mask.to(logprobs.dtype)
+    ratio = torch.exp(logprobs - old_logprobs)
+    adv = advantages.unsqueeze(-1)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    per_token = -torch.min(unclipped, clipped)
+    kl = torch.zeros_like(per_token)
+    if beta > 0.0 and ref_logprobs is not None:
+        delta = ref_logprobs - logprobs
+        kl = torch.exp(delta) - delta - 1.0
+        per_token = per_token + beta * kl
+    loss = _reduce(per_token, mask, loss_type, norm)
+    with torch.no_grad():
+        was_clipped = ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).to(mask.dtype)
+        sums = {
+            "clipped_tokens": float((was_clipped * mask).sum()),
+            "kl_sum": float((kl * mask).sum()),
+            "ratio_sum": float((ratio * mask).sum()),
+            "tokens": float(mask.sum()),
+        }
+    return loss, sums
+
+
+def _reduce(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, norm: LossNorm) -> Any:
+    masked = per_token * mask
+    if loss_type == "grpo":
+        per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_seq.sum() / max(norm.sequences, 1)
+    if loss_type == "bnpo":
+        return masked.sum() / max(norm.tokens, 1)
+    if loss_type == "dr_grpo":
+        return masked.sum() / max(norm.all_sequences * norm.max_tokens, 1)
+    raise ValueError(f"unknown loss type {loss_type!r}; use grpo, dr_grpo or bnpo")

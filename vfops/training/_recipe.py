@@ -1,0 +1,729 @@
+"""The GRPO recipe: setup, train step, save/resume, cleanup.
+
+Heavy module (torch, transformers, accelerate): imported lazily by
+:mod:`vfops.training`.
+
+One step: take the batch generated for this step (rollouts from the
+environment's own ``run_group`` machinery through a generation backend), turn
+each rollout into token sequences with masks and behaviour log-probabilities,
+compute group-relative advantages, accumulate the clipped policy-gradient loss
+over micro-batches, take one optimizer step, and sync the new weights to the
+generation backend. With ``async_steps = k`` the batches of the next k steps are
+already being generated (by weights at most k steps old) while this one trains.
+
+Generation runs on an asyncio event loop in a background thread, so it proceeds
+while the main thread trains; the sync API (``train_step`` etc.) submits to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vfops._errors import VfopsError
+from vfops._types import SamplingArgs, State
+from vfops.envs import Environment
+from vfops.envs._dataset import Example, iter_examples
+from vfops.rubrics import RolloutScore
+from vfops.training._backend import TOKENS_KEY, GenerationBackend, TurnTokens
+from vfops.training._config import GRPOConfig
+from vfops.training._loss import LossNorm, group_advantages, policy_loss, token_logprobs
+from vfops.training._tokens import Sequence, rollout_sequences
+from vfops.training._tracking import TrainingTracker
+from vfops.training._weights import unwrap
+
+STATE_FILE = "trainer_state.json"
+MODEL_SUBDIR = "model"
+ACCELERATE_SUBDIR = "accelerate"
+
+
+@dataclass(slots=True)
+class _Sample:
+    sequence: Sequence
+    advantage: float
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One step's rollouts, ready to train on."""
+
+    index: int
+    samples: list[_Sample]
+    rewards: list[float]
+    generation_s: float
+    generated_tokens: int
+    truncated: int
+    rollouts: int
+    min_policy_version: int
+
+
+class GRPORecipe:
+    """GRPO on accelerate; see the module docstring.
+
+    Build from a :class:`GRPOConfig` (``load_config(path)`` or in Python). Pass
+    ``environment`` or ``backend`` to override what the config would build (tests,
+    benchmarks). Call :meth:`setup` once, then :meth:`train_step` repeatedly (or
+    :meth:`train` for the whole run), :meth:`save`/:meth:`resume` for checkpoints,
+    and :meth:`close` at the end.
+    """
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        *,
+        environment: Environment | None = None,
+        backend: GenerationBackend | None = None,
+    ) -> None:
+        self.config = config.validate()
+        self.env: Environment | None = environment
+        self.backend: GenerationBackend | None = backend
+        self.step = 0
+        """Optimizer steps taken (= the policy version of the current weights)."""
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.accelerator: Any = None
+        self.tracker: TrainingTracker | None = None
+        self._ref_model: Any = None
+        self._optimizer: Any = None
+        self._scheduler: Any = None
+        self._examples: list[Example] = []
+        self._pending: dict[int, concurrent.futures.Future[_Batch]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._limiter: asyncio.Semaphore | None = None
+        self._n_micro = 1
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        """Load the model, environment, backend and optimizer; start the generation loop."""
+        _seed_everything(self.config.run.seed)
+        self._setup_accelerator()
+        self._setup_model()
+        self._setup_environment()
+        self._setup_optimizer()
+        self._start_loop()
+        self._setup_backend()
+        if self.config.run.tracking and self.accelerator.is_main_process:
+            self.tracker = TrainingTracker.start(
+                self.config, base_model=self.base_model_name, env_versions=self.env_versions
+            )
+
+    def _setup_accelerator(self) -> None:
+        from accelerate import Accelerator
+        from accelerate.utils import DeepSpeedPlugin
+
+        cfg = self.config
+        total = cfg.generation.prompts_per_step * cfg.generation.group_size
+        self._n_micro = max(1, math.ceil(total / cfg.optim.micro_batch_size))
+        plugin = None
+        if cfg.run.deepspeed:
+            if not Path(cfg.run.deepspeed).is_file():
+                raise VfopsError(
+                    f"[run] deepspeed = {cfg.run.deepspeed!r} does not exist; point it at a "
+                    "DeepSpeed JSON such as configs/deepspeed/zero2.json"
+                )
+            plugin = DeepSpeedPlugin(
+                hf_ds_config=cfg.run.deepspeed, gradient_accumulation_steps=self._n_micro
+            )
+            ds = plugin.deepspeed_config
+            if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+                ds["train_micro_batch_size_per_gpu"] = cfg.optim.micro_batch_size
+            if ds.get("gradient_clipping", "auto") == "auto":
+                ds["gradient_clipping"] = cfg.optim.max_grad_norm
+        self.accelerator = Accelerator(
+            mixed_precision=_mixed_precision(cfg.run.precision),
+            gradient_accumulation_steps=self._n_micro,
+            step_scheduler_with_optimizer=False,
+            deepspeed_plugin=plugin,
+        )
+
+    def _setup_model(self) -> None:
+        import transformers
+
+        cfg = self.config
+        path = Path(cfg.model.path)
+        if not path.is_dir():
+            if not cfg.model.build_tiny_if_missing:
+                raise VfopsError(
+                    f"[model] path {str(path)!r} does not exist; build one with "
+                    "`vfops model build-tiny DIR` or set build_tiny_if_missing = true"
+                )
+            from vfops.local import build_tiny_model
+
+            if self.accelerator.is_main_process:
+                build_tiny_model(path, seed=cfg.model.tiny_seed)
+            self.accelerator.wait_for_everyone()
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True
+        )
+        model: Any = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), local_files_only=True, dtype=torch.float32
+        )
+        if cfg.loss.beta > 0:
+            self._ref_model = _frozen_copy(model).to(self.accelerator.device)
+        if cfg.run.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        if cfg.lora.enabled:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=cfg.lora.r,
+                    lora_alpha=cfg.lora.alpha,
+                    lora_dropout=cfg.lora.dropout,
+                    target_modules=list(cfg.lora.target_modules),
+                    task_type="CAUSAL_LM",
+                ),
+            )
+        model.train()
+        self.model = model
+
+    def _setup_environment(self) -> None:
+        if self.env is None:
+            from vfops.envs import load_environment
+
+            self.env = load_environment(self.config.environment.id, **self.config.environment.args)
+        dataset = self.env.dataset
+        if dataset is None:
+            raise VfopsError(
+                f"environment {self.env.name!r} has no train split; pick an environment with a "
+                "dataset or pass num_train_examples in [environment] args"
+            )
+        self._examples = list(iter_examples(dataset))
+        if not self._examples:
+            raise VfopsError(f"environment {self.env.name!r} has an empty train split")
+
+    def _setup_optimizer(self) -> None:
+        import transformers
+
+        cfg = self.config.optim
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params,
+            lr=cfg.lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            weight_decay=cfg.weight_decay,
+        )
+        scheduler = transformers.get_scheduler(
+            cfg.scheduler,
+            optimizer,
+            num_warmup_steps=cfg.warmup_steps,
+            num_training_steps=max(self.config.run.steps, 1),
+        )
+        self.model, self._optimizer, self._scheduler = self.accelerator.prepare(
+            self.model, optimizer, scheduler
+        )
+
+    def _setup_backend(self) -> None:
+        cfg = self.config.generation
+        if self.backend is None:
+            if cfg.backend == "hf":
+                from vfops.training._generation_hf import HFBackend
+
+                self.backend = HFBackend(
+                    unwrap(self.model),
+                    self.tokenizer,
+                    max_batch_size=cfg.max_batch_size,
+                    multiturn_tokens=cfg.multiturn_tokens,
+                    seed=self.config.run.seed,
+                )
+            else:
+                import importlib
+
+                vllm: Any = importlib.import_module("vfops.training._vllm")
+                self.backend = vllm.VLLMBackend.from_config(self.config, self.tokenizer)
+        self._run(self._async_sync(self.step))
+
+    def _start_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="vfops-generation", daemon=True)
+        thread.start()
+        self._loop, self._loop_thread = loop, thread
+
+        async def make_limiter() -> asyncio.Semaphore:
+            return asyncio.Semaphore(self.config.generation.max_concurrent)
+
+        self._limiter = self._run(make_limiter())
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def base_model_name(self) -> str:
+        return self.config.model.name or Path(self.config.model.path).name
+
+    @property
+    def env_versions(self) -> dict[str, str]:
+        from vfops.envs._loading import environment_version
+
+        env_id = self.config.environment.id
+        return {env_id: environment_version(env_id) or "unknown"} if env_id else {}
+
+    @property
+    def policy_model(self) -> Any:
+        """The trained module without accelerate/DeepSpeed wrappers."""
+        return unwrap(self.model)
+
+    # ------------------------------------------------------------------ train step
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step; returns its metrics (also logged to MLflow when tracking)."""
+        started = time.perf_counter()
+        self._schedule_generation()
+        wait_started = time.perf_counter()
+        batch = self._pending.pop(self.step).result()
+        wait_s = time.perf_counter() - wait_started
+        train_started = time.perf_counter()
+        stats = self._optimize(batch)
+        train_s = time.perf_counter() - train_started
+        self.step += 1
+        sync_s = self._run(self._async_sync(self.step))
+        metrics = self._metrics(batch, stats)
+        metrics.update(
+            generation_s=batch.generation_s,
+            generation_wait_s=wait_s,
+            training_s=train_s,
+            weight_sync_s=sync_s,
+            step_s=time.perf_counter() - started,
+            tokens_per_s=stats["tokens_total"] / max(train_s, 1e-9),
+            generation_tokens_per_s=batch.generated_tokens / max(batch.generation_s, 1e-9),
+            policy_lag=float(self.step - 1 - batch.min_policy_version),
+        )
+        if self.tracker is not None:
+            self.tracker.log_step(self.step, metrics)
+        return metrics
+
+    def _schedule_generation(self) -> None:
+        """Start generating every batch up to ``step + async_steps`` not yet started."""
+        k = self.config.generation.async_steps
+        for index in range(self.step, self.step + k + 1):
+            if index not in self._pending:
+                self._pending[index] = self._submit(self._generate_batch(index))
+
+    async def _generate_batch(self, index: int) -> _Batch:
+        assert self.env is not None and self.backend is not None
+        started = time.perf_counter()
+        examples = self._batch_examples(index)
+        groups = await asyncio.gather(
+            *(
+                self.env.run_group_states(
+                    self.backend.client,
+                    self.base_model_name,
+                    example,
+                    range(self.config.generation.group_size),
+                    sampling_args=self._sampling_args(index, position),
+                    limiter=self._limiter,
+                )
+                for position, example in enumerate(examples)
+            )
+        )
+        generation_s = time.perf_counter() - started
+        return self._to_batch(index, groups, generation_s)
+
+    def _sampling_args(self, index: int, position: int) -> SamplingArgs:
+        gen = self.config.generation
+        args: SamplingArgs = {"max_tokens": gen.max_tokens, "temperature": gen.temperature}
+        if gen.backend == "hf":
+            # Reproducible draws per (seed, step, prompt); the hf backend varies the
+            # stream per rollout itself. Not sent to vLLM, where one seed for every
+            # rollout of a group would make them identical.
+            args["seed"] = _derive(self.config.run.seed, "batch", index, position)
+        return args
+
+    def _batch_examples(self, index: int) -> list[Example]:
+        """Examples of batch ``index``: a seeded permutation per epoch, sharded by rank."""
+        per_rank = self.config.generation.prompts_per_step
+        world = self.accelerator.num_processes
+        start = (index * world + self.accelerator.process_index) * per_rank
+        return [self._example_at(p) for p in range(start, start + per_rank)]
+
+    def _example_at(self, position: int) -> Example:
+        n = len(self._examples)
+        epoch, offset = divmod(position, n)
+        order = list(range(n))
+        random.Random(_derive(self.config.run.seed, "epoch", epoch)).shuffle(order)
+        return self._examples[order[offset]]
+
+    def _to_batch(
+        self,
+        index: int,
+        groups: list[tuple[list[State], list[RolloutScore]]],
+        generation_s: float,
+    ) -> _Batch:
+        cfg = self.config
+        samples: list[_Sample] = []
+        rewards: list[float] = []
+        generated = truncated = rollouts = 0
+        min_version = index  # no turn can be newer than the step that trains on it
+        for states, scores in groups:
+            kept = [
+                (state, score.reward)
+                for state, score in zip(states, scores, strict=True)
+                if state.get("error") is None and score.reward is not None
+            ]
+            if len(kept) < 2:  # no baseline to compare with
+                continue
+            advantages = group_advantages([float(r) for _, r in kept], scale=cfg.loss.scale_rewards)
+            for (state, reward), advantage in zip(kept, advantages, strict=True):
+                turns = _turn_tokens(state)
+                rollouts += 1
+                rewards.append(float(reward))
+                generated += sum(len(t["completion_ids"]) for t in turns)
+                is_truncated = state.get("stop_reason") == "length"
+                truncated += int(is_truncated)
+                for seq in rollout_sequences(turns):
+                    if is_truncated and cfg.loss.mask_truncated:
+                        seq.loss_mask = [0] * len(seq.loss_mask)
+                    min_version = min(min_version, seq.policy_version)
+                    samples.append(_Sample(seq, advantage))
+        return _Batch(
+            index, samples, rewards, generation_s, generated, truncated, rollouts, min_version
+        )
+
+    def _optimize(self, batch: _Batch) -> dict[str, float]:
+        """Accumulate the loss over micro-batches; one optimizer step."""
+        cfg = self.config
+        totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "ratio_sum": 0.0}
+        totals.update(tokens=0.0, entropy_sum=0.0, tokens_total=0.0, grad_norm=0.0)
+        norm = LossNorm(
+            sequences=sum(1 for s in batch.samples if s.sequence.completion_tokens),
+            all_sequences=len(batch.samples),
+            tokens=sum(s.sequence.completion_tokens for s in batch.samples),
+            max_tokens=cfg.generation.max_tokens,
+        )
+        for chunk in _split(batch.samples, self._n_micro):
+            with self.accelerator.accumulate(self.model):
+                loss, sums = self._micro_step(chunk, norm) if chunk else (None, {})
+                for key, value in sums.items():
+                    totals[key] += value
+                if loss is not None:
+                    totals["loss"] += float(loss.detach())
+                    # accelerate divides by the accumulation steps; the loss is already
+                    # normalised over the whole step, so undo it.
+                    self.accelerator.backward(loss * self._n_micro)
+                if self.accelerator.sync_gradients and cfg.optim.max_grad_norm > 0:
+                    grad_norm = self.accelerator.clip_grad_norm_(
+                        self.model.parameters(), cfg.optim.max_grad_norm
+                    )
+                    totals["grad_norm"] = float(grad_norm) if grad_norm is not None else 0.0
+                self._optimizer.step()
+                self._optimizer.zero_grad(set_to_none=True)
+        self._scheduler.step()
+        return totals
+
+    def _micro_step(self, chunk: list[_Sample], norm: LossNorm) -> tuple[Any, dict[str, float]]:
+        cfg = self.config
+        device = self.accelerator.device
+        ids, attention, mask, old = _pad([s.sequence for s in chunk], self.tokenizer, device)
+        advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=device)
+        logprobs, entropy = token_logprobs(self.model, ids, attention, cfg.generation.temperature)
+        ref = None
+        if self._ref_model is not None:
+            with torch.no_grad():
+                ref, _ = token_logprobs(self._ref_model, ids, attention, cfg.generation.temperature)
+        loss, sums = policy_loss(
+            logprobs,
+            old,
+            advantages,
+            mask,
+            loss_type=cfg.loss.type,
+            norm=norm,
+            clip_low=cfg.loss.clip_low,
+            clip_high=cfg.loss.clip_high,
+            beta=cfg.loss.beta,
+            ref_logprobs=ref,
+        )
+        sums["entropy_sum"] = float((entropy * mask).sum())
+        sums["tokens_total"] = float(attention.sum())
+        return loss, sums
+
+    def _metrics(self, batch: _Batch, stats: dict[str, float]) -> dict[str, float]:
+        tokens = max(stats["tokens"], 1.0)
+        rewards = batch.rewards or [0.0]
+        mean = sum(rewards) / len(rewards)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        return {
+            "reward_mean": mean,
+            "reward_std": std,
+            "loss": stats["loss"],
+            "kl": stats["kl_sum"] / tokens,
+            "entropy": stats["entropy_sum"] / tokens,
+            "clip_fraction": stats["clipped_tokens"] / tokens,
+            "ratio_mean": stats["ratio_sum"] / tokens,
+            "grad_norm": stats["grad_norm"],
+            "lr": float(self._scheduler.get_last_lr()[0]),
+            "trained_tokens": stats["tokens"],
+            "sequences": float(len(batch.samples)),
+            "rollouts": float(batch.rollouts),
+            "truncated_fraction": batch.truncated / max(batch.rollouts, 1),
+            "prefix_breaks": float(getattr(self.backend, "prefix_breaks", 0)),
+        }
+
+    # ------------------------------------------------------------------ eval
+
+    def evaluate(self, n: int | None = None) -> dict[str, float]:
+        """Mean reward of the current weights on the first ``n`` held-out (eval split) examples."""
+        result: dict[str, float] = self._run(
+            self._evaluate(self.config.run.eval_examples if n is None else n)
+        )
+        return result
+
+    async def _evaluate(self, n: int) -> dict[str, float]:
+        assert self.env is not None and self.backend is not None
+        examples = list(self.env.iter_eval_examples(n))
+        args: SamplingArgs = {
+            "max_tokens": self.config.generation.max_tokens,
+            "temperature": self.config.run.eval_temperature,
+        }
+        if self.config.generation.backend == "hf":
+            args["seed"] = _derive(self.config.run.seed, "eval")
+        groups = await asyncio.gather(
+            *(
+                self.env.run_group_states(
+                    self.backend.client,
+                    self.base_model_name,
+                    ex,
+                    [0],
+                    sampling_args=args,
+                    limiter=self._limiter,
+                )
+                for ex in examples
+            )
+        )
+        rewards = [float(score.reward or 0.0) for _, scores in groups for score in scores]
+        return {"eval_reward": sum(rewards) / max(len(rewards), 1), "eval_examples": len(rewards)}
+
+    # ------------------------------------------------------------------ the whole run
+
+    def train(self) -> dict[str, Any]:
+        """Baseline eval, ``run.steps`` steps (periodic eval/save), final eval, save, register."""
+        cfg = self.config.run
+        baseline = self.evaluate()["eval_reward"]
+        self._log_eval(baseline)
+        history: list[dict[str, float]] = []
+        while self.step < cfg.steps:
+            history.append(self.train_step())
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                self._log_eval(self.evaluate()["eval_reward"])
+            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
+                self.save(Path(cfg.output_dir) / f"step-{self.step}")
+        final = self.evaluate()["eval_reward"]
+        self._log_eval(final)
+        final_dir = self.save(Path(cfg.output_dir) / "final")
+        registered = None
+        if cfg.register_as and self.accelerator.is_main_process:
+            registered = self.register(final_dir / MODEL_SUBDIR, cfg.register_as)
+        return {
+            "baseline_eval_reward": baseline,
+            "final_eval_reward": final,
+            "steps": self.step,
+            "checkpoint": str(final_dir),
+            "registered": registered,
+            "history": history,
+        }
+
+    def _log_eval(self, reward: float) -> None:
+        if self.tracker is not None:
+            self.tracker.log_step(self.step, {"eval_reward": reward})
+
+    def register(self, model_dir: Path, name: str) -> str:
+        """Register an exported model folder in MLflow; returns ``models:/name/version``."""
+        from vfops.models import register_checkpoint
+
+        info = register_checkpoint(
+            model_dir,
+            name=name,
+            training_run_id=self.tracker.run_id if self.tracker is not None else None,
+            base_model=self.base_model_name,
+            environment_versions=self.env_versions,
+            description=f"GRPO step {self.step} on {self.config.environment.id}",
+        )
+        if self.tracker is not None:
+            self.tracker.set_tag("vfops.registered_model", info.uri)
+        return info.uri
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, directory: str | Path) -> Path:
+        """Write a resumable checkpoint (model, optimizer, scheduler, RNG, data position,
+        step) plus an exported Hugging Face model folder under ``directory/model``."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self.accelerator.save_state(str(out / ACCELERATE_SUBDIR))
+        if self.accelerator.is_main_process:
+            self._export_model(out / MODEL_SUBDIR)
+            state = {
+                "step": self.step,
+                "data_position": self.step,  # batch index == step: data order is a pure function
+                "config": dataclasses.asdict(self.config),
+                "base_model": self.base_model_name,
+                "environment_versions": self.env_versions,
+                "mlflow_run_id": self.tracker.run_id if self.tracker is not None else None,
+            }
+            (out / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        self.accelerator.wait_for_everyone()
+        return out
+
+    def _export_model(self, path: Path) -> None:
+        model = self.accelerator.unwrap_model(self.model)
+        if hasattr(model, "merge_and_unload"):
+            from vfops.training._weights import full_state_dict
+
+            base = _frozen_copy(model.get_base_model())
+            base.load_state_dict(full_state_dict(model), strict=False)
+            model = base
+        model.save_pretrained(str(path), safe_serialization=True)
+        self.tokenizer.save_pretrained(str(path))
+
+    def resume(self, directory: str | Path) -> None:
+        """Restore a checkpoint written by :meth:`save` (after :meth:`setup`)."""
+        src = Path(directory)
+        state_file = src / STATE_FILE
+        if not state_file.is_file():
+            raise VfopsError(f"{src} is not a vfops training checkpoint (no {STATE_FILE})")
+        state = json.loads(state_file.read_text())
+        self._drop_pending()
+        self.accelerator.load_state(str(src / ACCELERATE_SUBDIR))
+        self.step = int(state["step"])
+        self._run(self._async_sync(self.step))
+
+    # ------------------------------------------------------------------ cleanup
+
+    def close(self) -> None:
+        """Stop generation, close the backend and environment, end the MLflow run."""
+        self._drop_pending()
+        if self._loop is not None:
+            if self.backend is not None:
+                with contextlib.suppress(Exception):
+                    self._run(self.backend.aclose())
+            if self.env is not None:
+                with contextlib.suppress(Exception):
+                    self._run(self.env.aclose())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=10)
+            self._loop.close()
+            self._loop = None
+        if self.tracker is not None:
+            self.tracker.finish()
+            self.tracker = None
+
+    def __enter__(self) -> GRPORecipe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _drop_pending(self) -> None:
+        for future in self._pending.values():
+            future.cancel()
+        for future in self._pending.values():
+            with contextlib.suppress(BaseException):
+                future.result(timeout=60)
+        self._pending.clear()
+
+    async def _async_sync(self, version: int) -> float:
+        assert self.backend is not None
+        return await self.backend.sync_weights(unwrap(self.model), version)
+
+    def _submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        assert self._loop is not None, "call setup() first"
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _run(self, coro: Any) -> Any:
+        return self._submit(coro).result()
+
+
+def _turn_tokens(state: State) -> list[TurnTokens]:
+    turns: list[TurnTokens] = []
+    for response in state.get("responses", []):
+        raw = getattr(response, "raw", None) or {}
+        tokens = raw.get(TOKENS_KEY)
+        if tokens is None:
+            raise VfopsError(
+                "a model response carries no token ids; train through a training backend "
+                "([generation] backend = 'hf' or 'vllm'), not a plain client"
+            )
+        turns.append(tokens)
+    return turns
+
+
+def _split(samples: list[_Sample], parts: int) -> list[list[_Sample]]:
+    """``parts`` contiguous chunks of near-equal size (some may be empty)."""
+    size, extra = divmod(len(samples), parts)
+    chunks: list[list[_Sample]] = []
+    start = 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        chunks.append(samples[start:end])
+        start = end
+    return chunks
+
+
+def _pad(
+    sequences: list[Sequence], tokenizer: Any, device: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids and attention, and the next-token-aligned loss mask and old logprobs."""
+    width = max(len(s.input_ids) for s in sequences)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.full((len(sequences), width), int(pad), dtype=torch.long)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.float32)
+    old = torch.zeros((len(sequences), width), dtype=torch.float32)
+    for row, seq in enumerate(sequences):
+        n = len(seq.input_ids)
+        ids[row, :n] = torch.tensor(seq.input_ids)
+        attention[row, :n] = 1
+        mask[row, :n] = torch.tensor(seq.loss_mask, dtype=torch.float32)
+        old[row, :n] = torch.tensor(seq.old_logprobs, dtype=torch.float32)
+    # position t of the logprobs predicts token t+1
+    return ids.to(device), attention.to(device), mask[:, 1:].to(device), old[:, 1:].to(device)
+
+
+def _frozen_copy(model: Any) -> Any:
+    import copy
+
+    clone = copy.deepcopy(model)
+    clone.eval()
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    return clone
+
+
+def _mixed_precision(precision: str) -> str:
+    if precision == "bf16":
+        return "bf16"
+    if precision == "fp32":
+        return "no"
+    cuda_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return "bf16" if cuda_bf16 else "no"
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    os.environ.setdefault("PYTHONHASHSEED", str(seed))
+
+
+def _derive(seed: int, *parts: object) -> int:
+    digest = hashlib.sha256(":".join(map(str, (seed, *parts))).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
