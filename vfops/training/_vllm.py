@@ -1,0 +1,901 @@
+"""Generation through a vLLM server: token-in/token-out turns and weight sync.
+
+:class:`VLLMBackend` implements :class:`~vfops.training._backend.GenerationBackend`
+against a vLLM OpenAI-compatible server started by ``vfops vllm serve`` (see
+``vfops/training/VLLM.md``).
+
+Generation uses ``/v1/completions`` with a **token-id prompt**: chat messages are
+rendered with the tokenizer's chat template here (tools included), so the exact ids
+the model is conditioned on are known, and the server returns the sampled ids
+(``return_token_ids``) and their log-probabilities (``logprobs``; the server runs
+with ``--logprobs-mode processed_logprobs`` so they are at the sampling temperature).
+Tool calls are parsed from the completion text, as with the in-process model.
+
+Multi-turn prompts continue from the previous turn's exact tokens. The choice made
+here: the client does the incremental continuation itself, keyed on the
+conversation (the messages up to and including the assistant message it returned),
+not on the asyncio task, so it works whatever task runs a turn. A new turn's prompt
+is ``previous prompt ids + previous completion ids + tokens of what the template
+adds after them`` (the rest of the assistant turn, the env/tool messages, the
+generation prompt). When the template does not extend the previous rendering
+(e.g. it strips earlier ``<think>`` blocks) the prompt is rendered afresh; each
+response says which happened in ``raw["vfops_prompt_source"]`` (``"continued"`` or
+``"rendered"``). The core can override all of this with ``prompt_ids_fn``.
+
+Weight sync, after each optimizer step:
+
+- ``filesystem``: the model is saved as safetensors (+ config) under ``sync_dir``,
+  the server reloads in place through ``POST /collective_rpc`` with vLLM's own
+  ``reload_weights(weights_path=...)`` (dev-mode endpoint), then ``POST
+  /reset_prefix_cache``. Works on the CPU build of vLLM too.
+- ``nccl``: vLLM's native weight-transfer API (server started with
+  ``--weight-transfer-config '{"backend": "nccl"}'``): once, ``/init_weight_transfer_engine``
+  while this process joins the NCCL group as rank 0; each sync,
+  ``/start_weight_update``, ``/update_weights`` (names, dtypes, shapes) while every
+  parameter is broadcast, ``/finish_weight_update``, ``/reset_prefix_cache``.
+  Needs ``vllm`` importable in the trainer's Python and a CUDA device.
+
+Heavy imports (torch, safetensors, vllm) happen inside functions only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import importlib
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import httpx2
+import openai
+import orjson
+
+from vfops._errors import VfopsError
+from vfops._types import Message, Messages, SamplingArgs
+from vfops.clients._base import ChatResponse, PromptTooLongError
+from vfops.clients._openai import _is_context_error, _make_http_client
+from vfops.clients._retry import MalformedResponseError, RetryPolicy, retry_after_of
+from vfops.training._backend import TOKENS_KEY, TurnTokens
+
+if TYPE_CHECKING:
+    import torch
+
+    from vfops.clients import ModelClient
+
+log = logging.getLogger("vfops.training.vllm")
+
+SyncMode = Literal["filesystem", "nccl"]
+PromptSource = Literal["continued", "rendered", "given"]
+PROMPT_SOURCE_KEY = "vfops_prompt_source"
+"""Key in ``ChatResponse.raw``: how the turn's prompt ids were obtained."""
+
+
+class VLLMBackendError(VfopsError):
+    """The vLLM server is unreachable, misconfigured, or refused a request."""
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMGenerationConfig:
+    """How the trainer reaches a vLLM server and syncs weights into it."""
+
+    base_url: str = field(
+        default="http://127.0.0.1:8000",
+        metadata={"help": "Server URL, with or without /v1 (as printed by `vfops vllm serve`)."},
+    )
+    sync: SyncMode = field(
+        default="filesystem",
+        metadata={
+            "help": "Weight sync: 'filesystem' (safetensors + reload, any build) or "
+            "'nccl' (broadcast, GPU; server started with --sync nccl)."
+        },
+    )
+    sync_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "filesystem sync: directory the server can read (same machine or shared "
+            "disk; /dev/shm is fastest). Default: a new temporary directory."
+        },
+    )
+    model: str | None = field(
+        default=None,
+        metadata={"help": "Served model name; default: the first one /v1/models lists."},
+    )
+    api_key_var: str | None = field(
+        default=None,
+        metadata={"help": "Name of the variable holding the server's --api-key, if it has one."},
+    )
+    timeout_s: float = field(
+        default=600.0, metadata={"help": "Seconds one generation request may take."}
+    )
+    max_retries: int = field(
+        default=3,
+        metadata={"help": "Retries of a generation request on 429/5xx/connection errors."},
+    )
+    sync_timeout_s: float = field(
+        default=600.0, metadata={"help": "Seconds one weight-sync request may take."}
+    )
+    nccl_master_address: str = field(
+        default="127.0.0.1",
+        metadata={"help": "nccl sync: address of this (trainer) host that the server can reach."},
+    )
+    nccl_master_port: int = field(
+        default=0, metadata={"help": "nccl sync: rendezvous port; 0 picks a free one."}
+    )
+    prompt_cache_size: int = field(
+        default=8192,
+        metadata={
+            "help": "Conversations remembered for multi-turn token continuation (LRU); at "
+            "least the number of rollouts in flight."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.sync not in ("filesystem", "nccl"):
+            raise VLLMBackendError(
+                f"generation.sync must be 'filesystem' or 'nccl', got {self.sync!r}"
+            )
+        if not self.base_url.startswith(("http://", "https://")):
+            raise VLLMBackendError(
+                f"generation.base_url must start with http:// or https://, got {self.base_url!r}"
+            )
+        if self.timeout_s <= 0 or self.sync_timeout_s <= 0:
+            raise VLLMBackendError("generation timeouts must be > 0 seconds")
+        if self.max_retries < 0 or self.prompt_cache_size < 1:
+            raise VLLMBackendError("generation.max_retries must be >= 0 and prompt_cache_size >= 1")
+
+    @staticmethod
+    def help() -> dict[str, str]:
+        """Field name -> help string."""
+        return {f.name: str(f.metadata.get("help", "")) for f in fields(VLLMGenerationConfig)}
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def _split_base_url(base_url: str) -> tuple[str, str]:
+    """(server root, OpenAI API base): vLLM's admin routes live at the root, not /v1."""
+    root = base_url.rstrip("/")
+    if root.endswith("/v1"):
+        root = root[: -len("/v1")]
+    return root, root + "/v1"
+
+
+def _error_detail(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        body = body["error"]  # vLLM: {"error": {"message": ...}}
+    if isinstance(body, dict):
+        for key in ("message", "detail", "error"):
+            if body.get(key):
+                return " ".join(str(body[key]).split())[:300]
+    return " ".join(str(exc.message).split())[:300]
+
+
+class _Server:
+    """The HTTP side: generation with retries, admin calls without (they are not
+    always idempotent and a failure must surface, not be hidden by a retry)."""
+
+    def __init__(self, config: VLLMGenerationConfig) -> None:
+        self.root, self.api = _split_base_url(config.base_url)
+        self.retry = RetryPolicy(max_retries=config.max_retries)
+        self.sync_timeout_s = config.sync_timeout_s
+        timeout = httpx2.Timeout(config.timeout_s, connect=min(config.timeout_s, 30.0), pool=None)
+        api_key = os.environ.get(config.api_key_var) if config.api_key_var else None
+        if config.api_key_var and not api_key:
+            raise VLLMBackendError(
+                f"generation.api_key_var names {config.api_key_var!r}, which is not set; "
+                "export it or drop api_key_var"
+            )
+        self._client = openai.AsyncOpenAI(
+            base_url=self.api,
+            api_key=api_key or "EMPTY",
+            max_retries=0,
+            timeout=timeout,
+            http_client=_make_http_client("aiohttp", timeout, 1024),
+        )
+
+    def _unreachable(self, exc: BaseException) -> VLLMBackendError:
+        return VLLMBackendError(
+            f"cannot reach the vLLM server at {self.root} ({type(exc).__name__}); "
+            "start it with `vfops vllm serve MODEL_DIR` or fix generation.base_url"
+        )
+
+    async def completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        payload = orjson.dumps(body)
+        attempt = 0
+        while True:
+            try:
+                response = await self._client.post(
+                    "/completions", cast_to=httpx2.Response, content=payload
+                )
+                data: dict[str, Any] = _decode_json(response.content)
+                return data
+            except openai.APIStatusError as exc:
+                if _is_context_error(exc):
+                    raise PromptTooLongError(
+                        f"prompt too long for the vLLM server: {_error_detail(exc)}"
+                    ) from exc
+                if attempt >= self.retry.max_retries or not self.retry.is_retryable(exc):
+                    raise VLLMBackendError(
+                        f"vLLM server at {self.root} refused a completion "
+                        f"(HTTP {exc.status_code}: {_error_detail(exc)})"
+                    ) from exc
+                delay = self.retry.delay_for(attempt, retry_after_of(exc))
+            except Exception as exc:
+                if attempt >= self.retry.max_retries or not self.retry.is_retryable(exc):
+                    if isinstance(exc, openai.APIConnectionError):
+                        raise self._unreachable(exc) from exc
+                    raise
+                delay = self.retry.delay_for(attempt, None)
+            log.debug(
+                "completion: retry %d/%d in %.2fs", attempt + 1, self.retry.max_retries, delay
+            )
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def admin(
+        self,
+        method: Literal["GET", "POST"],
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        what: str,
+        fix: str = "check the vLLM server log",
+    ) -> Any:
+        """Call a root-level admin route; any failure is a one-line VLLMBackendError."""
+        url = self.root + path
+        options: openai.RequestOptions = {"timeout": self.sync_timeout_s}
+        try:
+            if method == "GET":
+                response = await self._client.get(url, cast_to=httpx2.Response, options=options)
+            else:
+                response = await self._client.post(
+                    url,
+                    cast_to=httpx2.Response,
+                    content=orjson.dumps(body if body is not None else {}),
+                    options=options,
+                )
+        except openai.APIStatusError as exc:
+            if exc.status_code == 404:
+                fix = (
+                    "the server has no such route: start it with `vfops vllm serve` "
+                    "(it sets VLLM_SERVER_DEV_MODE=1)"
+                )
+            raise VLLMBackendError(
+                f"vLLM server at {self.root} failed {what} "
+                f"(HTTP {exc.status_code}: {_error_detail(exc)}); {fix}"
+            ) from exc
+        except openai.APIConnectionError as exc:
+            raise self._unreachable(exc) from exc
+        return _decode_json(response.content) if response.content else None
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def _decode_json(content: bytes) -> Any:
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedResponseError(f"vLLM response is not valid JSON: {exc}") from None
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def _canonical(message: Message) -> dict[str, Any]:
+    """What identifies a message in a conversation; assistant messages by what the
+    template renders (environments may add bookkeeping keys to them)."""
+    if message.get("role") == "assistant":
+        return {
+            "role": "assistant",
+            "content": message.get("content") or "",
+            "tool_calls": message.get("tool_calls") or [],
+        }
+    return {k: v for k, v in message.items() if v is not None}
+
+
+def _conversation_key(messages: Messages, tools: list[dict[str, Any]] | None) -> bytes:
+    return orjson.dumps(
+        [[_canonical(m) for m in messages], tools or []],
+        option=orjson.OPT_SORT_KEYS,
+        default=str,
+    )
+
+
+@dataclass(slots=True)
+class _Turn:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+
+
+class _PromptBuilder:
+    """Chat messages -> prompt token ids, continuing earlier turns token-exactly."""
+
+    def __init__(self, tokenizer: Any, cache_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.cache_size = cache_size
+        self._turns: collections.OrderedDict[bytes, _Turn] = collections.OrderedDict()
+        eos = tokenizer.eos_token_id
+        self.eos_id: int | None = int(eos) if isinstance(eos, int) else None
+        self.eos_text: str | None = tokenizer.eos_token
+
+    def render(
+        self, messages: Messages, tools: list[dict[str, Any]] | None, *, generation: bool
+    ) -> str:
+        text = self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages],
+            tools=tools or None,
+            add_generation_prompt=generation,
+            tokenize=False,
+        )
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def remember(
+        self,
+        messages: Messages,
+        tools: list[dict[str, Any]] | None,
+        reply: Message,
+        turn: _Turn,
+    ) -> None:
+        key = _conversation_key([*messages, reply], tools)
+        self._turns[key] = turn
+        self._turns.move_to_end(key)
+        while len(self._turns) > self.cache_size:
+            self._turns.popitem(last=False)
+
+    def _previous(
+        self, messages: Messages, tools: list[dict[str, Any]] | None
+    ) -> tuple[int, _Turn] | None:
+        """The latest assistant message in ``messages`` that this client produced."""
+        for k in range(len(messages) - 1, -1, -1):
+            if messages[k].get("role") != "assistant":
+                continue
+            turn = self._turns.get(_conversation_key(messages[: k + 1], tools))
+            if turn is not None:
+                self._turns.move_to_end(_conversation_key(messages[: k + 1], tools))
+                return k, turn
+            return None  # an assistant turn we did not generate: render afresh
+        return None
+
+    def build(
+        self, messages: Messages, tools: list[dict[str, Any]] | None
+    ) -> tuple[list[int], PromptSource]:
+        found = self._previous(messages, tools)
+        if found is not None:
+            continued = self._continue(messages, tools, *found)
+            if continued is not None:
+                return continued, "continued"
+            log.debug("chat template does not extend the previous turn: rendering afresh")
+        return self.encode(self.render(messages, tools, generation=True)), "rendered"
+
+    def _continue(
+        self, messages: Messages, tools: list[dict[str, Any]] | None, k: int, prev: _Turn
+    ) -> list[int] | None:
+        """prev prompt + prev completion + tokens of what the template renders after
+        them; None when the template does not extend its earlier rendering."""
+        before = self.render(messages[:k], tools, generation=True)
+        full = self.render(messages, tools, generation=True)
+        if not full.startswith(before):
+            return None
+        rest = full[len(before) :]
+        sampled = self.decode(prev.completion_ids, skip_special_tokens=False)
+        if rest.startswith(sampled):
+            # The template re-renders the sampled text verbatim (plain replies).
+            return prev.prompt_ids + prev.completion_ids + self.encode(rest[len(sampled) :])
+        # It renders the turn differently (parsed tool calls re-serialised, a
+        # stop string cut): keep the sampled tokens, close the turn, then append
+        # what follows the rendered assistant turn.
+        through = self.render(messages[: k + 1], tools, generation=False)
+        if not (through.startswith(before) and full.startswith(through) and self.eos_text):
+            return None
+        turn_text = through[len(before) :]
+        cut = turn_text.rfind(self.eos_text)
+        if cut < 0 or self.eos_id is None:
+            return None
+        close = [] if prev.completion_ids[-1:] == [self.eos_id] else [self.eos_id]
+        tail = turn_text[cut + len(self.eos_text) :] + full[len(through) :]
+        return prev.prompt_ids + prev.completion_ids + close + self.encode(tail)
+
+
+# --------------------------------------------------------------------------- client
+
+# Sampling args passed to vLLM's completions endpoint as they are.
+_PASSTHROUGH = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "stop_token_ids",
+    "ignore_eos",
+)
+
+
+def _completion_body(
+    model: str, prompt_ids: list[int], sampling_args: SamplingArgs | None
+) -> dict[str, Any]:
+    args: dict[str, Any] = dict(sampling_args or {})
+    extra = args.pop("extra_body", None)
+    if isinstance(extra, dict):
+        args.update(extra)
+    if int(args.get("n") or 1) != 1:
+        raise ValueError("VLLMBackend's client returns one message; sampling_args n must be 1")
+    if args.get("stream"):
+        raise ValueError("VLLMBackend's client does not stream; drop 'stream'")
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt_ids,
+        "n": 1,
+        "logprobs": 0,  # the sampled token's log-probability only
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,  # fallback for servers without return_token_ids
+        "skip_special_tokens": False,
+    }
+    cap = args.get("max_completion_tokens", args.get("max_tokens"))
+    if cap is not None:
+        body["max_tokens"] = int(cap)
+    for key in _PASSTHROUGH:
+        if args.get(key) is not None:
+            body[key] = args[key]
+    body.setdefault("temperature", 1.0)
+    return body
+
+
+def _completion_tokens(choice: dict[str, Any]) -> tuple[list[int], list[float]]:
+    logprobs = choice.get("logprobs") or {}
+    values = logprobs.get("token_logprobs")
+    ids = choice.get("token_ids")
+    if ids is None and logprobs.get("tokens") is not None:
+        # return_tokens_as_token_ids renders each token as "token_id:<id>".
+        ids = [int(str(t).rsplit(":", 1)[-1]) for t in logprobs["tokens"]]
+    if ids is None or values is None:
+        raise MalformedResponseError(
+            "vLLM response has no token ids or logprobs; use vLLM >= 0.10.2 "
+            "started by `vfops vllm serve`"
+        )
+    if len(ids) != len(values):
+        raise MalformedResponseError(
+            f"vLLM returned {len(ids)} token ids but {len(values)} logprobs"
+        )
+    floats = [float("-inf") if v is None else float(v) for v in values]
+    return [int(i) for i in ids], floats
+
+
+class VLLMClient:
+    """The :class:`~vfops.clients.ModelClient` of :class:`VLLMBackend`.
+
+    Every response's ``raw`` holds :data:`TOKENS_KEY` -> :class:`TurnTokens`, the
+    server's response under ``"completion"`` and :data:`PROMPT_SOURCE_KEY`.
+    """
+
+    def __init__(
+        self,
+        backend: VLLMBackend,
+        prompts: _PromptBuilder,
+        prompt_ids_fn: Callable[[Messages, list[dict[str, Any]] | None], list[int] | None]
+        | None = None,
+    ) -> None:
+        self._backend = backend
+        self._prompts = prompts
+        self._prompt_ids_fn = prompt_ids_fn
+
+    def prompt_ids(
+        self, messages: Messages, tools: list[dict[str, Any]] | None = None
+    ) -> tuple[list[int], PromptSource]:
+        """The prompt ids the next ``chat`` with these messages would send."""
+        if self._prompt_ids_fn is not None:
+            given = self._prompt_ids_fn(messages, tools)
+            if given is not None:
+                return list(given), "given"
+        return self._prompts.build(messages, tools)
+
+    async def chat(
+        self,
+        *,
+        model: str,
+        messages: Messages,
+        sampling_args: SamplingArgs | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> ChatResponse:
+        backend = self._backend
+        served = await backend.served_model()
+        prompt_ids, source = self.prompt_ids(messages, tools)
+        body = _completion_body(served, prompt_ids, sampling_args)
+        version = backend.policy_version
+        data = await backend.server.completion(body)
+        try:
+            choice = data["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise MalformedResponseError(
+                f"vLLM response has no choices[0]: {str(data)[:200]}"
+            ) from None
+        completion_ids, logprobs = _completion_tokens(choice)
+        message, finish = self._message(completion_ids, choice.get("finish_reason"), tools)
+        self._prompts.remember(messages, tools, message, _Turn(prompt_ids, completion_ids))
+        tokens: TurnTokens = {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "completion_logprobs": logprobs,
+            "temperature": float(body["temperature"]),
+            "policy_version": version,
+        }
+        return ChatResponse(
+            message=message,
+            finish_reason=finish,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(completion_ids),
+            raw={TOKENS_KEY: tokens, PROMPT_SOURCE_KEY: source, "completion": data},
+        )
+
+    def _message(
+        self, completion_ids: list[int], finish: str | None, tools: list[dict[str, Any]] | None
+    ) -> tuple[Message, str | None]:
+        from vfops.local._client import _TOOL_CALL_RE, _parse_tool_calls
+
+        # Decoded here (not the server's text) so content always matches the ids.
+        text = self._prompts.decode(completion_ids, skip_special_tokens=True)
+        message: Message = {"role": "assistant", "content": text}
+        if tools:
+            calls = _parse_tool_calls(text)
+            if calls:
+                first = _TOOL_CALL_RE.search(text)
+                message["content"] = text[: first.start()].rstrip() if first else text
+                message["tool_calls"] = calls
+                finish = "tool_calls"
+        return message, finish
+
+    async def aclose(self) -> None:
+        """The backend owns the connection; close it with ``VLLMBackend.aclose``."""
+
+
+# --------------------------------------------------------------------------- weight sync
+
+
+def _save_weights(model: torch.nn.Module, target: Path) -> None:
+    """Write ``model`` as a checkpoint directory vLLM can load (atomically renamed)."""
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_pretrained = getattr(model, "save_pretrained", None)
+    if callable(save_pretrained):
+        # Hugging Face models: checkpoint names, tied weights dropped, config.json.
+        save_pretrained(str(tmp), max_shard_size="1000GB")
+    else:
+        from safetensors.torch import save_model
+
+        save_model(model, str(tmp / "model.safetensors"))
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
+def _named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Checkpoint-named parameters, each shared tensor once (tied embeddings)."""
+    return [(name, p.detach()) for name, p in model.named_parameters()]
+
+
+class NcclChannel(Protocol):
+    """The trainer's end (rank 0) of the NCCL group with the vLLM workers."""
+
+    def broadcast(self, tensors: list[torch.Tensor]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+ChannelFactory = Callable[[str, int, int, "torch.device"], NcclChannel]
+"""(master address, master port, world size, device) -> an open channel (blocks
+until every vLLM worker has joined)."""
+
+
+class _PyNcclChannel:
+    def __init__(self, group: Any) -> None:
+        self._group = group
+
+    def broadcast(self, tensors: list[torch.Tensor]) -> None:
+        import torch
+
+        stream = torch.cuda.current_stream()
+        for tensor in tensors:
+            # NCCL sends numel elements from data_ptr(): never a strided view.
+            self._group.broadcast(tensor.contiguous(), src=0, stream=stream)
+        stream.synchronize()
+
+    def close(self) -> None:
+        destroy = getattr(self._group, "destroy", None)
+        if callable(destroy):
+            destroy()
+
+
+def open_vllm_nccl_channel(
+    address: str, port: int, world_size: int, device: torch.device
+) -> NcclChannel:
+    """Join vLLM's weight-transfer NCCL group as rank 0 (needs ``vllm`` and CUDA)."""
+    import torch
+
+    try:
+        importlib.import_module("vllm")
+    except ImportError as exc:
+        raise VLLMBackendError(
+            "generation.sync='nccl' needs vllm importable in the trainer's Python "
+            "(pip install vllm in its venv), or use sync='filesystem'"
+        ) from exc
+    if device.type != "cuda":
+        raise VLLMBackendError(
+            f"generation.sync='nccl' needs the model on a CUDA device (it is on {device}); "
+            "use sync='filesystem'"
+        )
+    torch.cuda.set_device(device)
+    group: Any
+    try:  # vLLM >= 0.2x: the helper its own trainer engine uses
+        common: Any = importlib.import_module("vllm.distributed.weight_transfer.nccl_common")
+        group = common.trainer_init(
+            {"master_address": address, "master_port": port, "world_size": world_size}
+        )
+    except (ImportError, AttributeError):  # older vLLM: the TRL-era pattern
+        pynccl: Any = importlib.import_module("vllm.distributed.device_communicators.pynccl")
+        utils: Any = importlib.import_module("vllm.distributed.utils")
+        pg = utils.StatelessProcessGroup.create(
+            host=address, port=port, rank=0, world_size=world_size
+        )
+        group = pynccl.PyNcclCommunicator(pg, device=device)
+    return _PyNcclChannel(group)
+
+
+def _free_port(address: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- backend
+
+
+class VLLMBackend:
+    """A :class:`~vfops.training._backend.GenerationBackend` over a vLLM server.
+
+    ``tokenizer`` must be the served model's (the trainer's). ``prompt_ids_fn``,
+    if given, is asked first for each turn's prompt ids (``None`` = let the
+    backend build them). ``nccl_channel`` replaces the NCCL data plane (tests).
+    Create, use and close it inside one event loop.
+    """
+
+    def __init__(
+        self,
+        config: VLLMGenerationConfig,
+        tokenizer: Any,
+        *,
+        prompt_ids_fn: Callable[[Messages, list[dict[str, Any]] | None], list[int] | None]
+        | None = None,
+        nccl_channel: ChannelFactory | None = None,
+    ) -> None:
+        if tokenizer is None or not callable(getattr(tokenizer, "apply_chat_template", None)):
+            raise VLLMBackendError(
+                "VLLMBackend needs the served model's tokenizer (with a chat template); "
+                "pass AutoTokenizer.from_pretrained(MODEL_DIR)"
+            )
+        self.config = config
+        self.server = _Server(config)
+        self.policy_version = 0
+        self.syncs = 0
+        self._served: str | None = config.model
+        self._client = VLLMClient(
+            self, _PromptBuilder(tokenizer, config.prompt_cache_size), prompt_ids_fn
+        )
+        self._sync_dir, self._own_sync_dir = self._make_sync_dir(config)
+        self._last_dir: Path | None = None
+        self._open_channel: ChannelFactory = nccl_channel or open_vllm_nccl_channel
+        self._channel: NcclChannel | None = None
+        self._sync_lock = asyncio.Lock()
+
+    @classmethod
+    def from_config(
+        cls, config: VLLMGenerationConfig, tokenizer: Any, **kwargs: Any
+    ) -> VLLMBackend:
+        """The backend for ``config`` (a :class:`VLLMGenerationConfig`)."""
+        if not isinstance(config, VLLMGenerationConfig):
+            raise VLLMBackendError(
+                f"VLLMBackend.from_config needs a VLLMGenerationConfig, got {type(config).__name__}"
+            )
+        return cls(config, tokenizer, **kwargs)
+
+    @staticmethod
+    def _make_sync_dir(config: VLLMGenerationConfig) -> tuple[Path | None, bool]:
+        if config.sync != "filesystem":
+            return None, False
+        if config.sync_dir is None:
+            import tempfile
+
+            return Path(tempfile.mkdtemp(prefix="vfops-vllm-sync-")), True
+        path = Path(config.sync_dir)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise VLLMBackendError(
+                f"generation.sync_dir {str(path)!r} cannot be created ({exc.strerror}); "
+                "pick a writable directory the server can read"
+            ) from exc
+        return path, False
+
+    @property
+    def client(self) -> ModelClient:
+        return self._client
+
+    @property
+    def vllm_client(self) -> VLLMClient:
+        """The client with its extra ``prompt_ids`` method."""
+        return self._client
+
+    async def served_model(self) -> str:
+        """The served model name (asked once from ``/v1/models`` when not configured)."""
+        if self._served is None:
+            data = await self.server.admin("GET", "/v1/models", what="listing models")
+            try:
+                self._served = str(data["data"][0]["id"])
+            except (KeyError, IndexError, TypeError):
+                raise VLLMBackendError(
+                    f"vLLM server at {self.server.root} lists no model; set generation.model"
+                ) from None
+        return self._served
+
+    async def sync_weights(self, model: torch.nn.Module, policy_version: int) -> float:
+        """Load ``model``'s weights into the server; seconds taken. Turns started
+        after this returns carry ``policy_version``."""
+        async with self._sync_lock:
+            start = time.perf_counter()
+            if self.config.sync == "filesystem":
+                await self._sync_filesystem(model, policy_version)
+            else:
+                await self._sync_nccl(model, policy_version)
+            await self._reset_prefix_cache()
+            self.policy_version = policy_version
+            self.syncs += 1
+            return time.perf_counter() - start
+
+    async def _sync_filesystem(self, model: torch.nn.Module, version: int) -> None:
+        assert self._sync_dir is not None
+        target = self._sync_dir / f"policy-{version:08d}"
+        try:
+            await asyncio.to_thread(_save_weights, model, target)
+        except OSError as exc:
+            raise VLLMBackendError(
+                f"cannot write weights to {str(target)!r} ({exc.strerror or exc}); "
+                "check generation.sync_dir has room and is writable"
+            ) from exc
+        await self.server.admin(
+            "POST",
+            "/collective_rpc",
+            # Only string arguments cross this endpoint (vLLM's rule).
+            {"method": "reload_weights", "kwargs": {"weights_path": str(target)}},
+            what=f"reload_weights from {target}",
+            fix="check the server can read generation.sync_dir and its log",
+        )
+        previous, self._last_dir = self._last_dir, target
+        if previous is not None and previous != target:
+            shutil.rmtree(previous, ignore_errors=True)
+
+    async def _sync_nccl(self, model: torch.nn.Module, version: int) -> None:
+        weights = _named_weights(model)
+        if not weights:
+            raise VLLMBackendError("the model has no parameters to sync")
+        channel = self._channel or await self._init_nccl(weights[0][1].device)
+        update_info = {
+            "names": [name for name, _ in weights],
+            "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in weights],
+            "shapes": [list(t.shape) for _, t in weights],
+        }
+        await self.server.admin("POST", "/start_weight_update", what="start_weight_update")
+        # The workers receive inside /update_weights: it must be in flight while
+        # this process broadcasts (both meet in the same NCCL calls).
+        receive = asyncio.ensure_future(
+            self.server.admin(
+                "POST", "/update_weights", {"update_info": update_info}, what="update_weights"
+            )
+        )
+        try:
+            await asyncio.to_thread(channel.broadcast, [t for _, t in weights])
+        except BaseException:
+            receive.cancel()
+            raise
+        await receive
+        await self.server.admin(
+            "POST",
+            "/finish_weight_update",
+            {"weight_version": str(version)},
+            what="finish_weight_update",
+        )
+
+    async def _init_nccl(self, device: torch.device) -> NcclChannel:
+        info = await self.server.admin(
+            "GET",
+            "/get_world_size?include_dp=true",
+            what="get_world_size",
+            fix="start the server with `vfops vllm serve --sync nccl`",
+        )
+        world_size = 1 + int(info["world_size"])
+        address = self.config.nccl_master_address
+        port = self.config.nccl_master_port or _free_port(address)
+        init = self.server.admin(
+            "POST",
+            "/init_weight_transfer_engine",
+            {
+                "init_info": {
+                    "master_address": address,
+                    "master_port": port,
+                    "rank_offset": 1,
+                    "world_size": world_size,
+                    "packed": False,
+                }
+            },
+            what="init_weight_transfer_engine",
+            fix="start the server with `vfops vllm serve --sync nccl`",
+        )
+        # Workers block in the rendezvous until this process joins: run both at once.
+        results = await asyncio.gather(
+            init,
+            asyncio.to_thread(self._open_channel, address, port, world_size, device),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                channel = results[1]
+                if not isinstance(channel, BaseException):
+                    channel.close()
+                raise result
+        channel = results[1]
+        assert not isinstance(channel, BaseException)
+        self._channel = channel
+        return channel
+
+    async def _reset_prefix_cache(self) -> None:
+        """Cached KV of shared prefixes was computed by the old weights: drop it."""
+        for running in ("false", "true"):
+            # Fails while running requests hold blocks; the second try resets
+            # those too (they are recomputed with the new weights).
+            data = await self.server.admin(
+                "POST",
+                f"/reset_prefix_cache?reset_running_requests={running}",
+                what="reset_prefix_cache",
+            )
+            if not isinstance(data, dict) or data.get("success", True):
+                return
+        raise VLLMBackendError(
+            f"vLLM server at {self.server.root} could not reset its prefix cache after a "
+            "weight sync; check the server log"
+        )
+
+    async def aclose(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            with contextlib.suppress(VLLMBackendError):
+                await self.server.admin("POST", "/shutdown_weight_transfer_engine", what="shutdown")
+            channel.close()
+        await self.server.aclose()
+        if self._own_sync_dir and self._sync_dir is not None:
+            shutil.rmtree(self._sync_dir, ignore_errors=True)
+
+    async def __aenter__(self) -> VLLMBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
