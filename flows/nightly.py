@@ -29,7 +29,10 @@ class NightlyConfig(BaseModel):
         description="Environment names; each is evaluated at its latest published version "
         "(name@latest) unless a version is pinned (name@1.2.3)."
     )
-    endpoints: list[str] = Field(description="Endpoint aliases from the endpoints file.")
+    endpoints: list[str] = Field(
+        description="Endpoint aliases from the endpoints file, or registry models run "
+        "in-process: models:/NAME@champion is whoever holds champion when the night starts."
+    )
     endpoints_file: str | None = Field(
         default=None, description="endpoints.toml (default: $VFOPS_ENDPOINTS or ./endpoints.toml)."
     )
@@ -84,7 +87,12 @@ async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
     from vfops.reports import nightly_trend_chart, regression_markdown
 
     logger = get_run_logger()
-    cells = validate_sweep(config.sweep())  # bad input fails here, before any model call
+    # bad input fails here, before any model call; registry aliases (models:/NAME@champion)
+    # are pinned here too: the whole night evaluates whoever held the alias at its start
+    cells = validate_sweep(config.sweep())
+    pinned = {cell.model_ref: cell.endpoint for cell in cells if cell.model_ref}
+    for ref, version in pinned.items():
+        logger.info("%s is %s for this night", ref, version)
     futures = [run_nightly_cell.submit(cell) for cell in cells]
     results = [future.result() for future in futures]
     comparisons = [compare_cell(result, config.alpha, config.pass_threshold) for result in results]
@@ -96,6 +104,10 @@ async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
     reports = [(c.label, c.report) for c in comparisons if c.report is not None]
     baselines = [c.label for c in comparisons if c.report is None]
     markdown = regression_markdown(reports, chart) if reports else "# Nightly eval\n"
+    if pinned:
+        markdown += "\n\nModels this night: " + ", ".join(
+            f"{ref} = {version}" for ref, version in sorted(pinned.items())
+        )
     if baselines:
         markdown += "\n\nFirst nightly run (baseline, nothing to compare): " + ", ".join(baselines)
     await create_markdown_artifact(

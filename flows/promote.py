@@ -32,6 +32,8 @@ async def promote_checkpoint_flow(
     sampling_args: dict[str, Any] | None = None,
     force: bool = False,
     actor: str | None = None,
+    evidence_runs: dict[str, str] | None = None,
+    reuse: bool = True,
 ) -> dict[str, Any]:
     """Promote registered model ``name`` version ``version`` to ``alias`` if the gate passes.
 
@@ -46,6 +48,9 @@ async def promote_checkpoint_flow(
         sampling_args: Sampling arguments of the gate evals (same for both models).
         force: Move the alias even if the gate fails (recorded as forced).
         actor: Who asks (default: $USER of the worker).
+        evidence_runs: Gate environment -> an existing completed registry run of the
+            candidate to use instead of evaluating it.
+        reuse: Use completed runs that answer the gate's exact request.
     """
     decision = await promote_async(
         name,
@@ -58,6 +63,8 @@ async def promote_checkpoint_flow(
         sampling_args=sampling_args,
         force=force,
         actor=actor,
+        evidence_runs=evidence_runs,
+        reuse=reuse,
     )
     lines = [
         f"# {decision.outcome.upper()}{' (forced)' if decision.forced else ''}: "

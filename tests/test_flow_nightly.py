@@ -145,3 +145,61 @@ async def test_three_nights(harness: None, published_env: str) -> None:
     # rerunning the same night resumes/reuses its run instead of starting another
     again, _ = await run_night(published_env, "2026-11-03", answer_with(0.75, seed=4))
     assert again[0]["run_id"] == dropped[0]["run_id"]
+
+
+@pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning")
+async def test_nightly_evaluates_whoever_holds_champion(
+    harness: None, published_env: str, tmp_path: Path
+) -> None:
+    """Each night pins ``models:/NAME@champion`` at its start and follows the alias."""
+    from flows.nightly import NightlyConfig, nightly_eval
+    from vfops.local import build_tiny_model
+    from vfops.models import register_checkpoint
+    from vfops.models._mlflow import mlflow_client
+    from vfops.sweeps import SweepSpec, run_cell_async, validate_sweep
+
+    base = build_tiny_model(tmp_path / "tiny", seed=3)
+    for _ in range(2):
+        register_checkpoint(base, name="nightly-tiny")
+    registry = mlflow_client()
+    registry.set_registered_model_alias("nightly-tiny", "champion", "1")
+    champion = "models:/nightly-tiny@champion"
+
+    def config(night: str) -> NightlyConfig:
+        return NightlyConfig(
+            environments=["nightly_env"],
+            endpoints=[champion],
+            num_examples=6,
+            rollouts_per_example=1,
+            date=night,
+        )
+
+    first = await nightly_eval(config("2026-12-01"))
+    assert [(c["model"], c["model_ref"], c["previous_run_id"]) for c in first] == [
+        ("models:/nightly-tiny/1", champion, None)
+    ]
+
+    registry.set_registered_model_alias("nightly-tiny", "champion", "2")  # a promotion
+    second = await nightly_eval(config("2026-12-02"))
+    (cell,) = second
+    assert cell["model"] == "models:/nightly-tiny/2"
+    # compared with last night's champion, whichever version that was
+    assert cell["previous_run_id"] == first[0]["run_id"]
+    assert cell["previous_model"] == "models:/nightly-tiny/1"
+    assert cell["report"] is not None
+    assert "models:/nightly-tiny/1 -> models:/nightly-tiny/2" in cell["label"]
+
+    # the alias is resolved once, when the sweep is validated: moving it while the
+    # sweep runs does not change what the sweep evaluates
+    (planned,) = validate_sweep(
+        SweepSpec(environments=["nightly_env"], endpoints=[champion], num_examples=2)
+    )
+    assert (planned.endpoint, planned.model_ref) == ("models:/nightly-tiny/2", champion)
+    registry.set_registered_model_alias("nightly-tiny", "champion", "1")
+    result = await run_cell_async(planned)
+    assert result.model == "models:/nightly-tiny/2" and result.rollouts == 2 * 3
+
+    from vfops._errors import VfopsError
+
+    with pytest.raises(VfopsError, match=r"models:/nobody@champion does not exist"):
+        validate_sweep(SweepSpec(environments=["nightly_env"], endpoints=["models:/nobody@champion"]))

@@ -1,4 +1,7 @@
-"""Checkpoints in the MLflow registry and evidence-gated promotion (embedded SQLite stores).
+"""Checkpoints in the MLflow registry and evidence-gated promotion.
+
+The promotion scenario runs on the embedded stores (SQLite, local artifacts) and
+against a real ``mlflow server`` whose artifacts go to S3 on moto's server mode.
 
 The gate environment rewards brevity: 1 / (1 + characters of the reply). The
 tiny model decodes greedily (temperature 0), so a checkpoint whose
@@ -20,6 +23,8 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from tests.mlflow_fixtures import MlflowServer, fake_aws_env, mlflow_server  # noqa: F401
+from tests.s3_fixtures import moto_endpoint  # noqa: F401
 from vfops.registry import dispose_engines, get_engine
 
 # MLflow's SQLAlchemy store still uses the ``noload`` strategy (deprecated in SQLAlchemy 2.1)
@@ -86,8 +91,7 @@ def checkpoint(base: Path, dst: Path, max_new_tokens: int) -> Path:
     return dst
 
 
-@pytest.fixture
-def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def _stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     home = tmp_path / "home"
     monkeypatch.setenv("VFOPS_HOME", str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -95,7 +99,29 @@ def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     monkeypatch.setenv("VFOPS_DATABASE_URL", url)
     monkeypatch.setenv("USER", "tester")
-    yield url
+    return url
+
+
+@pytest.fixture
+def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Embedded MLflow (SQLite + local artifacts) and a SQLite vfops registry."""
+    yield _stores(tmp_path, monkeypatch)
+    dispose_engines()
+
+
+@pytest.fixture(params=["embedded", "server"])
+def mlflow_backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[MlflowServer | None]:
+    """The embedded stores, or a real mlflow server with S3 artifacts on moto."""
+    _stores(tmp_path, monkeypatch)
+    server: MlflowServer | None = None
+    if request.param == "server":
+        server = request.getfixturevalue("mlflow_server")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+        for key, value in fake_aws_env(server.s3_endpoint).items():
+            monkeypatch.setenv(key, value)
+    yield server
     dispose_engines()
 
 
@@ -121,8 +147,19 @@ def test_register_then_load_round_trips_the_folder(tiny_base: Path, stores: str)
         assert (local / name).read_bytes() == (tiny_base / name).read_bytes()
 
 
+def _bucket_keys(server: MlflowServer) -> list[str]:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=server.s3_endpoint)
+    try:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=server.bucket)
+        return [item["Key"] for page in pages for item in page.get("Contents", [])]
+    finally:
+        s3.close()
+
+
 def test_promotion_gate_records_every_decision(
-    tiny_base: Path, gate_env: str, stores: str, tmp_path: Path
+    tiny_base: Path, gate_env: str, mlflow_backend: MlflowServer | None, tmp_path: Path
 ) -> None:
     from vfops.cli._promote import promote_command
     from vfops.local import LocalModelClient
@@ -154,10 +191,47 @@ def test_promotion_gate_records_every_decision(
     with pytest.raises(PromotionRefusedError, match=gate_env):
         second.raise_if_refused()
 
+    # the holder v1 already has a completed run answering this exact gate: reused
+    assert result.holder_run_id == first.envs[0].candidate_run_id and result.holder_reused
+
     v3 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v3", 2), name="tiny")
-    third = promote("tiny", v3.version, **gate)  # type: ignore[arg-type]
+    # existing evidence for the candidate: a plain `vfops eval -m models:/tiny/3` run
+    from vfops.cli._app import app as vfops_app
+
+    evaluated = CliRunner().invoke(
+        vfops_app,
+        [
+            "eval",
+            gate_env,
+            "-m",
+            "models:/tiny/3",
+            "-n",
+            "10",
+            "-r",
+            "2",
+            "-T",
+            "0",
+            "-o",
+            str(tmp_path / "outputs"),
+            "--quiet",
+        ],
+        env={"COLUMNS": "200"},
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    with get_engine().connect() as connection:
+        (evidence_run,) = connection.execute(
+            text("SELECT id FROM eval_runs WHERE model = 'models:/tiny/3'")
+        ).scalars()
+    from vfops._errors import VfopsError
+
+    with pytest.raises(VfopsError, match="evaluated models:/tiny/2, not models:/tiny/3"):
+        promote(  # a run of another version is not evidence for v3
+            "tiny", v3.version, evidence_runs={gate_env: result.candidate_run_id}, **gate
+        )
+    third = promote("tiny", v3.version, evidence_runs={gate_env: evidence_run}, **gate)  # type: ignore[arg-type]
     assert third.promoted, third.reason
     (result,) = third.envs
+    assert result.candidate_run_id == evidence_run and result.candidate_reused
     assert result.delta is not None and result.delta > 0 and result.verdict == "improvement"
 
     history = promotion_history("tiny")
@@ -168,7 +242,7 @@ def test_promotion_gate_records_every_decision(
     ]
     assert all(e.actor == "tester" and not e.forced and e.alias == "champion" for e in history)
     # the evidence names real registry runs of the gate environment
-    engine = get_engine(stores)
+    engine = get_engine()
     run_ids = {
         run
         for e in history
@@ -176,7 +250,7 @@ def test_promotion_gate_records_every_decision(
         for run in (info["candidate_run_id"], info["holder_run_id"])
         if run
     }
-    assert len(run_ids) == 5
+    assert len(run_ids) == 3  # v1, v2, v3: each evaluated once, reused after
     with engine.connect() as connection:
         envs = connection.execute(text("SELECT DISTINCT environment_name FROM eval_runs")).scalars()
         assert list(envs) == [gate_env]
@@ -199,6 +273,10 @@ def test_promotion_gate_records_every_decision(
     assert forced.promoted and forced.forced and "FORCED" in forced.reason
     assert promotion_history("tiny")[-1].forced
     assert load_model_dir("models:/tiny@champion").name == "2"
+
+    if mlflow_backend is not None:  # the checkpoints went to S3 through the server
+        keys = _bucket_keys(mlflow_backend)
+        assert sum(key.endswith("/model/model.safetensors") for key in keys) == 3, keys
 
 
 def test_promote_checkpoint_flow_is_defined() -> None:

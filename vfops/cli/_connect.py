@@ -9,6 +9,7 @@ from vfops._errors import VfopsError
 from vfops.clients._base import ModelClient
 
 LOCAL_PREFIX = "local:"
+MODEL_URI_PREFIX = "models:/"
 
 
 @dataclass
@@ -30,6 +31,8 @@ async def connect(
     """Resolve the endpoint, read its key from the environment and check it is reachable."""
     if model.startswith(LOCAL_PREFIX):
         return _connect_local(model[len(LOCAL_PREFIX) :])
+    if model.startswith(MODEL_URI_PREFIX):
+        return await _connect_registry(model)
     from vfops.clients import OpenAIClient, check_reachable, read_api_key, resolve_endpoint
 
     endpoint = resolve_endpoint(
@@ -52,3 +55,16 @@ def _connect_local(model_dir: str) -> Connection:
     from vfops.local import LocalModelClient
 
     return Connection(client=LocalModelClient(path), model=f"local:{path.name}", base_url=None)
+
+
+async def _connect_registry(uri: str) -> Connection:
+    """``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` from MLflow, run in-process.
+
+    The run records the pinned ``models:/NAME/VERSION``, so it can later serve as
+    promotion evidence for that version.
+    """
+    from vfops.models._inprocess import open_model_version_async, pin_model_uri
+
+    version = pin_model_uri(uri)
+    opened = await open_model_version_async(version)
+    return Connection(client=opened.client, model=opened.uri, base_url=None)

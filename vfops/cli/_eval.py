@@ -23,7 +23,8 @@ def eval_command(
         typer.Option(
             "--model",
             "-m",
-            help="Model name, an alias from --endpoints, or local:DIR for an in-process model.",
+            help="Model name, an alias from --endpoints, local:DIR for an in-process model, "
+            "or models:/NAME@ALIAS | models:/NAME/VERSION from the MLflow registry (in-process).",
         ),
     ],
     num_examples: Annotated[

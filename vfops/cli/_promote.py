@@ -80,6 +80,23 @@ def promote_command(
     force: Annotated[
         bool, typer.Option("--force", help="Move the alias even if the gate fails (recorded).")
     ] = False,
+    run: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--run",
+            help="ENV=RUN_ID: an existing completed registry run of the candidate on ENV "
+            "(e.g. from vfops eval ENV -m models:/NAME/VERSION) to use as its evidence "
+            "(repeatable); ENV is added to the gate.",
+        ),
+    ] = None,
+    reuse: Annotated[
+        bool,
+        typer.Option(
+            "--reuse/--no-reuse",
+            help="Use completed runs that answer the gate's exact request instead of "
+            "evaluating again.",
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Promote NAME VERSION to an alias on evidence, or show `history NAME`."""
@@ -91,11 +108,14 @@ def promote_command(
     args = json.loads(sampling_args) if sampling_args else {}
     if not isinstance(args, dict):
         raise VfopsError("--sampling-args must be a JSON object")
+    evidence = _evidence_runs(run or [])
     decision = promote(
         name,
         version,
         alias=alias,
-        gate_envs=env or [],
+        gate_envs=[*(env or []), *evidence],
+        evidence_runs=evidence,
+        reuse=reuse,
         num_examples=num_examples,
         rollouts_per_example=rollouts_per_example,
         metric=metric,
@@ -110,6 +130,16 @@ def promote_command(
             print(result.describe(metric))
         print(f"{decision.outcome}{' (forced)' if decision.forced else ''}: {decision.reason}")
     decision.raise_if_refused()
+
+
+def _evidence_runs(items: list[str]) -> dict[str, str]:
+    runs: dict[str, str] = {}
+    for item in items:
+        env, sep, run_id = item.partition("=")
+        if not sep or not env.strip() or not run_id.strip():
+            raise VfopsError(f"--run {item!r} is not ENV=RUN_ID; e.g. --run arithmetic=3f2a...")
+        runs[env.strip()] = run_id.strip()
+    return runs
 
 
 def _history(name: str, alias: str | None, as_json: bool) -> None:

@@ -3,7 +3,9 @@
 The candidate and the current alias holder are evaluated in-process
 (:class:`vfops.local.LocalModelClient`) on every gate environment with the same
 request (examples, rollouts, sampling arguments, seed); both runs are recorded
-in the vfops registry, so the evidence has run ids. Per environment, the
+in the vfops registry, so the evidence has run ids. Existing completed runs are
+used instead when they answer exactly that request (given explicitly as evidence
+for the candidate, or found in the registry), so no version is evaluated twice. Per environment, the
 candidate is compared with the holder by :func:`vfops.stats.compare_runs_statistically`
 (the nightly sweep's paired test) on the configured metric.
 
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import getpass
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from vfops._errors import VfopsError
 from vfops._settings import vfops_home
-from vfops.models._checkpoints import ModelVersionInfo, load_model_dir, resolve_version
+from vfops.models._checkpoints import ModelVersionInfo, resolve_version
 from vfops.models._mlflow import mlflow_client
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ class EnvGateResult:
     verdict: str | None = None
     regressed: bool = False
     summary: str = ""
+    candidate_reused: bool = False
+    holder_reused: bool = False
 
     def describe(self, metric: str) -> str:
         if self.holder_run_id is None:
@@ -123,16 +126,6 @@ def default_actor() -> str:
         return "unknown"
 
 
-def _generation_cap(model_dir: Path, default: int = 64) -> int:
-    """The checkpoint's own ``max_new_tokens`` (generation_config.json), else ``default``."""
-    try:
-        data = json.loads((model_dir / "generation_config.json").read_text())
-    except (OSError, ValueError):
-        return default
-    value = data.get("max_new_tokens") if isinstance(data, dict) else None
-    return int(value) if isinstance(value, int) and value > 0 else default
-
-
 def metric_values(engine: Engine, run_id: str, metric: str) -> dict[int, list[float]]:
     """``example_id -> values`` of ``metric`` (``reward``/``reward_mean`` or a rubric metric).
 
@@ -160,54 +153,135 @@ def metric_values(engine: Engine, run_id: str, metric: str) -> dict[int, list[fl
     return values
 
 
+@dataclass(frozen=True)
+class GateRequest:
+    """What one gate evaluation runs: the same for the candidate and the holder."""
+
+    env: str
+    num_examples: int
+    rollouts_per_example: int
+    sampling_args: dict[str, Any]
+    env_args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GateRun:
+    run_id: str
+    reused: bool
+
+
+def _run_row(engine: Engine, run_id: str) -> Any:
+    from vfops.registry import get_run, session_scope
+
+    with session_scope(engine, write=False) as session:
+        run = get_run(session, run_id)
+        if run is not None:
+            session.expunge(run)
+        return run
+
+
+def evidence_request(engine: Engine, env: str, run_id: str, candidate_uri: str) -> GateRequest:
+    """The gate request an existing run of the candidate answers; refuses a run that can't."""
+    run = _run_row(engine, run_id)
+    if run is None:
+        raise VfopsError(f"evidence run {run_id} is not in the registry; check `vfops runs list`")
+    problem = None
+    if run.environment_name != env:
+        problem = f"is a run of {run.environment_name}, not of {env}"
+    elif run.model != candidate_uri:
+        problem = (
+            f"evaluated {run.model}, not {candidate_uri}; evaluate the candidate with "
+            f"vfops eval {env} -m {candidate_uri}"
+        )
+    elif run.status != "completed":
+        problem = f"is {run.status}; finish it with vfops eval --resume, or drop --run"
+    if problem is not None:
+        raise VfopsError(f"evidence run {run_id} {problem}")
+    return GateRequest(
+        env=env,
+        num_examples=run.num_examples,
+        rollouts_per_example=run.rollouts_per_example,
+        sampling_args=dict(run.sampling_args),
+        env_args=dict(run.env_args),
+    )
+
+
+def find_reusable_run(engine: Engine, request: GateRequest, model_uri: str) -> str | None:
+    """The newest completed run of ``model_uri`` answering ``request`` with today's env code.
+
+    Any completed run counts (an earlier promotion, a nightly sweep, a plain
+    ``vfops eval -m models:/NAME/VERSION``) as long as the environment code, N, R,
+    sampling and environment arguments are the ones this gate would use.
+    """
+    from sqlalchemy import select
+
+    from vfops.evaluation._tracked import resolve_provenance
+    from vfops.registry import EvalRun, session_scope
+
+    code_hash = resolve_provenance(engine, request.env).code_hash
+    with session_scope(engine, write=False) as session:
+        runs = session.scalars(
+            select(EvalRun)
+            .where(
+                EvalRun.environment_name == request.env,
+                EvalRun.model == model_uri,
+                EvalRun.status == "completed",
+                EvalRun.num_examples == request.num_examples,
+                EvalRun.rollouts_per_example == request.rollouts_per_example,
+                EvalRun.environment_content_hash == code_hash,
+            )
+            .order_by(EvalRun.started_at.desc(), EvalRun.id.desc())
+        )
+        for run in runs:
+            if run.sampling_args == request.sampling_args and run.env_args == request.env_args:
+                return str(run.id)
+    return None
+
+
 async def _evaluate(
-    env_name: str,
-    model_uri: str,
-    model_dir: Path,
+    request: GateRequest,
+    version: ModelVersionInfo,
     *,
-    num_examples: int,
-    rollouts_per_example: int,
-    sampling_args: Mapping[str, Any],
-    env_args: Mapping[str, Any],
     seed: int,
-    tag: str,
     engine: Engine,
     output_root: Path,
-) -> str:
+    reuse: bool,
+) -> GateRun:
+    """A completed run of ``version`` for ``request``: reused when allowed, else evaluated."""
     from vfops.envs import load_environment
     from vfops.evaluation import EvalRequest
     from vfops.evaluation._tracked import run_tracked_eval_async
-    from vfops.local import LocalModelClient
+    from vfops.models._inprocess import open_model_version_async
 
-    env = load_environment(env_name, **dict(env_args))
-    request = EvalRequest(
-        env_name=env_name,
-        model=model_uri,
-        num_examples=num_examples,
-        rollouts_per_example=rollouts_per_example,
-        sampling_args=dict(sampling_args),
-        env_args=dict(env_args),
-        tags=[PROMOTION_TAG, tag],
+    if reuse:
+        existing = await asyncio.to_thread(find_reusable_run, engine, request, version.uri)
+        if existing is not None:
+            return GateRun(existing, reused=True)
+    env = load_environment(request.env, **request.env_args)
+    eval_request = EvalRequest(
+        env_name=request.env,
+        model=version.uri,
+        num_examples=request.num_examples,
+        rollouts_per_example=request.rollouts_per_example,
+        sampling_args=dict(request.sampling_args),
+        env_args=dict(request.env_args),
+        tags=[PROMOTION_TAG],
     )
-    request.validate()
-    client = await asyncio.to_thread(
-        LocalModelClient,
-        model_dir,
-        seed=seed,
-        max_new_tokens_default=_generation_cap(model_dir),
-    )
+    eval_request.validate()
+    opened = await open_model_version_async(version, seed=seed)
     try:
         tracked, result = await run_tracked_eval_async(
-            env, client, request, output_root=output_root, engine=engine
+            env, opened.client, eval_request, output_root=output_root, engine=engine
         )
     finally:
-        await client.aclose()
+        await opened.client.aclose()
+        await env.aclose()
     if result.status != "completed":
         raise VfopsError(
-            f"gate eval of {model_uri} on {env_name} ended {result.status} "
+            f"gate eval of {version.uri} on {request.env} ended {result.status} "
             f"(run {tracked.run_id}); fix it and promote again"
         )
-    return tracked.run_id
+    return GateRun(tracked.run_id, reused=False)
 
 
 def _mean(values: Mapping[int, Sequence[float]]) -> float:
@@ -232,12 +306,21 @@ async def promote_async(
     seed: int = 0,
     engine: Engine | None = None,
     output_root: Path | None = None,
+    evidence_runs: Mapping[str, str] | None = None,
+    reuse: bool = True,
 ) -> PromotionDecision:
     """Evaluate, compare, decide, record; see the module docstring.
 
     Returns the decision (``outcome`` ``"promoted"`` or ``"refused"``; call
     :meth:`PromotionDecision.raise_if_refused` to turn a refusal into an error).
     ``env_args`` maps a gate environment to its ``load_environment`` arguments.
+
+    ``evidence_runs`` maps a gate environment to an existing completed registry run
+    of the candidate (its model must be ``models:/NAME/VERSION``); the holder is
+    then evaluated with that run's N, R, sampling and environment arguments. With
+    ``reuse`` (the default) any completed run of a model that answers exactly the
+    gate's request with today's environment code is used instead of evaluating
+    again (:func:`find_reusable_run`).
     """
     from mlflow.exceptions import MlflowException
 
@@ -266,42 +349,64 @@ async def promote_async(
             "without evidence (recorded as forced)"
         )
 
-    candidate_dir = await asyncio.to_thread(load_model_dir, candidate.uri)
-    holder_dir = await asyncio.to_thread(load_model_dir, holder.uri) if holder else None
-    tag = f"promotion:{name}@{alias}:{version}"
+    unknown = sorted(set(evidence_runs or {}) - set(envs))
+    if unknown:
+        raise VfopsError(
+            f"evidence run given for {unknown[0]!r}, which is not a gate environment "
+            f"({', '.join(envs) or 'none'}); add --env {unknown[0]} or drop its --run"
+        )
+    given = dict(evidence_runs or {})
+    requests = [
+        evidence_request(engine, env, given[env], candidate.uri)
+        if env in given
+        else GateRequest(
+            env=env,
+            num_examples=num_examples,
+            rollouts_per_example=rollouts_per_example,
+            sampling_args=dict(sampling_args or {}),
+            env_args=dict((env_args or {}).get(env, {})),
+        )
+        for env in envs
+    ]  # every check before any model is loaded
+    common: dict[str, Any] = {
+        "seed": seed,
+        "engine": engine,
+        "output_root": output_root,
+        "reuse": reuse,
+    }
     results: list[EnvGateResult] = []
-    for env_name in envs:
-        common: dict[str, Any] = {
-            "num_examples": num_examples,
-            "rollouts_per_example": rollouts_per_example,
-            "sampling_args": dict(sampling_args or {}),
-            "env_args": dict((env_args or {}).get(env_name, {})),
-            "seed": seed,
-            "tag": tag,
-            "engine": engine,
-            "output_root": output_root,
-        }
-        cand_run = await _evaluate(env_name, candidate.uri, candidate_dir, **common)
-        cand_values = metric_values(engine, cand_run, metric)
-        if holder is None or holder_dir is None:
-            results.append(EnvGateResult(env_name, cand_run, _mean(cand_values)))
+    for request in requests:
+        if request.env in given:
+            cand = GateRun(given[request.env], reused=True)
+        else:
+            cand = await _evaluate(request, candidate, **common)
+        cand_values = metric_values(engine, cand.run_id, metric)
+        if holder is None:
+            results.append(
+                EnvGateResult(
+                    request.env, cand.run_id, _mean(cand_values), candidate_reused=cand.reused
+                )
+            )
             continue
-        holder_run = await _evaluate(env_name, holder.uri, holder_dir, **common)
-        holder_values = metric_values(engine, holder_run, metric)
+        # the holder answers exactly the candidate's request (N, R, sampling, env args)
+        held = await _evaluate(request, holder, **common)
+        holder_values = metric_values(engine, held.run_id, metric)
         report: RegressionReport = compare_runs_statistically(
             holder_values, cand_values, alpha=alpha, seed=seed
         )
         results.append(
             EnvGateResult(
-                env=env_name,
-                candidate_run_id=cand_run,
+                env=request.env,
+                candidate_run_id=cand.run_id,
                 candidate_mean=report.mean_b,
-                holder_run_id=holder_run,
+                holder_run_id=held.run_id,
                 holder_mean=report.mean_a,
                 delta=report.delta,
                 verdict=report.verdict,
                 regressed=report.regressed,
                 summary=report.summary,
+                candidate_reused=cand.reused,
+                holder_reused=held.reused,
             )
         )
 
@@ -347,8 +452,14 @@ async def promote_async(
             "verdict": r.verdict,
             "regressed": r.regressed,
             "summary": r.summary,
+            "candidate_reused": r.candidate_reused,
+            "holder_reused": r.holder_reused,
+            "num_examples": q.num_examples,
+            "rollouts_per_example": q.rollouts_per_example,
+            "sampling_args": q.sampling_args,
+            "env_args": q.env_args,
         }
-        for r in results
+        for r, q in zip(results, requests, strict=True)
     }
     evidence_doc: dict[str, Any] = {
         "envs": evidence,
@@ -357,6 +468,7 @@ async def promote_async(
         "sampling_args": dict(sampling_args or {}),
         "alpha": alpha,
         "seed": seed,
+        "reuse": reuse,
     }
     # One transaction: the row is committed only if the alias move succeeded.
     with session_scope(engine) as session:
@@ -411,6 +523,8 @@ def promote(
     seed: int = 0,
     engine: Engine | None = None,
     output_root: Path | None = None,
+    evidence_runs: Mapping[str, str] | None = None,
+    reuse: bool = True,
 ) -> PromotionDecision:
     """Synchronous :func:`promote_async`."""
     return asyncio.run(
@@ -430,6 +544,8 @@ def promote(
             seed=seed,
             engine=engine,
             output_root=output_root,
+            evidence_runs=evidence_runs,
+            reuse=reuse,
         )
     )
 

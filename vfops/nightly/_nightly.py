@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from vfops.evaluation._compare import per_example_rewards
 from vfops.registry._models import EvalRun
+from vfops.sweeps._spec import MODEL_REF_TAG
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -28,10 +29,25 @@ def nightly_tags(day: dt.date) -> list[str]:
     return [NIGHTLY_TAG, f"{NIGHTLY_TAG}:{day.isoformat()}"]
 
 
+def model_ref(run: EvalRun) -> str | None:
+    """The registry alias (``models:/NAME@champion``) the run's model was pinned from."""
+    for tag in run.tags or []:
+        if tag.startswith(MODEL_REF_TAG):
+            return str(tag[len(MODEL_REF_TAG) :])
+    return None
+
+
+def _same_model(a: EvalRun, b: EvalRun) -> bool:
+    # A cell of an alias follows the alias: tonight's champion is compared with
+    # last night's champion, whichever versions they were.
+    ref = model_ref(a)
+    return ref == model_ref(b) if ref is not None else a.model == b.model
+
+
 def _same_cell(a: EvalRun, b: EvalRun) -> bool:
     return (
         a.environment_name == b.environment_name
-        and a.model == b.model
+        and _same_model(a, b)
         and a.sampling_args == b.sampling_args
         and a.env_args == b.env_args
         and a.num_examples == b.num_examples
@@ -41,11 +57,12 @@ def _same_cell(a: EvalRun, b: EvalRun) -> bool:
 
 def previous_nightly_run(session: Session, run: EvalRun) -> EvalRun | None:
     """The newest completed nightly run of the same cell that started before ``run``."""
+    same_model = [] if model_ref(run) is not None else [EvalRun.model == run.model]
     candidates = session.scalars(
         select(EvalRun)
         .where(
             EvalRun.environment_name == run.environment_name,
-            EvalRun.model == run.model,
+            *same_model,
             EvalRun.status == "completed",
             EvalRun.started_at < run.started_at,
             EvalRun.id != run.id,
@@ -69,6 +86,9 @@ class CellComparison:
     previous_version: str | None
     version: str
     report: Any | None  # vfops.stats.RegressionReport; None when there is no previous run
+    model: str = ""
+    previous_model: str | None = None
+    model_ref: str | None = None
 
     @property
     def regressed(self) -> bool:
@@ -81,6 +101,9 @@ class CellComparison:
             "previous_run_id": self.previous_run_id,
             "version": self.version,
             "previous_version": self.previous_version,
+            "model": self.model,
+            "previous_model": self.previous_model,
+            "model_ref": self.model_ref,
             "regressed": self.regressed,
             "report": None if self.report is None else self.report.to_dict(),
         }
@@ -106,10 +129,19 @@ def compare_with_previous(
             raise LookupError(f"no eval run {run_id}")
         previous = previous_nightly_run(session, run)
         name = label or f"{run.environment_name} · {run.model}"
+        ref, model = model_ref(run), run.model
         if previous is None:
-            return CellComparison(name, run.id, None, None, run.environment_version, None)
-        prev_id, prev_version = previous.id, previous.environment_version
+            return CellComparison(
+                name, run.id, None, None, run.environment_version, None, model, None, ref
+            )
+        prev_id, prev_version, prev_model = (
+            previous.id,
+            previous.environment_version,
+            previous.model,
+        )
         version = run.environment_version
+    if ref is not None and prev_model != model:
+        name += f" ({ref}: {prev_model} -> {model})"
     report = compare_runs_statistically(
         per_example_rewards(engine, prev_id),
         per_example_rewards(engine, run_id),
@@ -117,7 +149,9 @@ def compare_with_previous(
         alpha=alpha,
         seed=seed,
     )
-    return CellComparison(name, run_id, prev_id, prev_version, version, report)
+    return CellComparison(
+        name, run_id, prev_id, prev_version, version, report, model, prev_model, ref
+    )
 
 
 def nightly_history(
@@ -139,7 +173,7 @@ def nightly_history(
     for run in reversed(runs):
         if NIGHTLY_TAG not in (run.tags or []) or not run.summary:
             continue
-        series = history.setdefault(f"{env_name} · {run.model}", [])
+        series = history.setdefault(f"{env_name} · {model_ref(run) or run.model}", [])
         series.append(
             (
                 run.started_at.strftime("%Y-%m-%d %H:%M"),

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field
 
 from vfops._errors import EnvironmentNotFoundError, VfopsError
-from vfops.sweeps._spec import Cell
+from vfops.models._inprocess import is_model_uri
+from vfops.sweeps._spec import MODEL_REF_TAG, Cell
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -253,18 +254,26 @@ async def run_cell_async(
     prepared = await asyncio.to_thread(
         prepare_environment, cell, engine=engine, install_target=install_target
     )
-    endpoint = resolve_endpoint(cell.endpoint, endpoints_file=cell.endpoints_file)
+    registry_model = is_model_uri(cell.endpoint)
+    if registry_model:
+        model_name, base_url = cell.endpoint, None
+    else:
+        endpoint = resolve_endpoint(cell.endpoint, endpoints_file=cell.endpoints_file)
+        model_name, base_url = endpoint.model, endpoint.base_url
+    tags = list(cell.tags)
+    if cell.model_ref:  # find the previous night's run of the alias, whichever version held it
+        tags.append(f"{MODEL_REF_TAG}{cell.model_ref}")
     request = EvalRequest(
         env_name=prepared.env_name,
-        model=endpoint.model,
+        model=model_name,
         num_examples=cell.num_examples,
         rollouts_per_example=cell.rollouts_per_example,
         max_concurrent=cell.max_concurrent,
         sampling_args=dict(cell.sampling.args),
         env_args=dict(cell.env_args),
-        base_url=endpoint.base_url,
+        base_url=base_url,
         pass_threshold=cell.pass_threshold,
-        tags=list(cell.tags),
+        tags=tags,
     )
     request.validate()
     output_root = output_root or vfops_home() / "outputs"
@@ -277,14 +286,14 @@ async def run_cell_async(
     )
     notes = [prepared.note] if prepared.note else []
     if existing is not None and existing.status == "completed":
-        return await _result(
-            cell, prepared, endpoint.model, existing.id, "reused", 0, notes, engine
-        )
+        return await _result(cell, prepared, model_name, existing.id, "reused", 0, notes, engine)
 
     environment = load_environment(prepared.env_name, **cell.env_args)
     own_client = client is None
     try:
-        if client is None:
+        if client is None and registry_model:
+            client = await _registry_model_client(cell.endpoint)
+        elif client is None:
             api_key = read_api_key(endpoint, required=True)
             await check_reachable(endpoint.base_url)
             client = OpenAIClient(
@@ -308,7 +317,15 @@ async def run_cell_async(
         await environment.aclose()
     action: Action = "resumed" if existing is not None else "created"
     new = result.summary.new_rollouts
-    return await _result(cell, prepared, endpoint.model, tracked.run_id, action, new, notes, engine)
+    return await _result(cell, prepared, model_name, tracked.run_id, action, new, notes, engine)
+
+
+async def _registry_model_client(uri: str) -> ModelClient:
+    """An in-process client of the pinned registry version ``uri`` (models:/NAME/VERSION)."""
+    from vfops.models._inprocess import open_model_version_async, pin_model_uri
+
+    version = await asyncio.to_thread(pin_model_uri, uri)
+    return (await open_model_version_async(version)).client
 
 
 async def _result(
@@ -332,7 +349,7 @@ async def _result(
         code_hash=prepared.code_hash,
         published=prepared.version_id is not None,
         installed_now=prepared.installed_now,
-        model_alias=cell.endpoint,
+        model_alias=cell.model_ref or cell.endpoint,
         model=model,
         sampling=cell.sampling.name,
         sampling_args=dict(cell.sampling.args),

@@ -8,6 +8,7 @@ itself. Nothing here touches the registry, the network or Prefect.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,9 @@ ENDPOINTS_ENV_VAR = "VFOPS_ENDPOINTS"
 DEFAULT_ENDPOINTS_FILE = "endpoints.toml"
 
 RefKind = Literal["installed", "latest", "pinned"]
+
+MODEL_REF_TAG = "model-ref:"
+"""Run tag prefix naming the registry alias a cell's model was pinned from."""
 
 
 class SamplingConfig(BaseModel):
@@ -61,9 +65,11 @@ class SweepSpec(BaseModel):
         min_length=1,
         description=(
             "Model endpoint aliases from the endpoints file (never keys: each endpoint names "
-            "the environment variable holding its API key on the worker)."
+            "the environment variable holding its API key on the worker), or MLflow registry "
+            "models run in-process on the worker: models:/NAME@champion (the version holding "
+            "the alias when the sweep starts) or models:/NAME/3."
         ),
-        examples=[["small"]],
+        examples=[["small"], ["models:/tiny@champion"]],
     )
     endpoints_file: str | None = Field(
         default=None,
@@ -134,7 +140,13 @@ class Cell(BaseModel):
     env_name: str = Field(description="The environment name.")
     ref_kind: RefKind = Field(description="installed code, the latest or a pinned version.")
     version: str | None = Field(default=None, description="The pinned version, if any.")
-    endpoint: str = Field(description="The endpoint alias.")
+    endpoint: str = Field(
+        description="The endpoint alias, or a pinned registry model models:/NAME/VERSION."
+    )
+    model_ref: str | None = Field(
+        default=None,
+        description="The registry alias the pinned model was resolved from (models:/NAME@ALIAS).",
+    )
     endpoints_file: str = Field(description="The endpoints file the alias comes from.")
     sampling: SamplingConfig
     num_examples: int = Field(gt=0)
@@ -191,13 +203,20 @@ def output_root(spec: SweepSpec) -> Path:
     return vfops_home() / "outputs"
 
 
-def plan_sweep(spec: SweepSpec) -> list[Cell]:
-    """The matrix: environments (outer) x endpoints x sampling configs (inner)."""
+def plan_sweep(spec: SweepSpec, pinned: Mapping[str, str] | None = None) -> list[Cell]:
+    """The matrix: environments (outer) x endpoints x sampling configs (inner).
+
+    ``pinned`` maps a ``models:/NAME@ALIAS`` endpoint to the ``models:/NAME/VERSION``
+    it resolved to at the start of the sweep; the cell runs that version.
+    """
     file = str(endpoints_path(spec))
+    pinned = pinned or {}
     cells: list[Cell] = []
     for ref in spec.environments:
         name, kind, version = parse_env_ref(ref)
         for alias in spec.endpoints:
+            endpoint = pinned.get(alias.strip(), alias.strip())
+            model_ref = alias.strip() if endpoint != alias.strip() else None
             for sampling in spec.sampling:
                 cells.append(
                     Cell(
@@ -205,7 +224,8 @@ def plan_sweep(spec: SweepSpec) -> list[Cell]:
                         env_name=name,
                         ref_kind=kind,
                         version=version,
-                        endpoint=alias.strip(),
+                        endpoint=endpoint,
+                        model_ref=model_ref,
                         endpoints_file=file,
                         sampling=sampling,
                         num_examples=spec.num_examples,

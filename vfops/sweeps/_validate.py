@@ -69,7 +69,7 @@ def validate_sweep(spec: SweepSpec, *, engine: Engine | None = None) -> list[Cel
             f"({_listing(names)}); use the environment NAME as the key"
         )
     _check_endpoints(spec)
-    return plan_sweep(spec)
+    return plan_sweep(spec, pin_registry_models(spec))
 
 
 def _check_environments(refs: Sequence[tuple[str, str, str | None]], engine: Engine | None) -> None:
@@ -137,7 +137,11 @@ def _target_hash(known: dict[str, str], kind: str, version: str | None) -> str:
 def _check_endpoints(spec: SweepSpec) -> None:
     from vfops.clients import load_endpoints
     from vfops.clients._endpoints import DEFAULT_API_KEY_VAR, is_loopback
+    from vfops.models._inprocess import is_model_uri
 
+    aliases = [alias for alias in spec.endpoints if not is_model_uri(alias)]
+    if not aliases:
+        return
     file = endpoints_path(spec)
     if not file.exists():
         raise EndpointError(
@@ -145,7 +149,7 @@ def _check_endpoints(spec: SweepSpec) -> None:
             "at a TOML file with an [[endpoint]] per alias"
         )
     endpoints = load_endpoints(file)
-    for alias in spec.endpoints:
+    for alias in aliases:
         endpoint = endpoints.get(alias.strip())
         if endpoint is None:
             raise EndpointError(
@@ -162,3 +166,18 @@ def _check_endpoints(spec: SweepSpec) -> None:
             f"not set on this worker; export {var}=... where the worker runs "
             "(keys are never sweep parameters)"
         )
+
+
+def pin_registry_models(spec: SweepSpec) -> dict[str, str]:
+    """Resolve every ``models:/...`` endpoint to the version it names *now*.
+
+    Called once when a sweep starts: a nightly sweep evaluates whoever holds
+    ``champion`` at its start, even if the alias moves while it runs.
+    """
+    from vfops.models._inprocess import is_model_uri, pin_model_uri
+
+    pinned: dict[str, str] = {}
+    for ref in spec.endpoints:
+        if is_model_uri(ref):
+            pinned[ref.strip()] = pin_model_uri(ref.strip()).uri
+    return pinned
