@@ -116,11 +116,13 @@ def mlflow_backend(
     """The embedded stores, or a real mlflow server with S3 artifacts on moto."""
     _stores(tmp_path, monkeypatch)
     server: MlflowServer | None = None
+    s3_endpoint = "http://127.0.0.1:9"  # the fake AWS secrets are set either way
     if request.param == "server":
         server = request.getfixturevalue("mlflow_server")
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-        for key, value in fake_aws_env(server.s3_endpoint).items():
-            monkeypatch.setenv(key, value)
+        s3_endpoint = server.s3_endpoint
+    for key, value in fake_aws_env(s3_endpoint).items():
+        monkeypatch.setenv(key, value)
     yield server
     dispose_engines()
 
@@ -277,6 +279,20 @@ def test_promotion_gate_records_every_decision(
     if mlflow_backend is not None:  # the checkpoints went to S3 through the server
         keys = _bucket_keys(mlflow_backend)
         assert sum(key.endswith("/model/model.safetensors") for key in keys) == 3, keys
+
+    # no S3 secret in any model version's tags or its registering run's params and tags
+    from tests.s3_fixtures import FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN
+    from vfops.models._mlflow import mlflow_client
+
+    client = mlflow_client()
+    texts = []
+    for mv in client.search_model_versions("name='tiny'"):
+        texts.append(repr(mv.tags) + repr(mv.description) + mv.source)
+        run = client.get_run(mv.run_id)
+        texts.append(repr(run.data.params) + repr(run.data.tags))
+    assert len(texts) == 6
+    for secret in (FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN):
+        assert all(secret not in t for t in texts)
 
 
 def test_promote_checkpoint_flow_is_defined() -> None:
