@@ -526,3 +526,33 @@ async def test_real_cpu_vllm_generates_and_syncs(
     await backend.aclose()
     await asyncio.sleep(0)
     assert json.dumps(restored)  # plain JSON-able data
+
+
+def test_serve_without_vllm_is_one_line_naming_the_venv(tiny_dir: Path) -> None:
+    from vfops._errors import VfopsError
+    from vfops.cli._vllm import probe_vllm, serve
+
+    with pytest.raises(VfopsError) as info:
+        probe_vllm(sys.executable)  # the main venv never has vllm (it pins torch)
+    message = str(info.value)
+    assert "vllm is not importable" in message and "VFOPS_VLLM_PYTHON" in message
+    assert "--python" in message and "\n" not in message
+    with pytest.raises(VfopsError, match="cannot run"):
+        serve(tiny_dir, python="/nonexistent/python", print_command=True)
+    with pytest.raises(VfopsError, match="--sync must be"):
+        serve(tiny_dir, sync="rsync", python=sys.executable)
+
+
+def test_serve_command_has_the_training_flags(tiny_dir: Path) -> None:
+    from vfops.cli._vllm import serve_command, serve_env
+
+    cmd = serve_command(tiny_dir, python="py", port=9, sync="nccl", gpu_memory_utilization=0.3)
+    joined = " ".join(cmd)
+    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--logprobs-mode processed_logprobs" in joined
+    assert "--generation-config vllm" in joined and "--gpu-memory-utilization 0.3" in joined
+    assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
+    assert "--weight-transfer-config" not in serve_command(tiny_dir, python="py")
+    env = serve_env({}, cpu=True)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"

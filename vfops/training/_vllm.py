@@ -581,7 +581,10 @@ def _save_weights(model: torch.nn.Module, target: Path) -> None:
     save_pretrained = getattr(model, "save_pretrained", None)
     if callable(save_pretrained):
         # Hugging Face models: checkpoint names, tied weights dropped, config.json.
-        save_pretrained(str(tmp), max_shard_size="1000GB")
+        from vfops.local._tiny import _quiet_progress
+
+        with _quiet_progress():
+            save_pretrained(str(tmp), max_shard_size="1000GB")
     else:
         from safetensors.torch import save_model
 
