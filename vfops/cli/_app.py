@@ -7,7 +7,7 @@ import sys
 import typer
 
 from vfops._errors import VfopsError
-from vfops.cli import _db, _deploy, _env, _eval, _model, _promote, _runs
+from vfops.cli import _db, _deploy, _env, _eval, _model, _promote, _runs, _vllm
 
 app = typer.Typer(
     name="vfops",
@@ -24,6 +24,7 @@ _model.app.command("register")(_promote.register_command)
 app.add_typer(_model.app, name="model")
 app.add_typer(_runs.app, name="runs")
 app.add_typer(_db.app, name="db")
+app.add_typer(_vllm.app, name="vllm")
 
 
 def _raise_open_file_limit() -> None:
