@@ -28,6 +28,7 @@ import os
 import random
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,18 +184,25 @@ class GRPORecipe:
         if cfg.lora.enabled:
             from peft import LoraConfig, get_peft_model
 
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    r=cfg.lora.r,
-                    lora_alpha=cfg.lora.alpha,
-                    lora_dropout=cfg.lora.dropout,
-                    target_modules=list(cfg.lora.target_modules),
-                    task_type="CAUSAL_LM",
-                ),
-            )
+            with warnings.catch_warnings():
+                # peft 0.21 reads transformers' deprecated ``is_gradient_checkpointing``.
+                warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
+                model = self._peft(model, get_peft_model, LoraConfig)
         model.train()
         self.model = model
+
+    def _peft(self, model: Any, get_peft_model: Any, lora_config: Any) -> Any:
+        cfg = self.config
+        return get_peft_model(
+            model,
+            lora_config(
+                r=cfg.lora.r,
+                lora_alpha=cfg.lora.alpha,
+                lora_dropout=cfg.lora.dropout,
+                target_modules=list(cfg.lora.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
 
     def _setup_environment(self) -> None:
         if self.env is None:
