@@ -7,7 +7,7 @@ import sys
 import typer
 
 from vfops._errors import VfopsError
-from vfops.cli import _db, _deploy, _env, _eval, _model, _promote, _runs, _vllm
+from vfops.cli import _db, _deploy, _env, _eval, _model, _promote, _runs, _train, _vllm
 
 app = typer.Typer(
     name="vfops",
@@ -19,6 +19,7 @@ app = typer.Typer(
 app.command("eval")(_eval.eval_command)
 app.command("deploy")(_deploy.deploy_command)
 app.command("promote")(_promote.promote_command)
+app.command("train")(_train.train_command)
 app.add_typer(_env.app, name="env")
 _model.app.command("register")(_promote.register_command)
 app.add_typer(_model.app, name="model")

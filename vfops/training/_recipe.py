@@ -597,7 +597,10 @@ class GRPORecipe:
             base = _frozen_copy(model.get_base_model())
             base.load_state_dict(full_state_dict(model), strict=False)
             model = base
-        model.save_pretrained(str(path), safe_serialization=True)
+        from vfops.local._tiny import _quiet_progress
+
+        with _quiet_progress():
+            model.save_pretrained(str(path), safe_serialization=True)
         self.tokenizer.save_pretrained(str(path))
 
     def resume(self, directory: str | Path) -> None:

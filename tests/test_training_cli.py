@@ -1,0 +1,65 @@
+"""``vfops train``: one-line errors, the missing extra, and a short real run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from vfops.cli._app import app
+
+REPO = Path(__file__).resolve().parent.parent
+CPU_CONFIG = REPO / "configs" / "train" / "cpu_lucky_digit.toml"
+
+
+def test_bad_config_is_one_line_and_non_zero(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\npath = "m"\n[environment]\nid = "x"\n[loss]\ntype = "ppo"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "vfops", "train", str(bad)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "[loss] type = 'ppo' is invalid" in proc.stderr
+
+
+def test_check_validates_without_training() -> None:
+    result = CliRunner().invoke(app, ["train", str(CPU_CONFIG), "--check"])
+    assert result.exit_code == 0, result.output
+    assert "lucky_digit" in result.output
+
+
+def test_missing_train_extra_names_the_extra(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # as if the [train] extra were not installed\n"
+        "from vfops.cli._app import run\n"
+        f"sys.argv = ['vfops', 'train', {str(CPU_CONFIG)!r}]\n"
+        "run()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "install the [train] extra: pip install 'vfops[train]'" in proc.stderr
+
+
+@pytest.mark.train
+def test_short_cpu_run_prints_baseline_and_final(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from vfops.local import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny", seed=0)
+    config = tmp_path / "c.toml"
+    config.write_text(
+        CPU_CONFIG.read_text()
+        .replace('path = "../../.vfops-train/tiny-model"', f'path = "{model}"')
+        .replace("steps = 40", "steps = 2")
+    )
+    result = CliRunner().invoke(
+        app, ["train", str(config), "--no-tracking", "--output-dir", str(tmp_path / "out")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "baseline held-out reward" in result.output and "after 2 steps" in result.output
+    assert (tmp_path / "out" / "final" / "trainer_state.json").is_file()
