@@ -56,6 +56,12 @@ def deployment_specs(
             "Evaluate a registered checkpoint on the gate environments and move its alias.",
         ),
         DeploymentSpec(
+            "flows.train",
+            "train_grpo",
+            "train-grpo",
+            "GRPO training from a TOML config under the `gpu` concurrency limit.",
+        ),
+        DeploymentSpec(
             "flows.judge_score",
             "judge_score",
             "judge-score",

@@ -21,7 +21,7 @@ def test_import_vfops_loads_no_heavy_package() -> None:
 
 
 def test_cli_and_local_package_import_no_torch() -> None:
-    loaded = loaded_after("import vfops.cli._app, vfops.local, vfops.clients")
+    loaded = loaded_after("import vfops.cli._app, vfops.local, vfops.clients, vfops.training")
     assert not loaded & {"torch", "transformers", "vllm", "deepspeed"}
 
 
@@ -30,3 +30,10 @@ def test_public_names_resolve_lazily() -> None:
 
     assert vfops.SingleTurnEnv.__name__ == "SingleTurnEnv"
     assert "Rubric" in dir(vfops)
+
+
+def test_training_package_and_config_import_no_torch() -> None:
+    loaded = loaded_after(
+        "import vfops.training as t; t.load_config; t.GRPOConfig().run; t.config_help()"
+    )
+    assert not loaded & {"torch", "transformers", "accelerate", "peft", "vllm", "deepspeed"}
