@@ -198,3 +198,13 @@ def test_deepspeed_zero2_single_process_cpu_step(tiny_dir: Path, tmp_path: Path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"engine": "DeepSpeedEngine", "changed": True, "loss": result["loss"]}
+
+
+def test_vllm_backend_is_built_from_the_config(tiny_dir: Path, tmp_path: Path) -> None:
+    from vfops.training._vllm import VLLMBackend
+
+    config = _small(tiny_dir, tmp_path, 1, backend="vllm", base_url="http://127.0.0.1:9/v1")
+    with GRPORecipe(config) as recipe:
+        recipe.setup()  # builds the backend; nothing is sent to the server before a step
+        assert isinstance(recipe.backend, VLLMBackend)
+        assert recipe._sampling_args(0, 0).get("seed") is None  # no shared seed per group

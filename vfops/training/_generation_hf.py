@@ -311,7 +311,9 @@ class HFBackend:
         for row, req in enumerate(batch):  # left padding
             input_ids[row, width - len(req.prompt_ids) :] = torch.tensor(req.prompt_ids)
             attention[row, width - len(req.prompt_ids) :] = 1
-        generators = [torch.Generator().manual_seed(r.seed) for r in batch]
+        device = next(self.model.parameters()).device
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        generators = [torch.Generator(device=device).manual_seed(r.seed) for r in batch]
         results = [_Sampled() for _ in batch]
         active = list(range(len(batch)))
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -326,7 +328,7 @@ class HFBackend:
             )
             for step in range(max(r.max_new_tokens for r in batch)):
                 logits = out.logits[:, -1, :].float()
-                next_ids = torch.full((len(batch), 1), self.pad_id, dtype=torch.long)
+                next_ids = torch.full((len(batch), 1), self.pad_id, dtype=torch.long, device=device)
                 for row in active:
                     req, res = batch[row], results[row]
                     if req.temperature <= 0:  # greedy (held-out eval); logprobs at T=1
@@ -346,7 +348,8 @@ class HFBackend:
                 ]
                 if not active:
                     break
-                attention = torch.cat([attention, torch.ones((len(batch), 1), dtype=torch.long)], 1)
+                ones = torch.ones((len(batch), 1), dtype=torch.long, device=device)
+                attention = torch.cat([attention, ones], 1)
                 positions = positions[:, -1:] + 1
                 out = self.model(
                     input_ids=next_ids,

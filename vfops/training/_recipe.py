@@ -256,9 +256,17 @@ class GRPORecipe:
             else:
                 import importlib
 
+                # Imported only for this backend: it needs the vLLM server, not torch.
                 vllm: Any = importlib.import_module("vfops.training._vllm")
-                self.backend = vllm.VLLMBackend.from_config(self.config, self.tokenizer)
-        self._run(self._async_sync(self.step))
+                vllm_config = vllm.VLLMGenerationConfig(
+                    base_url=cfg.base_url,
+                    sync=cfg.sync,
+                    sync_dir=cfg.sync_dir or str(Path(self.config.run.output_dir) / "weights"),
+                    api_key_var=cfg.api_key_var or None,
+                )
+                self.backend = vllm.VLLMBackend.from_config(vllm_config, self.tokenizer)
+        # No initial sync: the hf backend copies the weights it is built from, and a
+        # vLLM server starts from the same base model; resume() syncs restored weights.
 
     def _start_loop(self) -> None:
         loop = asyncio.new_event_loop()
