@@ -123,8 +123,11 @@ def _initial_weights(tiny_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_generation_runs_ahead_with_bounded_staleness(tiny_dir: Path, tmp_path: Path) -> None:
-    with GRPORecipe(_small(tiny_dir, tmp_path, 4, async_steps=1)) as recipe:
+    config = _small(tiny_dir, tmp_path, 4, async_steps=1)
+    config.run.gradient_checkpointing = True
+    with GRPORecipe(config) as recipe:
         recipe.setup()
+        assert recipe.policy_model.is_activation_checkpointing
         lags = [recipe.train_step()["policy_lag"] for _ in range(4)]
         assert set(recipe._pending) <= {4, 5}
     assert all(0 <= lag <= 1 for lag in lags)

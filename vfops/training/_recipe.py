@@ -178,9 +178,11 @@ class GRPORecipe:
         if cfg.loss.beta > 0:
             self._ref_model = _frozen_copy(model).to(self.accelerator.device)
         if cfg.run.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            # transformers 5.2x renamed it (the old name warns); older releases lack the new one
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable({"use_reentrant": False})
         if cfg.lora.enabled:
             from peft import LoraConfig, get_peft_model
 
