@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -104,7 +105,18 @@ def _train(cfg: Any, resume: Path | None) -> None:
 
 
 def _launch(num_processes: int, argv: list[str]) -> int:
-    """Re-run ``vfops <argv>`` under ``accelerate launch``; returns its exit code."""
+    """Re-run ``vfops <argv>`` under ``accelerate launch``; returns its exit code.
+
+    One process (DeepSpeed on a single device) needs no launcher, only the
+    torch.distributed rendezvous variables, which accelerate's simple launcher
+    does not set (DeepSpeed would then look for MPI).
+    """
+    env = {**os.environ, LAUNCHED_ENV: "1"}
+    if num_processes == 1:
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        env.setdefault("MASTER_PORT", str(_free_port()))
+        cmd = [sys.executable, "-m", "vfops", *argv]
+        return subprocess.run(cmd, env=env, check=False).returncode
     cmd = [
         sys.executable,
         "-m",
@@ -121,8 +133,13 @@ def _launch(num_processes: int, argv: list[str]) -> int:
         "vfops",
         *argv,
     ]
-    env = {**os.environ, LAUNCHED_ENV: "1"}
     return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _require_train_extra() -> None:
