@@ -147,7 +147,9 @@ async def test_three_nights(harness: None, published_env: str) -> None:
     assert again[0]["run_id"] == dropped[0]["run_id"]
 
 
-@pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings(
+    "ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning"
+)
 async def test_nightly_evaluates_whoever_holds_champion(
     harness: None, published_env: str, tmp_path: Path
 ) -> None:
@@ -202,4 +204,6 @@ async def test_nightly_evaluates_whoever_holds_champion(
     from vfops._errors import VfopsError
 
     with pytest.raises(VfopsError, match=r"models:/nobody@champion does not exist"):
-        validate_sweep(SweepSpec(environments=["nightly_env"], endpoints=["models:/nobody@champion"]))
+        validate_sweep(
+            SweepSpec(environments=["nightly_env"], endpoints=["models:/nobody@champion"])
+        )
