@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -530,17 +531,40 @@ async def test_real_cpu_vllm_generates_and_syncs(
 
 def test_serve_without_vllm_is_one_line_naming_the_venv(tiny_dir: Path) -> None:
     from vfops._errors import VfopsError
-    from vfops.cli._vllm import probe_vllm, serve
+    from vfops.cli._app import app
+    from vfops.cli._vllm import probe_vllm
 
     with pytest.raises(VfopsError) as info:
         probe_vllm(sys.executable)  # the main venv never has vllm (it pins torch)
     message = str(info.value)
     assert "vllm is not importable" in message and "VFOPS_VLLM_PYTHON" in message
     assert "--python" in message and "\n" not in message
-    with pytest.raises(VfopsError, match="cannot run"):
-        serve(tiny_dir, python="/nonexistent/python", print_command=True)
-    with pytest.raises(VfopsError, match="--sync must be"):
-        serve(tiny_dir, sync="rsync", python=sys.executable)
+    for args, expected in (
+        (["--python", "/nonexistent/python", "--print-command"], "cannot run"),
+        (["--sync", "rsync", "--python", sys.executable], "--sync must be"),
+    ):
+        result = CliRunner().invoke(app, ["vllm", "serve", str(tiny_dir), *args])
+        assert isinstance(result.exception, VfopsError), result.output
+        assert expected in str(result.exception)
+
+
+def test_serve_passes_arguments_after_dashes_to_vllm(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-- --tensor-parallel-size 2`` reaches vLLM's command line (multi-GPU recipe)."""
+    from vfops.cli._app import app
+
+    fake = tmp_path / "fake-site" / "vllm"  # the probe only looks for the module
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    result = CliRunner().invoke(
+        app,
+        ["vllm", "serve", str(tiny_dir), "--python", sys.executable, "--print-command",
+         "--", "--tensor-parallel-size", "2"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output.rstrip().endswith("--enable-prefix-caching --tensor-parallel-size 2")
 
 
 def test_serve_command_has_the_training_flags(tiny_dir: Path) -> None:

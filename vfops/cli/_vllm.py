@@ -126,8 +126,9 @@ def serve_env(base: dict[str, str] | None = None, *, cpu: bool = False) -> dict[
     return env
 
 
-@app.command("serve")
+@app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def serve(
+    ctx: typer.Context,
     directory: Annotated[Path, typer.Argument(help="Local model directory (config.json).")],
     port: Annotated[int, typer.Option(help="Listen port.")] = 8000,
     host: Annotated[str, typer.Option(help="Listen address (loopback by default).")] = "127.0.0.1",
@@ -155,7 +156,10 @@ def serve(
         bool, typer.Option("--print-command", help="Print the command and environment, exit.")
     ] = False,
 ) -> None:
-    """Serve DIRECTORY with vLLM for GRPO training (token ids, logprobs, weight sync)."""
+    """Serve DIRECTORY with vLLM for GRPO training (token ids, logprobs, weight sync).
+
+    Arguments after ``--`` go to vLLM unchanged, e.g. ``-- --tensor-parallel-size 2``.
+    """
     if sync not in ("filesystem", "nccl"):
         raise VfopsError(f"--sync must be filesystem or nccl, got {sync!r}")
     if not (directory / "config.json").is_file():
@@ -176,6 +180,7 @@ def serve(
         max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization,
         served_model_name=served_model_name,
+        extra_args=[str(arg) for arg in ctx.args],
     )
     env = serve_env(cpu=cpu)
     if print_command:
