@@ -1,0 +1,208 @@
+"""TRL side of ``bench/train_step.py``: ``trl.GRPOTrainer`` steps on the shared workload.
+
+Runs in ``.bench/trl-venv`` (torch, transformers, trl; no vfops), started by
+``bench/train_step.py`` as a subprocess:
+
+    .bench/trl-venv/bin/python bench/train_step_trl.py WORKLOAD.json RESULT.json
+
+``WORKLOAD.json`` holds the tiny model folder, the prompts file (JSONL, one row
+per prompt in training order, written by the vfops side from the batches vfops
+trains on) and the hyper-parameters both sides share. The reward is the
+lucky_digit environment's ``digit_fraction``, re-implemented here as a plain
+TRL reward function. Per optimizer step it records the wall time between the
+ends of consecutive optimizer steps (``on_step_end``), the time spent in
+``_generate_and_score_completions`` (generation + reward + advantages) and the
+completion tokens sampled (``completion_mask.sum()``, EOS included).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import _stepclock  # bench/ is sys.path[0] when this file runs as a script
+
+PROCESS_START = time.perf_counter()
+
+
+def digit_fraction(completions: list[Any], digit: list[str], **_: Any) -> list[float]:
+    """lucky_digit's reward: fraction of the reply's non-space characters that are the digit."""
+    out: list[float] = []
+    for completion, d in zip(completions, digit, strict=True):
+        if isinstance(completion, list):  # conversational: [{"role": "assistant", ...}]
+            text = "".join(
+                str(m.get("content") or "") for m in completion if m.get("role") == "assistant"
+            )
+        else:
+            text = str(completion)
+        visible = [c for c in text if not c.isspace()]
+        out.append(sum(1 for c in visible if c == str(d)) / len(visible) if visible else 0.0)
+    return out
+
+
+def main() -> None:
+    workload_path, result_path = Path(sys.argv[1]), Path(sys.argv[2])
+    w: dict[str, Any] = json.loads(workload_path.read_text())
+    threads = int(w["threads"])
+
+    import torch
+
+    torch.set_num_threads(threads)
+    import transformers
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    transformers.logging.set_verbosity_error()
+    setup_started = time.perf_counter()
+    rows = [json.loads(line) for line in Path(w["prompts_file"]).read_text().splitlines() if line]
+    total_steps = int(w["warmup_steps"]) + int(w["measure_steps"])
+    per_step = int(w["prompts_per_step"])
+    if len(rows) < total_steps * per_step:
+        raise SystemExit(f"prompts file has {len(rows)} rows; need {total_steps * per_step}")
+    dataset = Dataset.from_list(
+        [{"prompt": r["prompt"], "digit": r["digit"]} for r in rows[: total_steps * per_step]]
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(w["model_dir"], local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        w["model_dir"], local_files_only=True, dtype=torch.float32
+    )
+
+    micro, accum = int(w["micro_batch_size"]), int(w["grad_accum"])
+    config = GRPOConfig(
+        output_dir=str(Path(w["output_dir"]) / "trl"),
+        # batch: generation_batch_size = micro * steps_per_generation = prompts * group
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accum,
+        steps_per_generation=accum,
+        num_generations=int(w["group_size"]),
+        num_iterations=1,
+        shuffle_dataset=False,  # rows are already in vfops' training order
+        # sampling
+        max_completion_length=int(w["max_tokens"]),
+        temperature=float(w["temperature"]),
+        top_p=1.0,
+        top_k=0,
+        use_vllm=False,
+        # loss
+        loss_type=str(w["loss_type"]),
+        beta=float(w["beta"]),
+        epsilon=float(w["clip_low"]),
+        epsilon_high=float(w["clip_high"]),
+        scale_rewards="group" if w["scale_rewards"] else "none",
+        mask_truncated_completions=bool(w["mask_truncated"]),
+        # optimizer
+        learning_rate=float(w["lr"]),
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim="adamw_torch",
+        adam_beta1=float(w["adam_beta1"]),
+        adam_beta2=float(w["adam_beta2"]),
+        weight_decay=float(w["weight_decay"]),
+        max_grad_norm=float(w["max_grad_norm"]),
+        # run
+        max_steps=total_steps,
+        seed=int(w["seed"]),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
+
+    step_ends: list[_stepclock.Reading] = []
+    generations: list[dict[str, float]] = []
+    entries: list[dict[str, float]] = []
+    order_mismatches: list[int] = []  # generation batches whose prompts differ from vfops' step
+
+    class StepTimer(TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            step_ends.append(_stepclock.read())
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            step_ends.append(_stepclock.read())
+
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
+        ) -> None:
+            entries.append(
+                {k: float(v) for k, v in (logs or {}).items() if isinstance(v, int | float)}
+            )
+
+    class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            index = len(generations)
+            expected = [r["prompt"][-1]["content"] for r in rows[index * per_step :][:per_step]]
+            got = list(dict.fromkeys(x["prompt"][-1]["content"] for x in inputs))
+            if got != list(dict.fromkeys(expected)):
+                order_mismatches.append(index)
+            started = time.perf_counter()
+            out = super()._generate_and_score_completions(inputs)
+            generations.append(
+                {
+                    "generation_s": time.perf_counter() - started,
+                    "completion_tokens": float(out["completion_mask"].sum()),
+                    "sequences": float(out["completion_ids"].size(0)),
+                }
+            )
+            return out
+
+    trainer = TimedGRPOTrainer(
+        model=model,
+        reward_funcs=[digit_fraction],
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[StepTimer()],
+    )
+    setup_s = time.perf_counter() - setup_started
+    trainer.train()
+
+    clocks = [_stepclock.delta(a, b) for a, b in itertools.pairwise(step_ends)]
+    train_logs = [entry for entry in entries if "reward" in entry]
+    steps: list[dict[str, float]] = []
+    for i, clock in enumerate(clocks):
+        gen = generations[i] if i < len(generations) else {}
+        log = train_logs[i] if i < len(train_logs) else {}
+        steps.append(
+            {
+                **clock,
+                "generation_s": gen.get("generation_s", float("nan")),
+                "completion_tokens": gen.get("completion_tokens", float("nan")),
+                "sequences": gen.get("sequences", float("nan")),
+                "reward_mean": log.get("reward", float("nan")),
+                "loss": log.get("loss", float("nan")),
+                "grad_norm": log.get("grad_norm", float("nan")),
+            }
+        )
+    result = {
+        "side": "trl",
+        "steps": steps,
+        "generations": len(generations),
+        "prompt_order_mismatches": order_mismatches,
+        "setup_s": setup_s,
+        "process_s": time.perf_counter() - PROCESS_START,
+        "threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
+        "versions": {
+            "trl": trl.__version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        },
+    }
+    result_path.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

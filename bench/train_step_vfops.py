@@ -1,0 +1,142 @@
+"""vfops side of ``bench/train_step.py``: ``GRPORecipe.train_step()`` on the shared workload.
+
+Runs in the project venv, started by ``bench/train_step.py`` as a subprocess:
+
+    .venv/bin/python bench/train_step_vfops.py WORKLOAD.json RESULT.json
+
+Builds the recipe from the TOML-shaped config in ``WORKLOAD.json`` (the example
+config ``configs/train/cpu_lucky_digit.toml`` with the bench's overrides:
+model folder, output folder, steps, tracking off), writes the prompts of every
+step it will train on (``prompts_file``, JSONL in training order, read by the
+TRL side), then times each ``train_step()`` call from outside (wall clock) and
+keeps the recipe's own per-step metrics (generation / training / weight-sync
+seconds, tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import _stepclock  # bench/ is sys.path[0] when this file runs as a script
+
+PROCESS_START = time.perf_counter()
+
+
+def _step_prompts(recipe: Any, steps: int) -> list[dict[str, Any]]:
+    """The prompts of batches 0..steps-1, in the order vfops trains on them.
+
+    Uses the recipe's private ``_batch_examples`` (seeded permutation per epoch);
+    without it, falls back to the train split's order (same prompt distribution).
+    """
+    batch_examples = getattr(recipe, "_batch_examples", None)
+    per_step = recipe.config.generation.prompts_per_step
+    if batch_examples is not None:
+        examples = [ex for i in range(steps) for ex in batch_examples(i)]
+    else:  # pragma: no cover - depends on vfops internals
+        all_examples = list(recipe._examples)
+        examples = [all_examples[i % len(all_examples)] for i in range(steps * per_step)]
+    return [
+        {
+            "step": i // per_step,
+            "example_id": ex.example_id,
+            "prompt": [dict(m) for m in ex.prompt],
+            "digit": str(ex.info["digit"]),
+        }
+        for i, ex in enumerate(examples)
+    ]
+
+
+def main() -> None:
+    workload_path, result_path = Path(sys.argv[1]), Path(sys.argv[2])
+    w: dict[str, Any] = json.loads(workload_path.read_text())
+
+    import torch
+
+    torch.set_num_threads(int(w["threads"]))
+    import transformers
+
+    import vfops
+    from vfops.training import GRPORecipe, config_from_dict
+
+    transformers.logging.set_verbosity_error()
+    setup_started = time.perf_counter()
+    config = config_from_dict(w["vfops_config"], source="bench workload").validate()
+    total_steps = int(w["warmup_steps"]) + int(w["measure_steps"])
+    recipe = GRPORecipe(config)
+    recipe.setup()
+    setup_s = time.perf_counter() - setup_started
+
+    prompts = _step_prompts(recipe, total_steps)
+    Path(w["prompts_file"]).write_text("".join(json.dumps(r) + "\n" for r in prompts))
+
+    # How the HF backend batches generation: sizes and seconds of its sample() calls
+    # (the token loop; the rest of the generation time is the rollout machinery:
+    # chat template, tokenising, scoring, turning states into sequences).
+    batch_sizes: list[int] = []
+    sample_seconds: list[float] = []
+    backend: Any = recipe.backend
+    original_sample = getattr(backend, "sample", None)
+    if original_sample is not None:
+
+        def counting_sample(batch: list[Any]) -> Any:
+            batch_sizes.append(len(batch))
+            started = time.perf_counter()
+            try:
+                return original_sample(batch)
+            finally:
+                sample_seconds.append(time.perf_counter() - started)
+
+        backend.sample = counting_sample
+
+    steps: list[dict[str, float]] = []
+    try:
+        for _ in range(total_steps):
+            before = len(batch_sizes)
+            started = _stepclock.read()
+            metrics = recipe.train_step()
+            clock = _stepclock.delta(started, _stepclock.read())
+            generated = metrics["generation_tokens_per_s"] * metrics["generation_s"]
+            steps.append(
+                {
+                    **clock,
+                    "step_s": metrics["step_s"],
+                    "generation_s": metrics["generation_s"],
+                    "training_s": metrics["training_s"],
+                    "weight_sync_s": metrics["weight_sync_s"],
+                    "completion_tokens": float(round(generated)),
+                    "trained_tokens": metrics["trained_tokens"],
+                    "sequences": metrics["sequences"],
+                    "reward_mean": metrics["reward_mean"],
+                    "loss": metrics["loss"],
+                    "grad_norm": metrics["grad_norm"],
+                    "generate_calls": float(len(batch_sizes) - before),
+                    "sample_s": sum(sample_seconds[before:]),
+                }
+            )
+    finally:
+        recipe.close()
+
+    result = {
+        "side": "vfops",
+        "steps": steps,
+        "generate_batch_sizes": batch_sizes,
+        "setup_s": setup_s,
+        "process_s": time.perf_counter() - PROCESS_START,
+        "threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
+        "versions": {
+            "vfops": getattr(vfops, "__version__", "-"),
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        },
+    }
+    result_path.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
