@@ -30,16 +30,10 @@ PROCESS_START = time.perf_counter()
 def _step_prompts(recipe: Any, steps: int) -> list[dict[str, Any]]:
     """The prompts of batches 0..steps-1, in the order vfops trains on them.
 
-    Uses the recipe's private ``_batch_examples`` (seeded permutation per epoch);
-    without it, falls back to the train split's order (same prompt distribution).
+    From ``GRPORecipe.step_examples`` (a seeded permutation per epoch).
     """
-    batch_examples = getattr(recipe, "_batch_examples", None)
     per_step = recipe.config.generation.prompts_per_step
-    if batch_examples is not None:
-        examples = [ex for i in range(steps) for ex in batch_examples(i)]
-    else:  # pragma: no cover - depends on vfops internals
-        all_examples = list(recipe._examples)
-        examples = [all_examples[i % len(all_examples)] for i in range(steps * per_step)]
+    examples = [ex for i in range(steps) for ex in recipe.step_examples(i)]
     return [
         {
             "step": i // per_step,
@@ -100,7 +94,7 @@ def main() -> None:
             started = _stepclock.read()
             metrics = recipe.train_step()
             clock = _stepclock.delta(started, _stepclock.read())
-            generated = metrics["generation_tokens_per_s"] * metrics["generation_s"]
+            generated = metrics["completion_tokens"]
             steps.append(
                 {
                     **clock,

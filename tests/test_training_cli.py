@@ -55,11 +55,12 @@ def test_short_cpu_run_prints_baseline_and_final(tmp_path: Path) -> None:
     config.write_text(
         CPU_CONFIG.read_text()
         .replace('path = "../../.vfops-train/tiny-model"', f'path = "{model}"')
-        .replace("steps = 40", "steps = 2")
     )
     result = CliRunner().invoke(
-        app, ["train", str(config), "--no-tracking", "--output-dir", str(tmp_path / "out")]
-    )
+        app,
+        ["train", str(config), "--steps", "2", "--no-tracking",
+         "--output-dir", str(tmp_path / "out")],
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "baseline held-out reward" in result.output and "after 2 steps" in result.output
     assert (tmp_path / "out" / "final" / "trainer_state.json").is_file()

@@ -18,15 +18,18 @@ which requests happened to share a batch.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import copy
+import functools
 import hashlib
 import inspect
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from vfops._types import Message, Messages, SamplingArgs
 from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
@@ -34,6 +37,11 @@ from vfops.local._client import _TOOL_CALL_RE, _parse_tool_calls
 from vfops.training._backend import TOKENS_KEY, TurnTokens
 from vfops.training._tokens import TemplateError, prompt_ids, suffix_ids
 from vfops.training._weights import full_state_dict
+
+_T = TypeVar("_T")
+
+ComputeRunner = Callable[..., Awaitable[Any]]
+"""``await run(fn, *args)``: run blocking torch work ``fn(*args)`` somewhere, return its result."""
 
 _UNSUPPORTED = ("top_p", "top_k", "min_p", "repetition_penalty", "stop", "n")
 _NEUTRAL = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "n": 1}
@@ -193,7 +201,7 @@ class HFGenerationClient:
             batch = self._queue[: self._backend.max_batch_size]
             self._queue = self._queue[len(batch) :]
             try:
-                results = await asyncio.to_thread(self._backend.sample, batch)
+                results = await self._backend.run_compute(self._backend.sample, batch)
             except Exception as exc:
                 for req in batch:
                     if not req.future.done():
@@ -275,6 +283,12 @@ class HFBackend:
         forward = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
         self._lock = threading.Lock()
+        self._compute_thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="vfops-hf-generate"
+        )
+        self.run_compute: ComputeRunner = self._in_compute_thread
+        """Where the torch work runs; the recipe points it at its training thread when
+        generation does not overlap training (see ``MainThreadCompute``)."""
         self._client = HFGenerationClient(self)
 
     @property
@@ -288,11 +302,18 @@ class HFBackend:
     async def sync_weights(self, model: Any, policy_version: int) -> float:
         started = time.perf_counter()
         state = full_state_dict(model)
-        await asyncio.to_thread(self._load, state, policy_version)
+        await self.run_compute(self._load, state, policy_version)
         return time.perf_counter() - started
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        self._compute_thread.shutdown(wait=False)
+
+    async def _in_compute_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
+        # Always the same OS thread: every thread that runs torch ops gets its own
+        # OpenMP team, and two teams on few cores slow each other down.
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._compute_thread, functools.partial(fn, *args))
 
     def _load(self, state: dict[str, Any], policy_version: int) -> None:
         with self._lock, self._torch.no_grad():
@@ -326,19 +347,30 @@ class HFBackend:
                 use_cache=True,
                 logits_to_keep=1,
             )
+            # greedy rows (held-out eval) report logprobs at T=1
+            temps = torch.tensor(
+                [r.temperature if r.temperature > 0 else 1.0 for r in batch], device=device
+            ).unsqueeze(1)
+            greedy = torch.tensor([r.temperature <= 0 for r in batch], device=device)
             for step in range(max(r.max_new_tokens for r in batch)):
-                logits = out.logits[:, -1, :].float()
+                logprobs = torch.log_softmax(out.logits[:, -1, :].float() / temps, dim=-1)
+                # One uniform draw per row from that row's own generator, then inverse-CDF
+                # sampling of the whole batch at once: a row's tokens depend only on its
+                # seed (not on what else is in the batch), at batch speed.
+                uniform = torch.zeros(len(batch), 1, device=device)
+                for row in active:
+                    if not batch[row].temperature <= 0:
+                        uniform[row, 0] = torch.rand(1, generator=generators[row], device=device)
+                cdf = logprobs.exp().cumsum(-1)
+                drawn = (cdf < uniform * cdf[:, -1:]).sum(-1).clamp(max=cdf.shape[-1] - 1)
+                tokens = torch.where(greedy, logprobs.argmax(-1), drawn)
+                chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+                token_list, chosen_list = tokens.tolist(), chosen.tolist()
                 next_ids = torch.full((len(batch), 1), self.pad_id, dtype=torch.long, device=device)
                 for row in active:
-                    req, res = batch[row], results[row]
-                    if req.temperature <= 0:  # greedy (held-out eval); logprobs at T=1
-                        logprobs = torch.log_softmax(logits[row], dim=-1)
-                        token = int(logprobs.argmax())
-                    else:
-                        logprobs = torch.log_softmax(logits[row] / req.temperature, dim=-1)
-                        token = int(torch.multinomial(logprobs.exp(), 1, generator=generators[row]))
+                    res, token = results[row], int(token_list[row])
                     res.token_ids.append(token)
-                    res.logprobs.append(float(logprobs[token]))
+                    res.logprobs.append(float(chosen_list[row]))
                     next_ids[row, 0] = token
                     res.hit_eos = token in self.eos_ids
                 active = [

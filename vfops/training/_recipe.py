@@ -25,10 +25,12 @@ import hashlib
 import json
 import math
 import os
+import queue
 import random
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +109,7 @@ class GRPORecipe:
         self._loop_thread: threading.Thread | None = None
         self._limiter: asyncio.Semaphore | None = None
         self._n_micro = 1
+        self._main_compute: MainThreadCompute | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -248,13 +251,17 @@ class GRPORecipe:
             if cfg.backend == "hf":
                 from vfops.training._generation_hf import HFBackend
 
-                self.backend = HFBackend(
+                hf = HFBackend(
                     unwrap(self.model),
                     self.tokenizer,
                     max_batch_size=cfg.max_batch_size,
                     multiturn_tokens=cfg.multiturn_tokens,
                     seed=self.config.run.seed,
                 )
+                if cfg.async_steps == 0:  # nothing overlaps: one thread runs all torch work
+                    self._main_compute = MainThreadCompute()
+                    hf.run_compute = self._main_compute.run
+                self.backend = hf
             else:
                 import importlib
 
@@ -306,7 +313,7 @@ class GRPORecipe:
         started = time.perf_counter()
         self._schedule_generation()
         wait_started = time.perf_counter()
-        batch = self._pending.pop(self.step).result()
+        batch = self._wait(self._pending.pop(self.step))
         wait_s = time.perf_counter() - wait_started
         train_started = time.perf_counter()
         stats = self._optimize(batch)
@@ -320,7 +327,10 @@ class GRPORecipe:
             training_s=train_s,
             weight_sync_s=sync_s,
             step_s=time.perf_counter() - started,
-            tokens_per_s=stats["tokens_total"] / max(train_s, 1e-9),
+            completion_tokens=float(batch.generated_tokens),
+            # end to end: sampled tokens per second of the whole step
+            tokens_per_s=batch.generated_tokens / max(time.perf_counter() - started, 1e-9),
+            training_tokens_per_s=stats["tokens_total"] / max(train_s, 1e-9),
             generation_tokens_per_s=batch.generated_tokens / max(batch.generation_s, 1e-9),
             policy_lag=float(self.step - 1 - batch.min_policy_version),
         )
@@ -338,7 +348,7 @@ class GRPORecipe:
     async def _generate_batch(self, index: int) -> _Batch:
         assert self.env is not None and self.backend is not None
         started = time.perf_counter()
-        examples = self._batch_examples(index)
+        examples = self.step_examples(index)
         groups = await asyncio.gather(
             *(
                 self.env.run_group_states(
@@ -365,8 +375,9 @@ class GRPORecipe:
             args["seed"] = _derive(self.config.run.seed, "batch", index, position)
         return args
 
-    def _batch_examples(self, index: int) -> list[Example]:
-        """Examples of batch ``index``: a seeded permutation per epoch, sharded by rank."""
+    def step_examples(self, index: int) -> list[Example]:
+        """The prompts step ``index`` trains on (this rank's share): a seeded permutation
+        per epoch, sharded by rank, so a run and its resume see the same data order."""
         per_rank = self.config.generation.prompts_per_step
         world = self.accelerator.num_processes
         start = (index * world + self.accelerator.process_index) * per_rank
@@ -671,7 +682,49 @@ class GRPORecipe:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def _run(self, coro: Any) -> Any:
-        return self._submit(coro).result()
+        return self._wait(self._submit(coro))
+
+    def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
+        if self._main_compute is None:
+            return future.result()
+        return self._main_compute.wait(future)
+
+
+class MainThreadCompute:
+    """Runs the generation backend's torch work on the training thread while it waits.
+
+    With ``async_steps = 0`` generation and training never overlap, so there is no
+    reason to run torch on two threads: each thread running torch ops gets its own
+    OpenMP team, and on a few cores the two teams slow each other down (measured:
+    sampling took twice as long on a worker thread at 2 threads). The event loop
+    still orchestrates rollouts; only the blocking compute is handed back here.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[..., Any], tuple[Any, ...], concurrent.futures.Future[Any]]
+        ] = queue.SimpleQueue()
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Queue ``fn(*args)`` for the training thread; await its result."""
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._jobs.put((fn, args, done))
+        return await asyncio.wrap_future(done)
+
+    def wait(self, future: concurrent.futures.Future[Any]) -> Any:
+        """Block until ``future`` is done, running queued compute meanwhile."""
+        while not future.done():
+            try:
+                fn, args, done = self._jobs.get(timeout=0.005)
+            except queue.Empty:
+                continue
+            if not done.set_running_or_notify_cancel():
+                continue
+            try:
+                done.set_result(fn(*args))
+            except BaseException as exc:  # handed to the awaiting coroutine
+                done.set_exception(exc)
+        return future.result()
 
 
 def _turn_tokens(state: State) -> list[TurnTokens]:
