@@ -53,8 +53,9 @@ def test_short_cpu_run_prints_baseline_and_final(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "tiny", seed=0)
     config = tmp_path / "c.toml"
     config.write_text(
-        CPU_CONFIG.read_text()
-        .replace('path = "../../.vfops-train/tiny-model"', f'path = "{model}"')
+        CPU_CONFIG.read_text().replace(
+            'path = "../../.vfops-train/tiny-model"', f'path = "{model}"'
+        )
     )
     result = CliRunner().invoke(
         app,
@@ -64,3 +65,30 @@ def test_short_cpu_run_prints_baseline_and_final(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "baseline held-out reward" in result.output and "after 2 steps" in result.output
     assert (tmp_path / "out" / "final" / "trainer_state.json").is_file()
+
+
+@pytest.mark.train
+def test_two_processes_train_as_one_process_group(tmp_path: Path) -> None:
+    """--num-processes 2 goes through accelerate launch: 2 ranks (gloo on a CPU), one run."""
+    pytest.importorskip("torch")
+    import json
+
+    from vfops.local import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny", seed=0)
+    config = tmp_path / "c.toml"
+    config.write_text(
+        CPU_CONFIG.read_text().replace(
+            'path = "../../.vfops-train/tiny-model"', f'path = "{model}"'
+        )
+    )
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vfops", "train", str(config), "--steps", "2", "--no-tracking",
+         "--output-dir", str(out), "--num-processes", "2"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["processes"] == 2 and summary["steps"] == 2
+    assert (out / "final" / "trainer_state.json").is_file()

@@ -121,6 +121,9 @@ def _launch(num_processes: int, argv: list[str]) -> int:
         sys.executable,
         "-m",
         "accelerate.commands.launch",
+        # accelerate's multi-process launcher (torchrun); on a machine without GPUs the
+        # recipe's Accelerator(cpu=True) then joins the processes over gloo
+        "--multi_gpu",
         "--num_processes",
         str(num_processes),
         "--num_machines",

@@ -150,6 +150,9 @@ class GRPORecipe:
             if ds.get("gradient_clipping", "auto") == "auto":
                 ds["gradient_clipping"] = cfg.optim.max_grad_norm
         self.accelerator = Accelerator(
+            # without a GPU, cpu=True is what makes several launched processes one
+            # gloo process group (accelerate's MULTI_CPU) instead of N lone copies
+            cpu=not torch.cuda.is_available(),
             mixed_precision=_mixed_precision(cfg.run.precision),
             gradient_accumulation_steps=self._n_micro,
             step_scheduler_with_optimizer=False,
@@ -563,6 +566,7 @@ class GRPORecipe:
             "baseline_eval_reward": baseline,
             "final_eval_reward": final,
             "steps": self.step,
+            "processes": self.accelerator.num_processes,
             "checkpoint": str(final_dir),
             "registered": registered,
             "history": history,
