@@ -151,8 +151,9 @@ class GRPORecipe:
                 ds["gradient_clipping"] = cfg.optim.max_grad_norm
         self.accelerator = Accelerator(
             # without a GPU, cpu=True is what makes several launched processes one
-            # gloo process group (accelerate's MULTI_CPU) instead of N lone copies
-            cpu=not torch.cuda.is_available(),
+            # gloo process group (accelerate's MULTI_CPU) instead of N lone copies;
+            # DeepSpeed sets up its own (gloo on a CPU), and cpu=True would bypass it
+            cpu=plugin is None and not torch.cuda.is_available(),
             mixed_precision=_mixed_precision(cfg.run.precision),
             gradient_accumulation_steps=self._n_micro,
             step_scheduler_with_optimizer=False,
