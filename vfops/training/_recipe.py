@@ -147,6 +147,12 @@ class GRPORecipe:
             ds = plugin.deepspeed_config
             if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
                 ds["train_micro_batch_size_per_gpu"] = cfg.optim.micro_batch_size
+            if ds.get("train_batch_size", "auto") == "auto":
+                # DeepSpeed checks micro x accumulation x world; the launcher sets WORLD_SIZE
+                world = int(os.environ.get("WORLD_SIZE", "1"))
+                ds["train_batch_size"] = (
+                    ds["train_micro_batch_size_per_gpu"] * self._n_micro * world
+                )
             if ds.get("gradient_clipping", "auto") == "auto":
                 ds["gradient_clipping"] = cfg.optim.max_grad_norm
         self.accelerator = Accelerator(
@@ -159,6 +165,15 @@ class GRPORecipe:
             step_scheduler_with_optimizer=False,
             deepspeed_plugin=plugin,
         )
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched != self.accelerator.num_processes:
+            # e.g. DeepSpeed with several processes on a machine without GPUs: accelerate
+            # leaves each process alone, which would train N unsynchronised copies
+            raise VfopsError(
+                f"{launched} processes were launched but accelerate joined "
+                f"{self.accelerator.num_processes}; several DeepSpeed processes need GPUs: "
+                "on a CPU drop --deepspeed, or run it with --num-processes 1"
+            )
 
     def _setup_model(self) -> None:
         import transformers
