@@ -64,7 +64,7 @@ async def train_grpo(
     async with _gpu_slots(gpu_limit, gpus):
         if num_processes > 1 or deepspeed:
             summary = await asyncio.to_thread(
-                _launch, config_path, steps, output_dir, num_processes, deepspeed
+                _launch, config_path, steps, output_dir, register_as, num_processes, deepspeed
             )
         else:
             summary = await asyncio.to_thread(_train_in_process, config)
@@ -117,6 +117,7 @@ def _launch(
     config_path: str,
     steps: int | None,
     output_dir: str | None,
+    register_as: str | None,
     num_processes: int,
     deepspeed: str | None,
 ) -> dict[str, Any]:
@@ -126,6 +127,8 @@ def _launch(
         cmd += ["--steps", str(steps)]
     if output_dir is not None:
         cmd += ["--output-dir", output_dir]
+    if register_as is not None:
+        cmd += ["--register-as", register_as]
     if deepspeed:
         cmd += ["--deepspeed", deepspeed]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

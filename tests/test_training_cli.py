@@ -84,11 +84,12 @@ def test_two_processes_train_as_one_process_group(tmp_path: Path) -> None:
     )
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "vfops", "train", str(config), "--steps", "2", "--no-tracking",
-         "--output-dir", str(out), "--num-processes", "2"],
+        [sys.executable, "-m", "vfops", "train", str(config), "--steps", "2",
+         "--output-dir", str(out), "--num-processes", "2", "--register-as", "two-rank-tiny"],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["processes"] == 2 and summary["steps"] == 2
+    assert summary["registered"] == "models:/two-rank-tiny/1"  # once, by the main process
     assert (out / "final" / "trainer_state.json").is_file()

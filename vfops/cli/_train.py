@@ -53,6 +53,12 @@ def train_command(
             "--deepspeed", help="DeepSpeed JSON (configs/deepspeed/zero2.json or zero3.json)."
         ),
     ] = None,
+    register_as: Annotated[
+        str | None,
+        typer.Option(
+            "--register-as", help="Override [run] register_as: MLflow model name of the result."
+        ),
+    ] = None,
     no_tracking: Annotated[
         bool, typer.Option("--no-tracking", help="Do not log to MLflow.")
     ] = False,
@@ -72,6 +78,8 @@ def train_command(
                 f"--deepspeed {str(deepspeed)!r} does not exist; use configs/deepspeed/zero2.json"
             )
         cfg.run.deepspeed = str(deepspeed.resolve())
+    if register_as is not None:
+        cfg.run.register_as = register_as
     if no_tracking:
         cfg.run.tracking = False
     if resume is not None and not resume.is_dir():
