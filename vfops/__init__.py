@@ -6,9 +6,9 @@ never loads torch, transformers, vllm or datasets until they are used.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from vfops._lazy import lazy_exports
 from vfops._version import __version__
 
 _EXPORTS: dict[str, str] = {
@@ -89,14 +89,4 @@ if TYPE_CHECKING:
     from vfops.rubrics import JudgeRubric, MathRubric, Rubric, RubricGroup
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vfops' has no attribute '{name}'")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # cache: the next access skips __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

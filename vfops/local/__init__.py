@@ -13,7 +13,9 @@ Serve a model directory over HTTP with ``vfops model serve DIR`` (``transformers
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from vfops._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from vfops.local._client import LocalModelClient
@@ -28,16 +30,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
