@@ -198,6 +198,7 @@ class HFGenerationClient:
 
     async def _drain(self) -> None:
         while self._queue:
+            await self._settle()
             batch = self._queue[: self._backend.max_batch_size]
             self._queue = self._queue[len(batch) :]
             try:
@@ -210,6 +211,19 @@ class HFGenerationClient:
             for req, res in zip(batch, results, strict=True):
                 if not req.future.done():
                     req.future.set_result(res)
+
+    async def _settle(self) -> None:
+        """Let every rollout that is ready to ask queue its request before a batch is cut.
+
+        A batch's padding changes the float rounding of the logits, so its composition
+        must not depend on thread timing: then runs (and a resumed run) are reproducible.
+        Rollouts waiting on real I/O still join whichever batch is next.
+        """
+        seen = -1
+        while len(self._queue) != seen:
+            seen = len(self._queue)
+            for _ in range(4):
+                await asyncio.sleep(0)
 
     def _response(
         self,
@@ -283,8 +297,9 @@ class HFBackend:
         forward = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
         self._lock = threading.Lock()
+        self._threads_before = torch.get_num_threads()
         self._compute_thread = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="vfops-hf-generate"
+            max_workers=1, thread_name_prefix="vfops-hf-generate", initializer=_split_cpu_threads
         )
         self.run_compute: ComputeRunner = self._in_compute_thread
         """Where the torch work runs; the recipe points it at its training thread when
@@ -308,6 +323,8 @@ class HFBackend:
     async def aclose(self) -> None:
         await self._client.aclose()
         self._compute_thread.shutdown(wait=False)
+        # undo _split_cpu_threads: the thread count is process-wide
+        self._torch.set_num_threads(self._threads_before)
 
     async def _in_compute_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         # Always the same OS thread: every thread that runs torch ops gets its own
@@ -393,6 +410,22 @@ class HFBackend:
         for res in results:
             res.policy_version = version
         return results
+
+
+def _split_cpu_threads() -> None:
+    """Generation running alongside training (``async_steps > 0``) on a CPU: split the
+    cores between the two instead of oversubscribing them.
+
+    torch's intra-op thread count is process-wide, so this halves training's too. It
+    also makes runs reproducible here: with both sides on one thread each (2 cores),
+    no float reduction is split differently from run to run.
+    """
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
 
 def _base_model(model: Any) -> Any:
