@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from _venvs import ensure_venv, venv_versions  # bench/ is sys.path[0] when run as a script
 
 from vfops.testing import StubConfig, StubServer
 
@@ -77,39 +78,13 @@ def _stamp() -> str:
 
 def ensure_verifiers_venv() -> Path:
     """Create ``.bench/verifiers-venv`` with verifiers + vf_arithmetic (cached)."""
-    stamp_file = VF_VENV / ".bench-stamp"
-    stamp = _stamp()
-    vf_eval = VF_VENV / "bin" / "vf-eval"
-    if stamp_file.exists() and stamp_file.read_text() == stamp and vf_eval.exists():
-        return vf_eval
-    print(
-        f"setting up {VF_VENV.relative_to(ROOT)} (verifiers=={VERIFIERS_VERSION}) ...", flush=True
+    ensure_venv(
+        VF_VENV,
+        [[f"verifiers=={VERIFIERS_VERSION}"], ["-e", str(VF_ENV_DIR)]],
+        _stamp(),
+        f"verifiers=={VERIFIERS_VERSION}",
     )
-    BENCH_DIR.mkdir(exist_ok=True)
-    if not (VF_VENV / "bin" / "python").exists():
-        base = getattr(sys, "_base_executable", sys.executable)
-        subprocess.run([base, "-m", "venv", str(VF_VENV)], check=True)
-    pip = [str(VF_VENV / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    subprocess.run([*pip, f"verifiers=={VERIFIERS_VERSION}"], check=True)
-    subprocess.run([*pip, "-e", str(VF_ENV_DIR)], check=True)
-    stamp_file.write_text(stamp)
-    return vf_eval
-
-
-def _venv_versions(python: Path, packages: list[str]) -> dict[str, str]:
-    code = (
-        "import importlib.metadata as m, json, sys\n"
-        "out = {}\n"
-        "for p in sys.argv[1:]:\n"
-        "    try: out[p] = m.version(p)\n"
-        "    except m.PackageNotFoundError: out[p] = '-'\n"
-        "print(json.dumps(out))\n"
-    )
-    done = subprocess.run(
-        [str(python), "-c", code, *packages], capture_output=True, text=True, check=True
-    )
-    data: dict[str, str] = json.loads(done.stdout)
-    return data
+    return VF_VENV / "bin" / "vf-eval"
 
 
 # ---------------------------------------------------------------- measuring
@@ -554,11 +529,11 @@ def main() -> None:
     vf_eval = None if args.skip_verifiers else ensure_verifiers_venv()
     versions = {
         "python": platform.python_version(),
-        **{k: v for k, v in _venv_versions(Path(sys.executable), ["vfops", "openai"]).items()},
+        **{k: v for k, v in venv_versions(Path(sys.executable), ["vfops", "openai"]).items()},
         "cpus": str(os.cpu_count()),
     }
     if vf_eval is not None:
-        vfv = _venv_versions(VF_VENV / "bin" / "python", ["verifiers", "openai"])
+        vfv = venv_versions(VF_VENV / "bin" / "python", ["verifiers", "openai"])
         versions["verifiers"] = vfv["verifiers"]
         versions["openai (verifiers venv)"] = vfv["openai"]
 

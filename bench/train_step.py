@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import _stepclock  # bench/ is sys.path[0] when this file runs as a script
+from _venvs import ensure_venv, venv_versions
 
 TRL_VERSION = "1.16.0"
 TORCH_VERSION = "2.13.0"
@@ -82,40 +83,15 @@ def _stamp() -> str:
 
 def ensure_trl_venv() -> Path:
     """Create ``.bench/trl-venv`` with the CPU torch and trl (cached by a stamp)."""
-    stamp_file = TRL_VENV / ".bench-stamp"
-    stamp = _stamp()
-    if stamp_file.exists() and stamp_file.read_text() == stamp and TRL_PYTHON.exists():
-        return TRL_PYTHON
-    print(
-        f"setting up {TRL_VENV.relative_to(ROOT)} (torch=={TORCH_VERSION}, trl=={TRL_VERSION}) ...",
-        flush=True,
-    )
-    BENCH_DIR.mkdir(exist_ok=True)
-    if not TRL_PYTHON.exists():
-        base = getattr(sys, "_base_executable", sys.executable)
-        subprocess.run([base, "-m", "venv", str(TRL_VENV)], check=True)
-    pip = [str(TRL_PYTHON), "-m", "pip", "install", "--quiet"]
     # torch first: the CPU build on local disk; trl alone would pull a CUDA torch.
-    subprocess.run([*pip, f"torch=={TORCH_VERSION}"], check=True)
-    subprocess.run([*pip, f"trl=={TRL_VERSION}"], check=True)
-    stamp_file.write_text(stamp)
-    return TRL_PYTHON
-
-
-def _venv_versions(python: Path, packages: list[str]) -> dict[str, str]:
-    code = (
-        "import importlib.metadata as m, json, sys\n"
-        "out = {}\n"
-        "for p in sys.argv[1:]:\n"
-        "    try: out[p] = m.version(p)\n"
-        "    except m.PackageNotFoundError: out[p] = '-'\n"
-        "print(json.dumps(out))\n"
+    python = ensure_venv(
+        TRL_VENV,
+        [[f"torch=={TORCH_VERSION}"], [f"trl=={TRL_VERSION}"]],
+        _stamp(),
+        f"torch=={TORCH_VERSION}, trl=={TRL_VERSION}",
     )
-    done = subprocess.run(
-        [str(python), "-c", code, *packages], capture_output=True, text=True, check=True
-    )
-    data: dict[str, str] = json.loads(done.stdout)
-    return data
+    assert python == TRL_PYTHON
+    return python
 
 
 def build_model(directory: Path, seed: int) -> Path:
@@ -444,11 +420,11 @@ def main() -> None:
     trl_python = None if args.skip_trl else ensure_trl_venv()
     versions = {
         "python": platform.python_version(),
-        **_venv_versions(Path(sys.executable), ["vfops", "torch", "transformers", "accelerate"]),
+        **venv_versions(Path(sys.executable), ["vfops", "torch", "transformers", "accelerate"]),
         "cpus": str(os.cpu_count()),
     }
     if trl_python is not None:
-        tv = _venv_versions(trl_python, ["trl", "torch", "transformers", "accelerate"])
+        tv = venv_versions(trl_python, ["trl", "torch", "transformers", "accelerate"])
         versions.update({f"{k} (trl venv)": v for k, v in tv.items()})
 
     work = BENCH_DIR / "train_step" / time.strftime("%Y%m%dT%H%M%S")
