@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +10,7 @@ from typing import Annotated
 import typer
 
 from vfops._errors import MissingExtraError, VfopsError
+from vfops.cli._server_process import run_server
 
 app = typer.Typer(
     name="model",
@@ -109,15 +109,4 @@ def serve(
     path = _check_model_dir(directory)
     cmd = serve_command(path, host=host, port=port, device=device)
     typer.echo(f"serving {path} at http://{host}:{port}/v1 (model name: {path})", err=True)
-    proc = subprocess.Popen(cmd, env=serve_env())
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            code = proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-    if code not in (0, -2, -15, 130):
-        raise typer.Exit(code)
+    run_server(cmd, serve_env(), grace_s=10)

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 import typer
 
 from vfops._errors import VfopsError
+from vfops.cli._server_process import run_server
 
 app = typer.Typer(
     name="vllm",
@@ -188,15 +189,4 @@ def serve(
         typer.echo(f"{extra} {' '.join(cmd)}")
         return
     typer.echo(f"serving {directory.resolve()} at http://{host}:{port}/v1 (sync: {sync})", err=True)
-    proc = subprocess.Popen(cmd, env=env)
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-    if code not in (0, -2, -15, 130):
-        raise typer.Exit(code)
+    run_server(cmd, env, grace_s=30)
