@@ -367,3 +367,28 @@ def test_eval_against_the_in_process_local_model(tiny_dir: Path, tmp_path: Path)
     rows = [orjson.loads(line) for line in results.read_bytes().splitlines()]
     assert len(rows) == 8 and all(r["error"] is None for r in rows)
     assert all(r["usage"]["completion_tokens"] <= 8 for r in rows)
+
+
+def test_vfops_model_serve_stops_its_server_on_sigterm(tiny_dir: Path, tmp_path: Path) -> None:
+    """A supervisor's SIGTERM to `vfops model serve` stops the server it started too."""
+    import signal
+    import sys
+
+    import psutil
+
+    pytest.importorskip("fastapi")
+    port = _free_port()
+    cmd = [sys.executable, "-m", "vfops", "model", "serve", str(tiny_dir), "--port", str(port)]
+    with (tmp_path / "serve.log").open("wb") as log:
+        proc = subprocess.Popen(cmd, env=serve_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", proc, SERVER_START_TIMEOUT_S)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "the server runs in a child process"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

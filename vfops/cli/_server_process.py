@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
+from types import FrameType
 
 import typer
 
@@ -16,6 +19,9 @@ def run_server(cmd: Sequence[str], env: Mapping[str, str], *, grace_s: float) ->
     Exits with the server's own code when it failed (not when it was stopped).
     """
     proc = subprocess.Popen(list(cmd), env=dict(env))
+    if threading.current_thread() is threading.main_thread():
+        # a supervisor's SIGTERM (systemd, Kubernetes, kill) must not orphan the server
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         code = proc.wait()
     except KeyboardInterrupt:
@@ -27,3 +33,7 @@ def run_server(cmd: Sequence[str], env: Mapping[str, str], *, grace_s: float) ->
             code = proc.wait()
     if code not in _STOPPED:
         raise typer.Exit(code)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
