@@ -101,8 +101,8 @@ def _train(cfg: Any, resume: Path | None) -> None:
         recipe.setup()
         if resume is not None:
             recipe.resume(resume)
-        result = recipe.train()
         main = recipe.accelerator.is_main_process
+        result = recipe.train(_print_progress(cfg.run.steps) if main else None)
     if main:
         summary = {k: v for k, v in result.items() if k != "history"}
         typer.echo(
@@ -110,6 +110,24 @@ def _train(cfg: Any, resume: Path | None) -> None:
             f"final {result['final_eval_reward']:.4f} after {result['steps']} steps"
         )
         typer.echo(json.dumps(summary, default=str))
+
+
+def _print_progress(total: int) -> Any:
+    """One line per step and eval on stderr (stdout ends with the JSON summary)."""
+
+    def show(kind: str, step: int, m: dict[str, float]) -> None:
+        if kind == "eval":
+            typer.echo(f"step {step}/{total}  held-out reward {m['eval_reward']:.4f}", err=True)
+            return
+        typer.echo(
+            f"step {step}/{total}  reward {m['reward_mean']:.3f}±{m['reward_std']:.3f}  "
+            f"loss {m['loss']:+.4f}  kl {m['kl']:.4f}  clip {m['clip_fraction']:.3f}  "
+            f"gen {m['generation_s']:.2f}s  train {m['training_s']:.2f}s  "
+            f"sync {m['weight_sync_s']:.2f}s  {m['tokens_per_s']:.0f} tok/s",
+            err=True,
+        )
+
+    return show
 
 
 def _launch(num_processes: int, argv: list[str]) -> int:

@@ -577,20 +577,30 @@ class GRPORecipe:
 
     # ------------------------------------------------------------------ the whole run
 
-    def train(self) -> dict[str, Any]:
-        """Baseline eval, ``run.steps`` steps (periodic eval/save), final eval, save, register."""
+    def train(self, progress: Progress | None = None) -> dict[str, Any]:
+        """Baseline eval, ``run.steps`` steps (periodic eval/save), final eval, save, register.
+
+        ``progress(kind, step, metrics)`` is called after every eval (``"eval"``) and
+        every step (``"step"``), e.g. to print a line per step.
+        """
         cfg = self.config.run
+        report = progress or _no_progress
         baseline = self.evaluate()["eval_reward"]
         self._log_eval(baseline)
+        report("eval", self.step, {"eval_reward": baseline})
         history: list[dict[str, float]] = []
         while self.step < cfg.steps:
             history.append(self.train_step())
+            report("step", self.step, history[-1])
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
-                self._log_eval(self.evaluate()["eval_reward"])
+                reward = self.evaluate()["eval_reward"]
+                self._log_eval(reward)
+                report("eval", self.step, {"eval_reward": reward})
             if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
                 self.save(Path(cfg.output_dir) / f"step-{self.step}")
         final = self.evaluate()["eval_reward"]
         self._log_eval(final)
+        report("eval", self.step, {"eval_reward": final})
         final_dir = self.save(Path(cfg.output_dir) / "final")
         registered = None
         if cfg.register_as and self.accelerator.is_main_process:
@@ -791,6 +801,14 @@ class MainThreadCompute:
             except BaseException as exc:  # handed to the awaiting coroutine
                 done.set_exception(exc)
         return future.result()
+
+
+Progress = Callable[[str, int, dict[str, float]], None]
+"""``progress(kind, step, metrics)``: ``kind`` is ``"step"`` or ``"eval"``."""
+
+
+def _no_progress(kind: str, step: int, metrics: dict[str, float]) -> None:
+    return None
 
 
 def _batch_from_dict(fields: dict[str, Any]) -> _Batch:
