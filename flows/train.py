@@ -67,7 +67,7 @@ async def train_grpo(
                 _launch, config_path, steps, output_dir, register_as, num_processes, deepspeed
             )
         else:
-            summary = await asyncio.to_thread(_train_in_process, config)
+            summary = await asyncio.to_thread(_train_in_process, config, logger)
     logger.info(
         "held-out reward %.4f -> %.4f",
         summary["baseline_eval_reward"],
@@ -104,12 +104,25 @@ async def _ensure_limit(name: str, gpus: int) -> None:
                 )
 
 
-def _train_in_process(config: Any) -> dict[str, Any]:
+def _train_in_process(config: Any, logger: Any) -> dict[str, Any]:
     from vfops.training import GRPORecipe
+
+    def progress(kind: str, step: int, metrics: dict[str, float]) -> None:
+        # the flow run's log in the UI shows the run advancing, step by step
+        if kind == "eval":
+            logger.info("step %d: held-out reward %.4f", step, metrics["eval_reward"])
+        else:
+            logger.info(
+                "step %d: reward %.3f, loss %+.4f, %.0f tok/s",
+                step,
+                metrics["reward_mean"],
+                metrics["loss"],
+                metrics["tokens_per_s"],
+            )
 
     with GRPORecipe(config) as recipe:
         recipe.setup()
-        result = recipe.train()
+        result = recipe.train(progress)
     return {k: v for k, v in result.items() if k != "history"}
 
 
