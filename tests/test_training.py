@@ -364,3 +364,15 @@ def test_weight_sync_changes_generation_and_version(tiny: tuple[Any, Any], tmp_p
         backend.model.state_dict().items(), model.state_dict().values(), strict=True
     ):
         assert torch.equal(mine, theirs), name
+
+
+def test_logprobs_skip_the_untrained_prefix(tiny: tuple[Any, Any]) -> None:
+    """Only positions from the first trained token get logits; the values are the same."""
+    model = copy.deepcopy(tiny[0]).float()
+    ids = torch.tensor([[5, 6, 7, 8, 40, 41, 42], [5, 6, 7, 9, 43, 44, 0]])
+    attention = torch.tensor([[1] * 7, [1] * 6 + [0]])
+    full, full_entropy = token_logprobs(model, ids, attention, 0.7)
+    part, part_entropy = token_logprobs(model, ids, attention, 0.7, start=3)
+    assert part.shape == (2, 3)
+    torch.testing.assert_close(part, full[:, 3:], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(part_entropy, full_entropy[:, 3:], rtol=1e-5, atol=1e-6)

@@ -41,16 +41,41 @@ class LossNorm:
 
 
 def token_logprobs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float,
+    start: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability of each next token (``[B, T-1]``) and the policy's entropy there."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logits = logits[:, :-1, :].float() / temperature
+    """Log-probability of each next token and the policy's entropy there.
+
+    Position ``t`` of the result predicts token ``t + 1``; positions before ``start``
+    are skipped (``[B, T-1-start]``): the prompt before the first trained token needs
+    no logits, and at a vocabulary of ~150k the full ``[B, T, V]`` tensor is what
+    runs out of memory first.
+    """
+    keep = input_ids.shape[1] - start
+    extra = {"logits_to_keep": keep} if start > 0 and _accepts_logits_to_keep(model) else {}
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra
+    ).logits
+    logits = logits[:, -keep:-1, :].float() / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
-    chosen = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    chosen = logprobs.gather(-1, input_ids[:, start + 1 :].unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         entropy = -(logprobs.exp() * logprobs).sum(-1)
     return chosen, entropy
+
+
+def _accepts_logits_to_keep(model: Any) -> bool:
+    import inspect
+
+    inner = model
+    for attr in ("module", "base_model", "model"):  # DDP/DeepSpeed, peft wrappers
+        if "logits_to_keep" in inspect.signature(inner.forward).parameters:
+            return True
+        inner = getattr(inner, attr, inner)
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 def policy_loss(

@@ -498,11 +498,14 @@ class GRPORecipe:
         device = self.accelerator.device
         ids, attention, mask, old = _pad([s.sequence for s in chunk], self.tokenizer, device)
         advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=device)
-        logprobs, entropy = token_logprobs(self.model, ids, attention, cfg.generation.temperature)
+        start = _first_trained_position(mask)
+        mask, old = mask[:, start:], old[:, start:]
+        temperature = cfg.generation.temperature
+        logprobs, entropy = token_logprobs(self.model, ids, attention, temperature, start)
         ref = None
         if self._ref_model is not None:
             with torch.no_grad():
-                ref, _ = token_logprobs(self._ref_model, ids, attention, cfg.generation.temperature)
+                ref, _ = token_logprobs(self._ref_model, ids, attention, temperature, start)
         loss, sums = policy_loss(
             logprobs,
             old,
@@ -862,6 +865,12 @@ def _pad(
         old[row, :n] = torch.tensor(seq.old_logprobs, dtype=torch.float32)
     # position t of the logprobs predicts token t+1
     return ids.to(device), attention.to(device), mask[:, 1:].to(device), old[:, 1:].to(device)
+
+
+def _first_trained_position(mask: torch.Tensor) -> int:
+    """The first next-token position any row trains on (0 when none does)."""
+    trained = mask.sum(0).nonzero()
+    return int(trained[0]) if len(trained) else 0
 
 
 def _frozen_copy(model: Any) -> Any:
