@@ -317,7 +317,7 @@ async def test_filesystem_sync_writes_weights_then_reloads_and_resets(
     assert seconds > 0
     assert server.paths() == ["/collective_rpc", "/reset_prefix_cache?reset_running_requests=false"]
     rpc = server.bodies("/collective_rpc")[0]
-    assert rpc["method"] == "reload_weights"
+    assert rpc["method"] == "vfops_load_weights"
     saved = server.reloaded["tensors"]
     state = model.state_dict()
     assert server.reloaded["config"] and saved
@@ -348,7 +348,7 @@ async def test_reload_failure_is_one_clear_line(
     await backend.aclose()
     message = str(info.value)
     assert "\n" not in message
-    assert "reload_weights" in message and "HTTP 500" in message and "boom" in message
+    assert "vfops_load_weights" in message and "HTTP 500" in message and "boom" in message
     assert "/reset_prefix_cache" not in "".join(server.paths())  # no reset after a failure
 
 
@@ -510,6 +510,17 @@ async def test_real_cpu_vllm_generates_and_syncs(
         before["completion_ids"],
         before["completion_logprobs"],
     )
+    # ...and they are the synced model's: the server's logprobs equal the trainer-side
+    # model's on the same tokens (with a tied LM head, vLLM's reload_weights alone
+    # left the head on the old weights)
+    assert model.config.tie_word_embeddings
+    ids = torch.tensor([changed["prompt_ids"] + changed["completion_ids"]])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(changed["prompt_ids"]) - 1 : -1].float()
+    expected = torch.log_softmax(logits, -1).gather(
+        -1, torch.tensor(changed["completion_ids"]).unsqueeze(-1)
+    )
+    assert changed["completion_logprobs"] == pytest.approx(expected.squeeze(-1).tolist(), abs=1e-3)
     # Syncing the original weights back restores the original samples exactly.
     model.load_state_dict(original)
     await backend.sync_weights(model, 2)
@@ -564,7 +575,7 @@ def test_serve_passes_arguments_after_dashes_to_vllm(
          "--", "--tensor-parallel-size", "2"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert result.output.rstrip().endswith("--enable-prefix-caching --tensor-parallel-size 2")
+    assert result.output.rstrip().endswith("VfopsWorkerExtension --tensor-parallel-size 2")
 
 
 def test_serve_command_has_the_training_flags(tiny_dir: Path) -> None:
@@ -575,8 +586,13 @@ def test_serve_command_has_the_training_flags(tiny_dir: Path) -> None:
     assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
     assert "--logprobs-mode processed_logprobs" in joined
     assert "--generation-config vllm" in joined and "--gpu-memory-utilization 0.3" in joined
+    assert "--worker-extension-cls vfops.training._vllm_worker.VfopsWorkerExtension" in joined
     assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
     assert "--weight-transfer-config" not in serve_command(tiny_dir, python="py")
     env = serve_env({}, cpu=True)
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+    # the workers import the extension from a folder holding vfops alone
+    (folder,) = env["PYTHONPATH"].split(os.pathsep)
+    assert sorted(p.name for p in Path(folder).iterdir()) == ["vfops"]
+    assert (Path(folder) / "vfops" / "training" / "_vllm_worker.py").is_file()
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"

@@ -101,6 +101,9 @@ def serve_command(
         "--generation-config",
         "vllm",
         "--enable-prefix-caching",
+        # vfops_load_weights: filesystem sync that keeps tied embeddings tied
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
     ]
     if served_model_name:
         cmd += ["--served-model-name", served_model_name]
@@ -113,6 +116,29 @@ def serve_command(
     return cmd + list(extra_args or [])
 
 
+WORKER_EXTENSION = "vfops.training._vllm_worker.VfopsWorkerExtension"
+
+
+def _vfops_only_path() -> Path:
+    """A folder holding only a link to the vfops package, for the vLLM venv's path.
+
+    Adding the folder vfops is installed in would put this venv's torch in front of
+    vLLM's own.
+    """
+    import vfops
+    from vfops._settings import vfops_home
+
+    folder = vfops_home() / "vllm-worker-path"
+    link = folder / "vfops"
+    target = Path(vfops.__file__).resolve().parent
+    if not (link.is_symlink() and link.resolve() == target):
+        folder.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target, target_is_directory=True)
+    return folder
+
+
 def serve_env(base: dict[str, str] | None = None, *, cpu: bool = False) -> dict[str, str]:
     """Environment for the server: dev routes on (reload, weight transfer, cache
     reset), nothing fetched from a hub; on CPU a 1 GiB KV cache unless set."""
@@ -120,6 +146,10 @@ def serve_env(base: dict[str, str] | None = None, *, cpu: bool = False) -> dict[
 
     env = dict(os.environ if base is None else base)
     env.update(OFFLINE_ENV)
+    # the workers import the extension from vfops alone, never the rest of this venv
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(_vfops_only_path()), env.get("PYTHONPATH", "")) if p
+    )
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     if cpu:

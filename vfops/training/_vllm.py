@@ -26,7 +26,8 @@ Weight sync, after each optimizer step:
 
 - ``filesystem``: the model is saved as safetensors (+ config) under ``sync_dir``,
   the server reloads in place through ``POST /collective_rpc`` with vLLM's own
-  ``reload_weights(weights_path=...)`` (dev-mode endpoint), then ``POST
+  ``vfops_load_weights(weights_path=...)`` (vfops' worker extension,
+  :mod:`vfops.training._vllm_worker`; dev-mode endpoint), then ``POST
   /reset_prefix_cache``. Works on the CPU build of vLLM too.
 - ``nccl``: vLLM's native weight-transfer API (server started with
   ``--weight-transfer-config '{"backend": "nccl"}'``): once, ``/init_weight_transfer_engine``
@@ -789,9 +790,12 @@ class VLLMBackend:
             "POST",
             "/collective_rpc",
             # Only string arguments cross this endpoint (vLLM's rule).
-            {"method": "reload_weights", "kwargs": {"weights_path": str(target)}},
-            what=f"reload_weights from {target}",
-            fix="check the server can read generation.sync_dir and its log",
+            # vfops' worker extension (vfops vllm serve installs it): vLLM's own
+            # reload_weights leaves a tied LM head on the old weights
+            {"method": "vfops_load_weights", "kwargs": {"weights_path": str(target)}},
+            what=f"vfops_load_weights from {target}",
+            fix="start the server with `vfops vllm serve` (it adds the vfops worker "
+            "extension), and check it can read generation.sync_dir",
         )
         previous, self._last_dir = self._last_dir, target
         if previous is not None and previous != target:
