@@ -45,9 +45,8 @@ def test_missing_train_extra_names_the_extra(tmp_path: Path) -> None:
     assert "install the [train] extra: pip install 'vfops[train]'" in proc.stderr
 
 
-@pytest.mark.train
-def test_short_cpu_run_prints_baseline_and_final(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+def _cpu_config_on_a_tiny_model(tmp_path: Path) -> Path:
+    """The shipped CPU config, pointed at a tiny model built in ``tmp_path``."""
     from vfops.local import build_tiny_model
 
     model = build_tiny_model(tmp_path / "tiny", seed=0)
@@ -57,6 +56,13 @@ def test_short_cpu_run_prints_baseline_and_final(tmp_path: Path) -> None:
             'path = "../../.vfops-train/tiny-model"', f'path = "{model}"'
         )
     )
+    return config
+
+
+@pytest.mark.train
+def test_short_cpu_run_prints_baseline_and_final(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    config = _cpu_config_on_a_tiny_model(tmp_path)
     result = CliRunner().invoke(
         app,
         ["train", str(config), "--steps", "2", "--no-tracking",
@@ -74,15 +80,7 @@ def test_two_processes_train_as_one_process_group(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     import json
 
-    from vfops.local import build_tiny_model
-
-    model = build_tiny_model(tmp_path / "tiny", seed=0)
-    config = tmp_path / "c.toml"
-    config.write_text(
-        CPU_CONFIG.read_text().replace(
-            'path = "../../.vfops-train/tiny-model"', f'path = "{model}"'
-        )
-    )
+    config = _cpu_config_on_a_tiny_model(tmp_path)
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "vfops", "train", str(config), "--steps", "2",

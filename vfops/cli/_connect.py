@@ -63,8 +63,7 @@ async def _connect_registry(uri: str) -> Connection:
     The run records the pinned ``models:/NAME/VERSION``, so it can later serve as
     promotion evidence for that version.
     """
-    from vfops.models._inprocess import open_model_version_async, pin_model_uri
+    from vfops.models._inprocess import open_model_version_async
 
-    version = pin_model_uri(uri)
-    opened = await open_model_version_async(version)
+    opened = await open_model_version_async(uri)
     return Connection(client=opened.client, model=opened.uri, base_url=None)

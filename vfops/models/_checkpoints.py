@@ -191,7 +191,7 @@ def resolve_version(uri: str, client: MlflowClient | None = None) -> ModelVersio
     return ModelVersionInfo.from_mlflow(mv)
 
 
-def load_model_dir(uri: str, dst: str | Path | None = None) -> Path:
+def load_model_dir(uri: str | ModelVersionInfo, dst: str | Path | None = None) -> Path:
     """Download model version ``uri`` to a local folder and return it.
 
     Versions are immutable, so the default destination
@@ -203,7 +203,8 @@ def load_model_dir(uri: str, dst: str | Path | None = None) -> Path:
     from vfops.models._mlflow import mlflow_tracking_uri
 
     client = mlflow_client()
-    mv = resolve_version(uri, client)
+    # an already resolved version is immutable: no second registry lookup
+    mv = uri if isinstance(uri, ModelVersionInfo) else resolve_version(uri, client)
     target = Path(dst) if dst is not None else vfops_home() / "models" / mv.name / mv.version
     marker = target / ".vfops-complete"
     if marker.is_file():

@@ -54,17 +54,22 @@ class InProcessModel:
         return self.version.uri
 
 
-def open_model_version(version: ModelVersionInfo, *, seed: int = 0) -> InProcessModel:
-    """Download ``version`` (cached under VFOPS_HOME) and load it for generation."""
+def open_model_version(version: str | ModelVersionInfo, *, seed: int = 0) -> InProcessModel:
+    """Download ``version`` (a resolved version, or a ``models:/`` URI pinned here;
+    cached under VFOPS_HOME) and load it for generation."""
     from vfops.local import LocalModelClient
 
-    model_dir = load_model_dir(version.uri)
+    if isinstance(version, str):
+        version = pin_model_uri(version)
+    model_dir = load_model_dir(version)
     client = LocalModelClient(
         model_dir, seed=seed, max_new_tokens_default=generation_cap(model_dir)
     )
     return InProcessModel(version, model_dir, client)
 
 
-async def open_model_version_async(version: ModelVersionInfo, *, seed: int = 0) -> InProcessModel:
+async def open_model_version_async(
+    version: str | ModelVersionInfo, *, seed: int = 0
+) -> InProcessModel:
     """:func:`open_model_version` off the event loop (downloads and loads weights)."""
     return await asyncio.to_thread(open_model_version, version, seed=seed)

@@ -18,12 +18,13 @@ then recorded as forced. Every decision, promoted or refused, is appended to the
 from __future__ import annotations
 
 import asyncio
+import functools
 import getpass
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from vfops._errors import VfopsError
 from vfops._settings import vfops_home
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from vfops.stats import RegressionReport
 
 Outcome = Literal["promoted", "refused"]
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 PROMOTION_TAG = "promotion"
 
@@ -506,48 +509,20 @@ async def promote_async(
     )
 
 
-def promote(
-    name: str,
-    version: str | int,
-    *,
-    alias: str = "champion",
-    gate_envs: Sequence[str],
-    num_examples: int = 20,
-    rollouts_per_example: int = 1,
-    metric: str = "reward_mean",
-    force: bool = False,
-    actor: str | None = None,
-    sampling_args: Mapping[str, Any] | None = None,
-    env_args: Mapping[str, Mapping[str, Any]] | None = None,
-    alpha: float = 0.05,
-    seed: int = 0,
-    engine: Engine | None = None,
-    output_root: Path | None = None,
-    evidence_runs: Mapping[str, str] | None = None,
-    reuse: bool = True,
-) -> PromotionDecision:
-    """Synchronous :func:`promote_async`."""
-    return asyncio.run(
-        promote_async(
-            name,
-            version,
-            alias=alias,
-            gate_envs=gate_envs,
-            num_examples=num_examples,
-            rollouts_per_example=rollouts_per_example,
-            metric=metric,
-            force=force,
-            actor=actor,
-            sampling_args=sampling_args,
-            env_args=env_args,
-            alpha=alpha,
-            seed=seed,
-            engine=engine,
-            output_root=output_root,
-            evidence_runs=evidence_runs,
-            reuse=reuse,
-        )
-    )
+def _blocking(
+    fn: Callable[_P, Coroutine[Any, Any, _T]],
+) -> Callable[_P, _T]:
+    """The synchronous twin of ``fn``, with the same typed signature."""
+
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return asyncio.run(fn(*args, **kwargs))
+
+    return run
+
+
+promote = _blocking(promote_async)
+"""Synchronous :func:`promote_async` (same arguments)."""
 
 
 def promotion_history(

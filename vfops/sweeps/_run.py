@@ -322,10 +322,9 @@ async def run_cell_async(
 
 async def _registry_model_client(uri: str) -> ModelClient:
     """An in-process client of the pinned registry version ``uri`` (models:/NAME/VERSION)."""
-    from vfops.models._inprocess import open_model_version_async, pin_model_uri
+    from vfops.models._inprocess import open_model_version_async
 
-    version = await asyncio.to_thread(pin_model_uri, uri)
-    return (await open_model_version_async(version)).client
+    return (await open_model_version_async(uri)).client
 
 
 async def _result(
