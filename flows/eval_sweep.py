@@ -74,12 +74,15 @@ async def run_cell(
             ),
         )
     try:
-        result = await run_cell_async(cell, output_root=Path(output_dir), limiter=limiter)
+        result = await run_cell_async(
+            cell,
+            output_root=Path(output_dir),
+            limiter=limiter,
+            mlflow_parent_run_id=mlflow_parent_run_id,
+        )
     finally:
         if limiter is not None:
             await limiter.aclose()
-    if mlflow_parent_run_id is not None:
-        await _log_cell(result.run_id, mlflow_parent_run_id)
     get_run_logger().info(
         "%s: %s run %s, %d rollouts (%d new), reward %s",
         cell.label,
@@ -90,19 +93,6 @@ async def run_cell(
         "n/a" if result.reward_mean is None else f"{result.reward_mean:.3f}",
     )
     return result.to_json()
-
-
-async def _log_cell(run_id: str, parent_run_id: str) -> None:
-    """The cell's run as an MLflow run nested under the sweep's; a failure only warns."""
-    import asyncio
-
-    from vfops.registry import get_engine
-    from vfops.tracking import log_eval_run
-
-    try:
-        await asyncio.to_thread(log_eval_run, get_engine(), run_id, parent_run_id=parent_run_id)
-    except Exception as exc:  # the cell's rollouts are safe in the registry
-        get_run_logger().warning("could not log run %s to MLflow: %s", run_id, exc)
 
 
 def _start_tracking(cells: list[Cell]) -> dict[str, str]:

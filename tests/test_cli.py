@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from tests.env_fixtures import env_site  # noqa: F401
+from vfops.evaluation import load_results
 from vfops.testing import StubConfig, StubServer
 
 VFOPS = str(Path(sys.executable).parent / "vfops")
@@ -83,7 +84,9 @@ def test_env_init_install_and_eval_against_a_server(tmp_path: Path) -> None:
     # never published: recorded as local code with its hash, not as the package's 0.1.0
     assert metadata["env_version"] == f"local+{metadata['env_code_hash'][:12]}"
     assert metadata["status"] == "completed" and len(metadata["run_id"]) == 32
-    assert (metadata_path.parent / "dataset" / "dataset_info.json").exists()
+    assert len(load_results(metadata_path.parent)) == 100  # the Arrow export, memory-mapped
+    # the same run, logged to MLflow by the tracker process, linked both ways
+    assert metadata["mlflow_run_id"] and "mlflow run:" in result.stdout
 
 
 def test_eval_completes_against_a_faulty_endpoint(env_site: Path, tmp_path: Path) -> None:

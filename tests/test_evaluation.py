@@ -16,11 +16,12 @@ from vfops.clients import ScriptedClient
 from vfops.envs import SingleTurnEnv
 from vfops.evaluation import (
     EvalRequest,
+    EvalResult,
+    evaluate_async,
     iter_records,
     load_results,
     pass_at_k,
     read_metadata,
-    run_eval_async,
 )
 from vfops.rubrics import Rubric
 
@@ -45,60 +46,83 @@ def request(n: int = 6, r: int = 2, c: int = 4) -> EvalRequest:
     )
 
 
-def keys(run_dir: Path) -> list[tuple[int, int]]:
+def keys(run_dir: Path | None) -> list[tuple[int, int]]:
+    assert run_dir is not None
     return sorted(r.key for r in iter_records(run_dir))
 
 
+async def run(
+    env: SingleTurnEnv,
+    client: ScriptedClient,
+    req: EvalRequest,
+    root: Path,
+    resume: Path | None = None,
+) -> EvalResult:
+    """The one entry point, on the run folder alone (no registry, no MLflow)."""
+    return await evaluate_async(
+        req,
+        environment=env,
+        client=client,
+        output_root=root,
+        registry=False,
+        resume=None if resume is None else str(resume),
+    )
+
+
 async def test_run_streams_every_rollout_and_writes_a_dataset(tmp_path: Path) -> None:
-    result = await run_eval_async(make_env(), echo_client(), request(), run_dir=tmp_path)
-    assert keys(tmp_path) == [(e, i) for e in range(6) for i in range(2)]
+    result = await run(make_env(), echo_client(), request(), tmp_path)
+    run_dir = result.run_dir
+    assert run_dir is not None and run_dir.is_relative_to(tmp_path / "evals" / "echo--scripted")
+    assert keys(run_dir) == [(e, i) for e in range(6) for i in range(2)]
     assert result.summary.reward.mean == 1.0 and result.status == "completed"
-    metadata = read_metadata(tmp_path)
+    metadata = read_metadata(run_dir)
     assert metadata["status"] == "completed"
     assert metadata["summary"]["rollouts"] == 12
     assert metadata["env_name"] == "echo" and metadata["vfops_version"]
-    dataset = load_results(tmp_path)
+    dataset = load_results(run_dir)
     from_dataset = sorted((RolloutRecord.from_row(row) for row in dataset), key=lambda r: r.key)
-    assert from_dataset == sorted(iter_records(tmp_path), key=lambda r: r.key)
+    assert from_dataset == sorted(iter_records(run_dir), key=lambda r: r.key)
 
 
 async def test_resume_generates_only_missing_rollouts(tmp_path: Path) -> None:
-    await run_eval_async(make_env(), echo_client(), request(), run_dir=tmp_path)
-    results = tmp_path / "results.jsonl"
+    first = await run(make_env(), echo_client(), request(), tmp_path)
+    assert first.run_dir is not None
+    results = first.run_dir / "results.jsonl"
     lines = results.read_bytes().splitlines(keepends=True)
     # drop three records and leave a torn half line, as a kill -9 mid-write would
     results.write_bytes(b"".join(lines[:-3]) + lines[-3][:20])
     client = echo_client()
-    result = await run_eval_async(make_env(), client, request(), run_dir=tmp_path, resume=True)
+    result = await run(make_env(), client, request(), tmp_path, resume=first.run_dir)
     assert len(client.calls) == 3
-    assert keys(tmp_path) == [(e, i) for e in range(6) for i in range(2)]
+    assert keys(first.run_dir) == [(e, i) for e in range(6) for i in range(2)]
     assert result.summary.rollouts == 12 and result.summary.new_rollouts == 3
+    # the export is rebuilt from the whole folder, not only this session's rollouts
+    assert len(load_results(first.run_dir)) == 12
 
 
 async def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
-    await run_eval_async(make_env(), echo_client(), request(r=1), run_dir=tmp_path)
+    first = await run(make_env(), echo_client(), request(r=1), tmp_path)
     with pytest.raises(VfopsError, match="rollouts_per_example was 1, now 2"):
-        await run_eval_async(make_env(), echo_client(), request(r=2), run_dir=tmp_path, resume=True)
+        await run(make_env(), echo_client(), request(r=2), tmp_path, resume=first.run_dir)
 
 
 async def test_cancel_keeps_completed_groups_and_resume_finishes(tmp_path: Path) -> None:
     env = make_env(20)
-    task = asyncio.create_task(
-        run_eval_async(env, echo_client(0.05), request(n=20, r=2, c=4), run_dir=tmp_path)
-    )
+    task = asyncio.create_task(run(env, echo_client(0.05), request(n=20, r=2, c=4), tmp_path))
     await asyncio.sleep(0.3)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    kept = keys(tmp_path)
+    (run_dir,) = (tmp_path / "evals" / "echo--scripted").iterdir()
+    kept = keys(run_dir)
     assert 0 < len(kept) < 40
-    assert read_metadata(tmp_path)["status"] == "interrupted"
+    assert read_metadata(run_dir)["status"] == "interrupted"
     # every kept group is whole: group scoring needs all of its rollouts
     assert all((e, 1 - i) in kept for e, i in kept)
     client = echo_client()
-    await run_eval_async(env, client, request(n=20, r=2, c=4), run_dir=tmp_path, resume=True)
+    await run(env, client, request(n=20, r=2, c=4), tmp_path, resume=run_dir)
     assert len(client.calls) == 40 - len(kept)
-    assert keys(tmp_path) == [(e, i) for e in range(20) for i in range(2)]
+    assert keys(run_dir) == [(e, i) for e in range(20) for i in range(2)]
 
 
 async def test_concurrency_is_bounded(tmp_path: Path) -> None:
@@ -113,17 +137,15 @@ async def test_concurrency_is_bounded(tmp_path: Path) -> None:
         in_flight -= 1
         return str(messages[-1]["content"])
 
-    await run_eval_async(make_env(30), ScriptedClient(reply), request(n=30, r=3, c=5), run_dir=None)
+    await run(make_env(30), ScriptedClient(reply), request(n=30, r=3, c=5), tmp_path)
     assert peak == 5
 
 
-async def test_errors_are_counted_not_scored() -> None:
+async def test_errors_are_counted_not_scored(tmp_path: Path) -> None:
     def flaky(messages: Messages, tools: object) -> object:
         return ConnectionError("down") if messages[-1]["content"] in {"0", "1"} else "x"
 
-    result = await run_eval_async(
-        make_env(4), ScriptedClient(flaky), request(n=4, r=1), run_dir=None
-    )
+    result = await run(make_env(4), ScriptedClient(flaky), request(n=4, r=1), tmp_path)
     summary = result.summary
     assert summary.rollouts == 4 and summary.reward.count == 2
     assert summary.errors == {"generation:ConnectionError": 2}
@@ -139,6 +161,7 @@ def test_pass_at_k_matches_the_combinatorial_definition() -> None:
 
 
 async def test_jsonl_lines_are_whole_records(tmp_path: Path) -> None:
-    await run_eval_async(make_env(3), echo_client(), request(n=3, r=2), run_dir=tmp_path)
-    for line in (tmp_path / "results.jsonl").read_bytes().splitlines():
+    result = await run(make_env(3), echo_client(), request(n=3, r=2), tmp_path)
+    assert result.run_dir is not None
+    for line in (result.run_dir / "results.jsonl").read_bytes().splitlines():
         assert set(orjson.loads(line)) >= {"trace_id", "example_id", "reward", "completion"}

@@ -16,13 +16,19 @@ from rich.progress import (
 from rich.table import Table
 
 from vfops._rollout import RolloutRecord
-from vfops.evaluation import EvalResult, EvalSummary
+from vfops.evaluation import EvalResult, EvalSummary, OpenedRun
 
 
 class EvalDisplay:
-    """A progress bar whose description shows the running reward mean."""
+    """A progress bar whose description shows the running reward mean.
 
-    def __init__(self, *, total: int, enabled: bool) -> None:
+    It is the evaluation's progress hook (:class:`vfops.evaluation.EvalProgress`):
+    the bar is sized when the run opens, and it remembers the run, so an
+    interrupted run can be named with the command that finishes it.
+    """
+
+    def __init__(self, *, enabled: bool, total: int | None = None) -> None:
+        self.run: OpenedRun | None = None
         self._progress = Progress(
             TextColumn("[bold]eval"),
             BarColumn(),
@@ -35,6 +41,13 @@ class EvalDisplay:
             refresh_per_second=4,  # redraws cost client CPU; 4/s is plenty for a human
         )
         self._task = self._progress.add_task("eval", total=total, stats="")
+
+    def opened(self, run: OpenedRun) -> None:
+        self.run = run
+        self._progress.update(self._task, total=run.planned, completed=run.done)
+
+    def group(self, records: list[RolloutRecord], summary: EvalSummary) -> None:
+        self.update(records, summary)
 
     def update(self, records: list[RolloutRecord], summary: EvalSummary) -> None:
         errors = f" errors {summary.error_count}" if summary.error_count else ""
@@ -84,5 +97,9 @@ def summary_table(result: EvalResult) -> Table:
 def print_summary(result: EvalResult) -> None:
     console = Console()
     console.print(summary_table(result))
+    if result.run_id is not None:
+        console.print(f"run: {result.run_id} ({result.action})")
+    if result.mlflow_run_id is not None:
+        console.print(f"mlflow run: {result.mlflow_run_id}")
     if result.run_dir is not None:
         console.print(f"results: {result.run_dir}")

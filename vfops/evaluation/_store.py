@@ -1,9 +1,10 @@
-"""The on-disk layout of an eval run: streamed JSONL, metadata, then a dataset.
+"""The on-disk layout of an eval run: streamed JSONL, metadata, an Arrow export.
 
 ``results.jsonl`` gets one line per rollout as each group completes (flushed to
 the OS, so a killed process loses only groups in flight); ``metadata.json``
-describes the run and is rewritten atomically; ``dataset/`` is written at the
-end from the JSONL, so memory never holds the whole run.
+describes the run and is rewritten atomically; ``rollouts.arrow`` (an Arrow IPC
+stream that ``datasets`` memory-maps) is written in batches during the run by
+the export sink (:mod:`vfops.evaluation._sinks`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from typing import Any
 import orjson
 
 from vfops._errors import VfopsError
-from vfops._rollout import RolloutRecord, rollout_features
+from vfops._rollout import RolloutRecord
 from vfops.envs._dataset import quiet_datasets
 
 RESULTS_FILE = "results.jsonl"
 METADATA_FILE = "metadata.json"
-DATASET_DIR = "dataset"
+ARROW_FILE = "rollouts.arrow"
+LEGACY_DATASET_DIR = "dataset"
 
 
 class RolloutWriter:
@@ -103,24 +105,18 @@ def read_metadata(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def write_dataset(run_dir: Path, metadata: dict[str, Any]) -> Path:
-    """Convert ``results.jsonl`` into a ``datasets`` dataset saved under ``dataset/``."""
-    from datasets import Dataset
-
-    def rows() -> Iterator[dict[str, Any]]:
-        for record in iter_records(run_dir):
-            yield record.to_row()
-
-    with tempfile.TemporaryDirectory(dir=run_dir, prefix=".cache.") as cache, quiet_datasets():
-        dataset = Dataset.from_generator(rows, features=rollout_features(), cache_dir=cache)
-        dataset.info.description = orjson.dumps(metadata, default=str).decode()
-        target = run_dir / DATASET_DIR
-        dataset.save_to_disk(str(target))
-    return target
-
-
 def load_results(run_dir: Path) -> Any:
-    """Load a finished run's ``dataset/`` (rows convert back with RolloutRecord.from_row)."""
-    from datasets import load_from_disk
+    """A run's rollouts as a ``datasets.Dataset`` (rows convert back with
+    ``RolloutRecord.from_row``), memory-mapped from its ``rollouts.arrow``."""
+    from datasets import Dataset, load_from_disk
 
-    return load_from_disk(str(run_dir / DATASET_DIR))
+    arrow = run_dir / ARROW_FILE
+    if arrow.exists():
+        with quiet_datasets():
+            return Dataset.from_file(str(arrow))
+    if (run_dir / LEGACY_DATASET_DIR).is_dir():  # runs written before rollouts.arrow
+        return load_from_disk(str(run_dir / LEGACY_DATASET_DIR))
+    raise VfopsError(
+        f"{run_dir} has no rollouts.arrow (the run never finished a session); "
+        "finish it with vfops eval ... --resume"
+    )

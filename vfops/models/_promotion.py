@@ -218,7 +218,7 @@ def find_reusable_run(engine: Engine, request: GateRequest, model_uri: str) -> s
     """
     from sqlalchemy import select
 
-    from vfops.evaluation._tracked import resolve_provenance
+    from vfops.evaluation import resolve_provenance
     from vfops.registry import EvalRun, session_scope
 
     code_hash = resolve_provenance(engine, request.env).code_hash
@@ -250,17 +250,14 @@ async def _evaluate(
     output_root: Path,
     reuse: bool,
 ) -> GateRun:
-    """A completed run of ``version`` for ``request``: reused when allowed, else evaluated."""
-    from vfops.envs import load_environment
-    from vfops.evaluation import EvalRequest
-    from vfops.evaluation._tracked import run_tracked_eval_async
-    from vfops.models._inprocess import open_model_version_async
+    """A completed run of ``version`` for ``request``: reused when allowed, else evaluated
+    through :func:`vfops.evaluation.evaluate_async` (registry and MLflow, like any run)."""
+    from vfops.evaluation import EvalRequest, ModelOptions, evaluate_async
 
     if reuse:
         existing = await asyncio.to_thread(find_reusable_run, engine, request, version.uri)
         if existing is not None:
             return GateRun(existing, reused=True)
-    env = load_environment(request.env, **request.env_args)
     eval_request = EvalRequest(
         env_name=request.env,
         model=version.uri,
@@ -270,21 +267,19 @@ async def _evaluate(
         env_args=dict(request.env_args),
         tags=[PROMOTION_TAG],
     )
-    eval_request.validate()
-    opened = await open_model_version_async(version, seed=seed)
-    try:
-        tracked, result = await run_tracked_eval_async(
-            env, opened.client, eval_request, output_root=output_root, engine=engine
-        )
-    finally:
-        await opened.client.aclose()
-        await env.aclose()
+    result = await evaluate_async(
+        eval_request,
+        model_options=ModelOptions(seed=seed),
+        output_root=output_root,
+        engine=engine,
+    )
     if result.status != "completed":
         raise VfopsError(
             f"gate eval of {version.uri} on {request.env} ended {result.status} "
-            f"(run {tracked.run_id}); fix it and promote again"
+            f"(run {result.run_id}): {result.error or 'see the run'}; fix it and promote again"
         )
-    return GateRun(tracked.run_id, reused=False)
+    assert result.run_id is not None
+    return GateRun(result.run_id, reused=False)
 
 
 def _mean(values: Mapping[int, Sequence[float]]) -> float:

@@ -293,6 +293,17 @@ def find_resumable_run(session: Session, config_fingerprint: str) -> EvalRun | N
     return row
 
 
+def find_completed_run(session: Session, config_fingerprint: str) -> EvalRun | None:
+    """The newest completed run with this configuration (a sweep cell reuses it)."""
+    row: EvalRun | None = session.scalar(
+        select(EvalRun)
+        .where(EvalRun.config_fingerprint == config_fingerprint, EvalRun.status == _FINISHED)
+        .order_by(EvalRun.started_at.desc(), EvalRun.id.desc())
+        .limit(1)
+    )
+    return row
+
+
 def list_runs(session: Session, env_name: str | None = None, limit: int = 50) -> list[EvalRun]:
     """The newest runs first, optionally of one environment."""
     query = select(EvalRun).order_by(EvalRun.started_at.desc(), EvalRun.id.desc()).limit(limit)

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field
 
 from vfops._errors import EnvironmentNotFoundError, VfopsError
-from vfops.models._inprocess import is_model_uri
 from vfops.sweeps._spec import MODEL_REF_TAG, Cell
 
 if TYPE_CHECKING:
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
 
     from vfops.clients import ModelClient
     from vfops.clients._openai import RequestLimiter
-    from vfops.evaluation import EvalSummary
-    from vfops.registry import EvalRun
 
 Action = Literal["created", "resumed", "reused"]
 
@@ -121,7 +118,7 @@ def prepare_environment(
     """
     from sqlalchemy.orm import Session
 
-    from vfops.evaluation._tracked import resolve_provenance
+    from vfops.evaluation import resolve_provenance
     from vfops.publishing import find_published, install_published
     from vfops.registry import get_engine
 
@@ -184,37 +181,6 @@ def prepare_environment(
         )
 
 
-def _find_run(engine: Engine, fingerprint: str, *, reuse_completed: bool) -> EvalRun | None:
-    """The newest unfinished run with ``fingerprint``, else (if allowed) the newest completed."""
-    from sqlalchemy import select
-
-    from vfops.registry import EvalRun, find_resumable_run, session_scope
-
-    with session_scope(engine, write=False) as session:
-        run = find_resumable_run(session, fingerprint)
-        if run is None and reuse_completed:
-            run = session.scalar(
-                select(EvalRun)
-                .where(EvalRun.config_fingerprint == fingerprint, EvalRun.status == "completed")
-                .order_by(EvalRun.started_at.desc(), EvalRun.id.desc())
-                .limit(1)
-            )
-        if run is not None:
-            session.expunge(run)
-        return run
-
-
-def registry_summary(engine: Engine, run_id: str, pass_threshold: float = 1.0) -> EvalSummary:
-    """Statistics of every rollout of a run stored in the registry."""
-    from vfops.evaluation import EvalSummary
-    from vfops.registry import iter_rollouts
-
-    summary = EvalSummary(pass_threshold=pass_threshold)
-    for record in iter_rollouts(engine, run_id):
-        summary.add(record, new=False)
-    return summary
-
-
 def _run_status(engine: Engine, run_id: str) -> str:
     from vfops.registry import get_run, session_scope
 
@@ -231,41 +197,43 @@ async def run_cell_async(
     client: ModelClient | None = None,
     install_target: Path | None = None,
     limiter: RequestLimiter | None = None,
+    mlflow_parent_run_id: str | None = None,
 ) -> CellResult:
     """Evaluate one cell, finishing only what is missing; see the module docstring.
 
-    ``limiter`` wraps every model request of the client built here (the endpoint's
-    shared budget: a Prefect global concurrency / rate limit).
-
-    Run directories go under ``output_root`` (default ``$VFOPS_HOME/outputs``).
-    ``client`` replaces the client built from the endpoint alias (e.g. one wrapped
-    in a shared rate budget); the caller then closes it. ``install_target``: where
-    a published wheel is installed when the worker's code differs (default: this
-    interpreter's environment).
+    The evaluation itself is :func:`vfops.evaluation.evaluate_async` (registry,
+    MLflow — nested under ``mlflow_parent_run_id`` when given — and the run
+    folder, like every other evaluation). ``limiter`` wraps every model request of
+    the client built here (the endpoint's shared budget: a Prefect global
+    concurrency / rate limit). Run directories go under ``output_root`` (default
+    ``$VFOPS_HOME/outputs``). ``client`` replaces the client built from the
+    endpoint alias; the caller then closes it. ``install_target``: where a
+    published wheel is installed when the worker's code differs (default: this
+    interpreter's environment). A run that does not complete raises (so a flow's
+    retry resumes it).
     """
     from vfops._settings import vfops_home
-    from vfops.clients import OpenAIClient, check_reachable, read_api_key, resolve_endpoint
-    from vfops.envs import load_environment
-    from vfops.evaluation import EvalRequest
-    from vfops.evaluation._tracked import Provenance, config_fingerprint, run_tracked_eval_async
+    from vfops.evaluation import EvalRequest, ModelOptions, evaluate_async
+    from vfops.evaluation._model import resolve_model_name
     from vfops.registry import get_engine
 
     engine = engine or get_engine()
     prepared = await asyncio.to_thread(
         prepare_environment, cell, engine=engine, install_target=install_target
     )
-    registry_model = is_model_uri(cell.endpoint)
-    if registry_model:
-        model_name, base_url = cell.endpoint, None
-    else:
-        endpoint = resolve_endpoint(cell.endpoint, endpoints_file=cell.endpoints_file)
-        model_name, base_url = endpoint.model, endpoint.base_url
+    options = ModelOptions(
+        endpoints_file=cell.endpoints_file,
+        request_timeout_s=cell.request_timeout_s,
+        max_retries=cell.max_retries,
+        limiter=limiter,
+    )
+    model_name, base_url = resolve_model_name(cell.endpoint, options)
     tags = list(cell.tags)
     if cell.model_ref:  # find the previous night's run of the alias, whichever version held it
         tags.append(f"{MODEL_REF_TAG}{cell.model_ref}")
     request = EvalRequest(
         env_name=prepared.env_name,
-        model=model_name,
+        model=cell.endpoint if client is None else model_name,
         num_examples=cell.num_examples,
         rollouts_per_example=cell.rollouts_per_example,
         max_concurrent=cell.max_concurrent,
@@ -275,56 +243,22 @@ async def run_cell_async(
         pass_threshold=cell.pass_threshold,
         tags=tags,
     )
-    request.validate()
-    output_root = output_root or vfops_home() / "outputs"
-    provenance = Provenance(
-        prepared.env_name, prepared.version, prepared.code_hash, prepared.version_id
+    result = await evaluate_async(
+        request,
+        model_options=options,
+        output_root=output_root or vfops_home() / "outputs",
+        existing="reuse" if cell.reuse_completed else "resume",
+        engine=engine,
+        mlflow_parent_run_id=mlflow_parent_run_id,
+        client=client,
     )
-    fingerprint = config_fingerprint(request, provenance)
-    existing = await asyncio.to_thread(
-        _find_run, engine, fingerprint, reuse_completed=cell.reuse_completed
-    )
+    result.raise_for_status()
+    assert result.run_id is not None
     notes = [prepared.note] if prepared.note else []
-    if existing is not None and existing.status == "completed":
-        return await _result(cell, prepared, model_name, existing.id, "reused", 0, notes, engine)
-
-    environment = load_environment(prepared.env_name, **cell.env_args)
-    own_client = client is None
-    try:
-        if client is None and registry_model:
-            client = await _registry_model_client(cell.endpoint)
-        elif client is None:
-            api_key = read_api_key(endpoint, required=True)
-            await check_reachable(endpoint.base_url)
-            client = OpenAIClient(
-                endpoint.base_url,
-                api_key,
-                timeout_s=cell.request_timeout_s,
-                max_retries=cell.max_retries,
-                limiter=limiter,
-            )
-        tracked, result = await run_tracked_eval_async(
-            environment,
-            client,
-            request,
-            output_root=output_root,
-            resume=existing.id if existing is not None else None,
-            engine=engine,
-        )
-    finally:
-        if own_client and client is not None:
-            await client.aclose()
-        await environment.aclose()
-    action: Action = "resumed" if existing is not None else "created"
     new = result.summary.new_rollouts
-    return await _result(cell, prepared, model_name, tracked.run_id, action, new, notes, engine)
-
-
-async def _registry_model_client(uri: str) -> ModelClient:
-    """An in-process client of the pinned registry version ``uri`` (models:/NAME/VERSION)."""
-    from vfops.models._inprocess import open_model_version_async
-
-    return (await open_model_version_async(uri)).client
+    return await _result(
+        cell, prepared, model_name, result.run_id, result.action, new, notes, engine
+    )
 
 
 async def _result(
@@ -337,6 +271,8 @@ async def _result(
     notes: list[str],
     engine: Engine,
 ) -> CellResult:
+    from vfops.evaluation import registry_summary
+
     summary = await asyncio.to_thread(registry_summary, engine, run_id, cell.pass_threshold)
     status = await asyncio.to_thread(_run_status, engine, run_id)
     scored = summary.reward.count > 0

@@ -21,15 +21,18 @@ from vfops.tracking._mlflow import (
     is_embedded,
     log_eval_run,
     mlflow_client,
+    prepare_experiment,
     start_sweep_runs,
     tracking_enabled,
     tracking_uri,
 )
+from vfops.tracking._tracker import Tracker
 
 __all__ = [
     "EMBEDDED_DIR",
     "RUN_ID_TAG",
     "SWEEP_TAG",
+    "Tracker",
     "artifact_root",
     "check_tracking",
     "experiment_name",
@@ -37,6 +40,7 @@ __all__ = [
     "is_embedded",
     "log_eval_run",
     "mlflow_client",
+    "prepare_experiment",
     "start_sweep_runs",
     "tracking_enabled",
     "tracking_uri",

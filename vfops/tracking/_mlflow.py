@@ -321,6 +321,51 @@ def _metrics(summary: EvalSummary, stored: dict[str, Any]) -> dict[str, float]:
     return metrics
 
 
+def _metrics_from_stored(stored: dict[str, Any]) -> dict[str, float]:
+    """The metrics of :func:`_metrics`, from a run's stored summary (``EvalSummary.to_dict``)."""
+    rollouts = int(stored.get("rollouts") or 0)
+    scored = int(stored.get("scored") or 0)
+    errors = int(stored.get("errors") or 0)
+    prompt, completion = (
+        int(stored.get("prompt_tokens") or 0),
+        int(stored.get("completion_tokens") or 0),
+    )
+    metrics: dict[str, float] = {
+        "rollouts": float(rollouts),
+        "scored_rollouts": float(scored),
+        "errors": float(errors),
+        "error_rate": errors / rollouts if rollouts else 0.0,
+        "truncated": float(stored.get("truncated") or 0),
+        "prompt_tokens": float(prompt),
+        "completion_tokens": float(completion),
+        "total_tokens": float(prompt + completion),
+    }
+    if scored:
+        for key in ("reward_mean", "reward_std", "reward_stderr"):
+            metrics[key] = float(stored.get(key) or 0.0)
+    for name, mean in sorted((stored.get("metrics") or {}).items()):
+        metrics[f"metric/{_metric_name(name)}"] = float(mean)
+    for k, value in (stored.get("pass_at_k") or {}).items():
+        metrics[f"pass_at_{k}"] = float(value)
+    for key in ("rollouts_per_s", "wall_s"):
+        stored_value = stored.get(key)
+        if isinstance(stored_value, int | float):
+            metrics[key] = float(stored_value)
+    return metrics
+
+
+def _arrow_to_parquet(source: Path, target: Path) -> None:
+    """Copy an Arrow IPC stream (the evaluation's ``rollouts.arrow``) into parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with pa.OSFile(str(source), "rb") as handle:
+        reader = pa.ipc.open_stream(handle)
+        with pq.ParquetWriter(str(target), reader.schema) as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+
+
 def _metric_name(name: str) -> str:
     return re.sub(r"[^\w.\- /:]", "_", name)
 
@@ -353,6 +398,7 @@ def log_eval_run(
     *,
     parent_run_id: str | None = None,
     client: MlflowClient | None = None,
+    rollouts_file: str | Path | None = None,
 ) -> str:
     """Log registry run ``run_id`` as an MLflow run; return the MLflow run id.
 
@@ -361,14 +407,26 @@ def log_eval_run(
     a ``rollouts.parquet`` artifact; tags link the registry run. The MLflow run id is
     then stored on the registry run. Logging the same run again reuses its MLflow run
     (new metric values, the artifact replaced). ``parent_run_id`` nests a new run
-    under a sweep's parent run.
+    under a sweep's parent run. ``rollouts_file``: the evaluation's own Arrow export
+    of the whole run; the artifact is then converted from it, and the metrics taken
+    from the run's stored summary, instead of reading every rollout back.
     """
     with _lock, _quiet():
-        return _log_eval_run(engine, run_id, parent_run_id, client)
+        return _log_eval_run(engine, run_id, parent_run_id, client, rollouts_file)
+
+
+def prepare_experiment(env_name: str, client: MlflowClient | None = None) -> str:
+    """Create (or find) the experiment of ``env_name`` ahead of its first run."""
+    with _lock, _quiet():
+        return _experiment_id(client or mlflow_client(), env_name)
 
 
 def _log_eval_run(
-    engine: Engine, run_id: str, parent_run_id: str | None, client: MlflowClient | None
+    engine: Engine,
+    run_id: str,
+    parent_run_id: str | None,
+    client: MlflowClient | None,
+    rollouts_file: str | Path | None = None,
 ) -> str:
     from mlflow.entities import Metric, Param, RunTag
 
@@ -405,10 +463,14 @@ def _log_eval_run(
     pass_threshold = float(info.summary.get("pass_threshold", 1.0) or 1.0)
     with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
         path = Path(folder) / ARTIFACT_NAME
-        summary = _write_parquet(engine, info.id, path, pass_threshold)
+        if rollouts_file is not None:
+            _arrow_to_parquet(Path(rollouts_file), path)
+            values = _metrics_from_stored(info.summary)
+        else:
+            values = _metrics(_write_parquet(engine, info.id, path, pass_threshold), info.summary)
         client.log_artifact(mlflow_id, str(path))
     now = _ms(dt.datetime.now(dt.UTC)) or 0
-    metrics = [Metric(k, v, now, 0) for k, v in _metrics(summary, info.summary).items()]
+    metrics = [Metric(k, v, now, 0) for k, v in values.items()]
     run_tags = [RunTag(k, v) for k, v in tags.items()]
     client.log_batch(
         mlflow_id, metrics=metrics[:_BATCH_METRICS], params=params[:_BATCH_PARAMS], tags=run_tags

@@ -10,7 +10,7 @@ import pytest
 
 from vfops.clients import ScriptedClient
 from vfops.envs import load_environment
-from vfops.evaluation import EvalRequest, iter_records, run_eval_async
+from vfops.evaluation import EvalRequest, evaluate_async, iter_records
 from vfops.testing._stub_server import arithmetic_reply
 
 _EXPR = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
@@ -108,13 +108,15 @@ async def test_stub_server_replies_score_full_marks(tmp_path: Path) -> None:
     request = EvalRequest(
         env_name="arithmetic", model="scripted", num_examples=30, rollouts_per_example=2
     )
-    result = await run_eval_async(env, client, request, run_dir=tmp_path)
+    result = await evaluate_async(
+        request, environment=env, client=client, output_root=tmp_path, registry=False
+    )
     assert result.status == "completed"
     assert result.summary.rollouts == 60
     assert result.summary.metrics["correct_answer"].mean == 1.0
     assert result.summary.reward.mean == pytest.approx(1.2)
     assert client.calls[0]["sampling_args"] == {"max_tokens": 256}
-    records = list(iter_records(tmp_path))
+    records = list(iter_records(result.run_dir))
     assert len(records) == 60
     assert {r.stop_reason for r in records} == {"completed"}
 
@@ -128,13 +130,14 @@ async def test_eval_half_right(tmp_path: Path) -> None:
         value = example.answer if example.example_id % 2 == 0 else "nope"
         return f"<think>ok</think><answer>{value}</answer>"
 
-    result = await run_eval_async(
-        env,
-        ScriptedClient(reply),
+    result = await evaluate_async(
         EvalRequest(
             env_name="arithmetic", model="scripted", num_examples=4, rollouts_per_example=1
         ),
-        run_dir=tmp_path,
+        environment=env,
+        client=ScriptedClient(reply),
+        output_root=tmp_path,
+        registry=False,
     )
     assert result.summary.rollouts == 4
     assert result.summary.metrics["correct_answer"].mean == pytest.approx(0.5)

@@ -12,7 +12,7 @@ import pytest
 
 from vfops.clients import ScriptedClient
 from vfops.envs import Example, load_environment, tool_schema
-from vfops.evaluation import EvalRequest, iter_records, run_eval_async
+from vfops.evaluation import EvalRequest, evaluate_async, iter_records
 
 _ids = itertools.count()
 
@@ -221,13 +221,14 @@ async def test_eval_end_to_end_with_tool_calls(tmp_path: Path) -> None:
     env = calculator.load_environment(num_examples=8, seed=2)
     for example in env.iter_eval_examples():
         _EXPRESSIONS[example.prompt[-1]["content"]] = example.info["expression"]
-    result = await run_eval_async(
-        env,
-        ScriptedClient(_tool_using_solver),
+    result = await evaluate_async(
         EvalRequest(
             env_name="calculator", model="scripted", num_examples=8, rollouts_per_example=2
         ),
-        run_dir=tmp_path,
+        environment=env,
+        client=ScriptedClient(_tool_using_solver),
+        output_root=tmp_path,
+        registry=False,
     )
     assert result.status == "completed"
     assert result.summary.rollouts == 16
@@ -235,5 +236,5 @@ async def test_eval_end_to_end_with_tool_calls(tmp_path: Path) -> None:
     assert result.summary.metrics["used_calculator"].mean == 1.0
     assert result.summary.metrics["total_tool_calls"].mean == 1.0
     assert result.summary.reward.mean == pytest.approx(1.1)
-    records = list(iter_records(tmp_path))
+    records = list(iter_records(result.run_dir))
     assert all(r.turns == 2 and r.stop_reason == "completed" for r in records)

@@ -11,7 +11,7 @@ import pytest
 
 from vfops.clients import ScriptedClient
 from vfops.envs import Example, load_environment
-from vfops.evaluation import EvalRequest, iter_records, run_eval_async
+from vfops.evaluation import EvalRequest, evaluate_async, iter_records
 
 
 def _game(secret: int, lo: int = 1, hi: int = 100) -> Example:
@@ -142,18 +142,19 @@ def _binary_search_player(messages: list[dict[str, Any]], tools: object) -> str:
 
 async def test_eval_with_binary_search_solves_every_game(tmp_path: Path) -> None:
     env = guess_number.load_environment(num_examples=6, max_turns=7)
-    result = await run_eval_async(
-        env,
-        ScriptedClient(_binary_search_player),
+    result = await evaluate_async(
         EvalRequest(
             env_name="guess_number", model="scripted", num_examples=6, rollouts_per_example=2
         ),
-        run_dir=tmp_path,
+        environment=env,
+        client=ScriptedClient(_binary_search_player),
+        output_root=tmp_path,
+        registry=False,
     )
     assert result.status == "completed"
     assert result.summary.rollouts == 12
     assert result.summary.metrics["solved"].mean == 1.0
-    records = list(iter_records(tmp_path))
+    records = list(iter_records(result.run_dir))
     assert len(records) == 12
     assert all(r.stop_reason == "completed" and r.turns <= 7 for r in records)
     assert all(r.reward is not None and r.reward > 1.0 for r in records)

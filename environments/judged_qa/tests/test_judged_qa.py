@@ -10,7 +10,7 @@ import pytest
 
 from vfops.clients import OpenAIClient, ScriptedClient
 from vfops.envs import Example, load_environment
-from vfops.evaluation import EvalRequest, iter_records, run_eval_async
+from vfops.evaluation import EvalRequest, evaluate_async, iter_records
 
 
 def _judge_from_prompt(messages: list[dict[str, Any]], tools: object) -> str:
@@ -121,16 +121,17 @@ async def test_eval_end_to_end_with_a_scripted_judge(tmp_path: Path) -> None:
         right = questions.index(question) < 3
         return f"<answer>{answers[question] if right else 'I do not know'}</answer>"
 
-    result = await run_eval_async(
-        env,
-        ScriptedClient(model),
+    result = await evaluate_async(
         EvalRequest(env_name="judged_qa", model="scripted", num_examples=6, rollouts_per_example=2),
-        run_dir=tmp_path,
+        environment=env,
+        client=ScriptedClient(model),
+        output_root=tmp_path,
+        registry=False,
     )
     assert result.status == "completed"
     assert result.summary.rollouts == 12
     assert result.summary.metrics["judge_reward"].mean == pytest.approx(0.5)
     assert result.summary.metrics["format_reward"].mean == 1.0
-    records = list(iter_records(tmp_path))
+    records = list(iter_records(result.run_dir))
     assert all(r.error is None for r in records)
     assert len(judge.calls) >= 6  # identical responses of one example may share a call

@@ -11,7 +11,7 @@ import pytest
 
 from vfops.clients import ScriptedClient
 from vfops.envs import EnvGroup, load_environment
-from vfops.evaluation import EvalRequest, iter_records, run_eval_async
+from vfops.evaluation import EvalRequest, evaluate_async, iter_records
 from vfops.testing._stub_server import arithmetic_reply
 
 
@@ -69,15 +69,16 @@ def _player(messages: list[dict[str, Any]], tools: object) -> str:
 async def test_rollouts_and_scores_route_to_each_member(tmp_path: Path) -> None:
     env = mixed.load_environment(num_examples=3, seed=2)
     client = ScriptedClient(_player)
-    result = await run_eval_async(
-        env,
-        client,
+    result = await evaluate_async(
         EvalRequest(env_name="mixed", model="scripted", num_examples=-1, rollouts_per_example=2),
-        run_dir=tmp_path,
+        environment=env,
+        client=client,
+        output_root=tmp_path,
+        registry=False,
     )
     assert result.status == "completed"
     assert result.summary.rollouts == 12
-    records = list(iter_records(tmp_path))
+    records = list(iter_records(result.run_dir))
     by_task: dict[str, list[Any]] = {}
     for record in records:
         by_task.setdefault(record.task, []).append(record)

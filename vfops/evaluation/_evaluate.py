@@ -1,0 +1,597 @@
+"""One entry point for an evaluation: :func:`evaluate_async` (and :func:`evaluate`).
+
+Every caller — ``vfops eval``, sweep and nightly cells, promotion gates, the
+environments' own tests — runs an evaluation through it, so every run lands in
+the same places with the same provenance:
+
+1. the tracker (MLflow) starts first, in its own process, so its start-up
+   overlaps everything below;
+2. the environment loads and the model is resolved and checked (bad input
+   fails here, before any run is recorded);
+3. the run is opened: created, resumed (``resume=`` a run id, id prefix or run
+   folder; or ``existing="resume"``: the newest unfinished run with the same
+   configuration fingerprint) or reused (``existing="reuse"``: a completed run
+   with that fingerprint; nothing is generated);
+4. rollouts run with bounded concurrency; each scored group goes to the run
+   folder first, then to the sinks (registry, Arrow export, MLflow, progress);
+5. the sinks are closed and the run is finished: ``completed``, ``failed`` (a
+   sink failed or the evaluation raised: the message names what and how to
+   finish it) or ``interrupted`` (cancelled; the cancellation propagates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from vfops._errors import VfopsError
+from vfops._rollout import RolloutRecord
+from vfops.clients._base import ModelClient
+from vfops.evaluation._model import ModelOptions, connect_model
+from vfops.evaluation._runner import (
+    EvalRequest,
+    check_resumable,
+    initial_metadata,
+    new_run_dir,
+    now_iso,
+    run_rollouts,
+)
+from vfops.evaluation._sinks import (
+    ArrowSink,
+    RegistrySink,
+    RunFinish,
+    Sink,
+    SinkError,
+    TrackingSink,
+    first_line,
+)
+from vfops.evaluation._store import RolloutWriter, iter_records, read_metadata, write_metadata
+from vfops.evaluation._summary import EvalSummary
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from vfops.envs._environment import Environment
+    from vfops.evaluation._provenance import Provenance
+    from vfops.tracking import Tracker
+
+Action = Literal["created", "resumed", "reused"]
+Existing = Literal["new", "resume", "reuse"]
+DEFAULT_OUTPUT_ROOT = Path("outputs")
+
+_CATCH_UP_BATCH = 512
+
+
+@dataclass
+class EvalResult:
+    """How an evaluation ended, and where it is recorded."""
+
+    run_dir: Path | None
+    summary: EvalSummary
+    status: str
+    """``completed``, ``failed`` or ``interrupted``."""
+    metadata: dict[str, Any]
+    run_id: str | None = None
+    """The registry run (``None`` without the registry)."""
+    action: Action = "created"
+    mlflow_run_id: str | None = None
+    error: str | None = None
+    """Why a failed run failed, and how to finish it."""
+
+    def raise_for_status(self) -> None:
+        """Raise :class:`VfopsError` unless the run completed."""
+        if self.status != "completed":
+            label = self.run_id or self.run_dir
+            raise VfopsError(self.error or f"eval run {label} ended {self.status}")
+
+
+@dataclass(frozen=True)
+class OpenedRun:
+    """What is known once a run is open (handed to :meth:`EvalProgress.opened`)."""
+
+    run_id: str | None
+    run_dir: Path
+    action: Action
+    planned: int
+    """Rollouts the run will hold when complete."""
+    done: int
+    """Rollouts it already holds."""
+
+
+class EvalProgress(Protocol):
+    """Hooks for a progress display (the CLI's bar, a flow's log)."""
+
+    def opened(self, run: OpenedRun) -> None: ...
+
+    def group(self, records: list[RolloutRecord], summary: EvalSummary) -> None: ...
+
+
+@dataclass
+class _Plan:
+    """An opened run: identity, where it lives, what is already done."""
+
+    request: EvalRequest
+    run_dir: Path
+    action: Action
+    run_id: str | None = None
+    provenance: Provenance | None = None
+    done_in_registry: set[tuple[int, int]] = field(default_factory=set)
+    resume_folder: bool = False
+
+
+def evaluate(request: EvalRequest, **kwargs: Any) -> EvalResult:
+    """Synchronous twin of :func:`evaluate_async` (same arguments)."""
+    return asyncio.run(evaluate_async(request, **kwargs))
+
+
+async def evaluate_async(
+    request: EvalRequest,
+    *,
+    model_options: ModelOptions | None = None,
+    output_root: Path | None = None,
+    resume: str | None = None,
+    existing: Existing = "new",
+    registry: bool = True,
+    tracking: bool | None = None,
+    engine: Engine | None = None,
+    mlflow_parent_run_id: str | None = None,
+    environment: Environment | None = None,
+    client: ModelClient | None = None,
+    progress: EvalProgress | None = None,
+) -> EvalResult:
+    """Run (or resume, or reuse) an evaluation; see the module docstring.
+
+    ``tracking`` (default: on unless ``VFOPS_TRACKING=0``) needs the registry.
+    ``environment`` and ``client`` replace the loaded environment and the client
+    built from ``request.model`` (the caller keeps and closes them; the run then
+    records ``request.model`` and ``model_options.base_url`` as given).
+    """
+    request = dataclasses.replace(request, tags=list(request.tags))
+    request.validate()
+    options = model_options or ModelOptions()
+    output_root = output_root or DEFAULT_OUTPUT_ROOT
+    if resume is not None and not registry:
+        read_metadata(Path(resume))  # a clear one-line error on a wrong folder, now
+    if registry:
+        engine = engine or _registry_engine()
+    track = engine is not None and _tracking_on(tracking)
+    tracker = await _start_tracker(engine, request.env_name) if track else None
+    env = environment
+    connection_client: ModelClient | None = None
+    try:
+        if env is None:
+            from vfops.envs import load_environment
+
+            env = load_environment(request.env_name, **request.env_args)
+        planned = _planned_rollouts(env, request)
+        if client is None:
+            connection = await connect_model(request.model, options)
+            client = connection_client = connection.client
+            request.model, request.base_url = connection.model, connection.base_url
+        else:
+            request.base_url = request.base_url or options.base_url
+        if track:
+            await asyncio.to_thread(_check_tracking_server)
+        plan = await _open(request, engine, output_root, resume, existing)
+        if plan.action == "reused":
+            assert engine is not None and plan.run_id is not None
+            return await _reused_result(engine, plan)
+        return await _run(
+            env,
+            client,
+            plan,
+            planned=planned,
+            engine=engine,
+            tracker=tracker,
+            mlflow_parent_run_id=mlflow_parent_run_id,
+            progress=progress,
+        )
+    finally:
+        if connection_client is not None:
+            await connection_client.aclose()
+        if environment is None and env is not None:
+            await env.aclose()
+        if tracker is not None:
+            await tracker.aclose()
+
+
+def _registry_engine() -> Engine:
+    from vfops.registry import get_engine
+
+    return get_engine()
+
+
+def _tracking_on(tracking: bool | None) -> bool:
+    from vfops.tracking import tracking_enabled
+
+    return tracking_enabled() if tracking is None else tracking and tracking_enabled()
+
+
+async def _start_tracker(engine: Engine | None, env_name: str) -> Tracker:
+    from vfops.tracking import Tracker
+
+    url = None if engine is None else engine.url.render_as_string(hide_password=False)
+    return await Tracker.start(database_url=url, env_name=env_name)
+
+
+def _check_tracking_server() -> None:
+    """A tracking server that does not answer fails now, before a run is recorded."""
+    from vfops.tracking import check_tracking, is_embedded, tracking_uri
+
+    if not is_embedded() and tracking_uri().startswith(("http://", "https://")):
+        check_tracking()
+
+
+def _planned_rollouts(env: Environment, request: EvalRequest) -> int:
+    dataset = env.eval_dataset
+    if dataset is None:
+        raise VfopsError(f"environment '{request.env_name}' has no dataset to evaluate")
+    size = len(dataset)
+    examples = size if request.num_examples < 0 else min(request.num_examples, size)
+    return examples * request.rollouts_per_example
+
+
+# ------------------------------------------------------------------ opening a run
+
+
+async def _open(
+    request: EvalRequest,
+    engine: Engine | None,
+    output_root: Path,
+    resume: str | None,
+    existing: Existing,
+) -> _Plan:
+    if engine is None:
+        if resume is not None:
+            run_dir = Path(resume)
+            return _Plan(request, run_dir, "resumed", resume_folder=True)
+        return _Plan(request, new_run_dir(output_root, request.env_name, request.model), "created")
+    return await asyncio.to_thread(
+        _open_registry_run, engine, request, output_root, resume, existing
+    )
+
+
+def _open_registry_run(
+    engine: Engine,
+    request: EvalRequest,
+    output_root: Path,
+    resume: str | None,
+    existing: Existing,
+) -> _Plan:
+    from vfops.evaluation._provenance import config_fingerprint, resolve_provenance
+    from vfops.registry import (
+        completed_keys,
+        create_run,
+        find_completed_run,
+        find_resumable_run,
+        get_run,
+        session_scope,
+        set_run_status,
+    )
+
+    provenance = resolve_provenance(engine, request.env_name)
+    request.env_version = provenance.version
+    fingerprint = config_fingerprint(request, provenance)
+    with session_scope(engine) as session:
+        found = None
+        if resume is not None:
+            run_id = _run_id_of(resume)
+            found = get_run(session, run_id)
+            if found is None:
+                raise VfopsError(f"no eval run {resume!r} in the registry; see: vfops runs list")
+            if found.config_fingerprint != fingerprint:
+                raise VfopsError(
+                    f"cannot resume run {found.id}: its environment version, model or settings "
+                    f"differ from this command ({found.environment_name}@"
+                    f"{found.environment_version}, model {found.model}); rerun with the same ones"
+                )
+        elif existing != "new":
+            found = find_resumable_run(session, fingerprint)
+            if found is None and existing == "reuse":
+                found = find_completed_run(session, fingerprint)
+                if found is not None:
+                    return _Plan(
+                        request,
+                        Path(found.output_dir or output_root),
+                        "reused",
+                        run_id=found.id,
+                        provenance=provenance,
+                    )
+        if found is None:
+            run = create_run(
+                session,
+                environment_name=request.env_name,
+                environment_version=provenance.version,
+                environment_content_hash=provenance.code_hash,
+                environment_version_id=provenance.version_id,
+                model=request.model,
+                base_url=request.base_url,
+                sampling_args=request.sampling_args,
+                env_args=request.env_args,
+                num_examples=request.num_examples,
+                rollouts_per_example=request.rollouts_per_example,
+                config_fingerprint=fingerprint,
+                tags=request.tags,
+            )
+            run_dir = new_run_dir(output_root, request.env_name, request.model, run.id)
+            run.output_dir = str(run_dir)
+            return _Plan(request, run_dir, "created", run_id=run.id, provenance=provenance)
+        set_run_status(session, found.id, "running")
+        run_dir = Path(found.output_dir) if found.output_dir else Path(resume or output_root)
+        run_id = found.id
+    return _Plan(
+        request,
+        run_dir,
+        "resumed",
+        run_id=run_id,
+        provenance=provenance,
+        done_in_registry=completed_keys(engine, run_id),
+        resume_folder=(run_dir / "metadata.json").exists(),
+    )
+
+
+def _run_id_of(resume: str) -> str:
+    path = Path(resume)
+    if path.is_dir():
+        run_id = read_metadata(path).get("run_id")
+        if not run_id:
+            raise VfopsError(f"{path} was not recorded in the registry (no run_id in metadata)")
+        return str(run_id)
+    return resume
+
+
+async def _reused_result(engine: Engine, plan: _Plan) -> EvalResult:
+    from vfops.registry import get_run, session_scope
+
+    assert plan.run_id is not None
+    summary = await asyncio.to_thread(
+        registry_summary, engine, plan.run_id, plan.request.pass_threshold
+    )
+
+    def mlflow_id() -> str | None:
+        with session_scope(engine, write=False) as session:
+            row = get_run(session, plan.run_id or "")
+            return None if row is None else row.mlflow_run_id
+
+    return EvalResult(
+        run_dir=plan.run_dir,
+        summary=summary,
+        status="completed",
+        metadata={**plan.request.identity(), "run_id": plan.run_id, "status": "completed"},
+        run_id=plan.run_id,
+        action="reused",
+        mlflow_run_id=await asyncio.to_thread(mlflow_id),
+    )
+
+
+def registry_summary(engine: Engine, run_id: str, pass_threshold: float = 1.0) -> EvalSummary:
+    """Statistics of every rollout of a run stored in the registry."""
+    from vfops.registry import iter_rollouts
+
+    summary = EvalSummary(pass_threshold=pass_threshold)
+    for record in iter_rollouts(engine, run_id):
+        summary.add(record, new=False)
+    return summary
+
+
+# ------------------------------------------------------------------ running it
+
+
+async def _run(
+    env: Environment,
+    client: ModelClient,
+    plan: _Plan,
+    *,
+    planned: int,
+    engine: Engine | None,
+    tracker: Tracker | None,
+    mlflow_parent_run_id: str | None,
+    progress: EvalProgress | None,
+) -> EvalResult:
+    request, run_dir = plan.request, plan.run_dir
+    metadata = initial_metadata(request, type(env).__name__)
+    if plan.run_id is not None:
+        assert plan.provenance is not None
+        metadata.update(
+            run_id=plan.run_id,
+            env_version=plan.provenance.version,
+            env_code_hash=plan.provenance.code_hash,
+        )
+    if plan.resume_folder:
+        metadata = check_resumable(run_dir, request, metadata)
+    writer = RolloutWriter(run_dir)
+    write_metadata(run_dir, metadata)
+    sinks: list[Sink] = [ArrowSink(run_dir)]
+    if engine is not None and plan.run_id is not None:
+        sinks.append(RegistrySink(engine, plan.run_id))
+    tracking_sink = None
+    if tracker is not None and plan.run_id is not None:
+        tracking_sink = TrackingSink(tracker, plan.run_id, parent_run_id=mlflow_parent_run_id)
+    summary = EvalSummary(pass_threshold=request.pass_threshold)
+    done: set[tuple[int, int]] = set()
+    status, error = "interrupted", None
+    missing_on_disk: set[tuple[int, int]] = set()
+    started = time.perf_counter()
+    try:
+        await _catch_up(run_dir, plan, sinks, summary, done)
+        missing_on_disk = plan.done_in_registry - done
+        done |= plan.done_in_registry
+        if progress is not None:
+            progress.opened(OpenedRun(plan.run_id, run_dir, plan.action, planned, len(done)))
+
+        async def handle(records: list[RolloutRecord]) -> None:
+            writer.write_group(records)  # first: what is on disk survives a crash
+            for sink in sinks:
+                await sink.write_group(records)
+            for record in records:
+                summary.add(record)
+            if progress is not None:
+                progress.group(records, summary)
+
+        await run_rollouts(env, client, request, done, handle)
+        status = "completed"
+    except SinkError as exc:
+        status, error = "failed", str(exc)
+    except asyncio.CancelledError:
+        status = "interrupted"
+        raise
+    except BaseException as exc:
+        status, error = "failed", _resume_hint(plan, first_line(exc))
+        raise
+    finally:
+        summary.wall_s = time.perf_counter() - started
+        writer.close()
+        result = await asyncio.shield(
+            _finish(
+                plan,
+                sinks,
+                tracking_sink,
+                summary,
+                metadata,
+                status,
+                error,
+                engine=engine,
+                arrow_complete=not missing_on_disk if status == "completed" else False,
+            )
+        )
+    return result
+
+
+def _resume_hint(plan: _Plan, problem: str) -> str:
+    label = plan.run_id or plan.run_dir
+    return f"{problem}; fix it, then finish the run with vfops eval ... --resume {label}"
+
+
+async def _catch_up(
+    run_dir: Path,
+    plan: _Plan,
+    sinks: Sequence[Sink],
+    summary: EvalSummary,
+    done: set[tuple[int, int]],
+) -> None:
+    """Resume: count the records on disk and send them on to the sinks.
+
+    The Arrow export is rebuilt from all of them; the registry gets those it
+    misses (a crash between the two writes), so nothing completed is regenerated.
+    """
+    if not plan.resume_folder:
+        return
+    batch: list[RolloutRecord] = []
+    for record in iter_records(run_dir):
+        if record.key in done:
+            continue
+        done.add(record.key)
+        summary.add(record, new=False)
+        batch.append(record)
+        if len(batch) >= _CATCH_UP_BATCH:
+            await _send_caught_up(sinks, batch, plan.done_in_registry)
+            batch = []
+    await _send_caught_up(sinks, batch, plan.done_in_registry)
+
+
+async def _send_caught_up(
+    sinks: Sequence[Sink], records: list[RolloutRecord], in_registry: set[tuple[int, int]]
+) -> None:
+    if not records:
+        return
+    for sink in sinks:
+        if isinstance(sink, RegistrySink):
+            missing = [r for r in records if r.key not in in_registry]
+            if missing:
+                await sink.write_group(missing)
+        else:
+            await sink.write_group(records)
+
+
+async def _finish(
+    plan: _Plan,
+    sinks: Sequence[Sink],
+    tracking_sink: TrackingSink | None,
+    summary: EvalSummary,
+    metadata: dict[str, Any],
+    status: str,
+    error: str | None,
+    *,
+    engine: Engine | None,
+    arrow_complete: bool,
+) -> EvalResult:
+    """Close every sink (each failure recorded, none swallowed), then record the end."""
+    finish = RunFinish(status=status, summary=summary, error=error)
+    for sink in sinks:
+        try:
+            await sink.close(finish)
+        except SinkError as exc:
+            finish.status, finish.error = "failed", finish.error or str(exc)
+        except Exception as exc:
+            problem = f"{sink.name}: {first_line(exc)}"
+            finish.status, finish.error = "failed", finish.error or _resume_hint(plan, problem)
+    stored_summary = summary
+    if engine is not None and plan.run_id is not None:
+        if not arrow_complete and finish.status == "completed":
+            # some rollouts live only in the registry (another worker's folder)
+            stored_summary = await asyncio.to_thread(
+                registry_summary, engine, plan.run_id, summary.pass_threshold
+            )
+            stored_summary.wall_s = summary.wall_s
+            stored_summary.new_rollouts = summary.new_rollouts
+        await _record_end(engine, plan.run_id, finish, stored_summary)
+    mlflow_run_id = None
+    if tracking_sink is not None and finish.status == "completed":
+        if arrow_complete:
+            finish.extra["rollouts_file"] = str(plan.run_dir / "rollouts.arrow")
+        try:
+            await tracking_sink.close(finish)
+            mlflow_run_id = tracking_sink.mlflow_run_id
+        except SinkError as exc:
+            finish.status, finish.error = "failed", str(exc)
+            assert engine is not None and plan.run_id is not None
+            await _record_end(engine, plan.run_id, finish, stored_summary)
+    metadata.update(
+        status=finish.status,
+        finished_at=now_iso(),
+        summary=stored_summary.to_dict(),
+        error=finish.error,
+    )
+    if mlflow_run_id is not None:
+        metadata["mlflow_run_id"] = mlflow_run_id
+    write_metadata(plan.run_dir, metadata)
+    return EvalResult(
+        run_dir=plan.run_dir,
+        summary=stored_summary,
+        status=finish.status,
+        metadata=metadata,
+        run_id=plan.run_id,
+        action=plan.action,
+        mlflow_run_id=mlflow_run_id,
+        error=finish.error,
+    )
+
+
+async def _record_end(engine: Engine, run_id: str, finish: RunFinish, summary: EvalSummary) -> None:
+    from vfops.registry import finish_run, session_scope
+
+    stored = summary.to_dict()
+    if finish.error:
+        stored["error"] = finish.error
+
+    def write() -> None:
+        with session_scope(engine) as session:
+            finish_run(session, run_id, finish.status, stored)
+
+    try:
+        await asyncio.to_thread(write)
+    except Exception as exc:
+        # The registry itself is down: the folder says failed; --resume fixes both.
+        finish.status = "failed"
+        finish.error = finish.error or (
+            f"registry: could not record the end of run {run_id} ({first_line(exc)}); "
+            f"fix the database, then finish the run with vfops eval ... --resume {run_id}"
+        )
+
+
+GroupCallback = Callable[[list[RolloutRecord], EvalSummary], None]

@@ -1,0 +1,242 @@
+"""Where an evaluation's rollouts go: sinks, each fed every scored group.
+
+The run folder (``results.jsonl`` + ``metadata.json``) is always the first sink:
+it is flushed per group, so a killed process loses only groups in flight, and
+``--resume`` rebuilds every other sink from it. The others (the registry, the
+Arrow export, MLflow) overlap the rollouts: they buffer and write in the
+background, so their cost does not follow the last rollout.
+
+A sink that fails raises :class:`SinkError` naming itself and the fix; the
+evaluation then stops, records the run as ``failed`` and says how to finish it
+with ``--resume``. Nothing is swallowed: a run is never "completed" with rows
+missing in one of its sinks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from vfops._errors import VfopsError
+from vfops._rollout import RolloutRecord
+from vfops.evaluation._store import ARROW_FILE
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from vfops.evaluation._summary import EvalSummary
+
+
+class SinkError(VfopsError):
+    """A sink could not take the run's rollouts; the message names it and the fix."""
+
+    def __init__(self, sink: str, problem: str, fix: str) -> None:
+        super().__init__(f"{sink}: {problem}; {fix}")
+        self.sink = sink
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+@dataclass
+class RunFinish:
+    """How a run ended, handed to every sink's ``close``."""
+
+    status: str  # "completed" | "failed" | "interrupted"
+    summary: EvalSummary
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Sink(Protocol):
+    """One destination of a run's rollouts."""
+
+    name: str
+
+    async def write_group(self, records: list[RolloutRecord]) -> None:
+        """Take one scored group (may buffer; raises :class:`SinkError` on failure)."""
+
+    async def close(self, finish: RunFinish) -> None:
+        """Flush everything and record how the run ended (raises :class:`SinkError`)."""
+
+
+class ArrowSink:
+    """``rollouts.arrow`` in the run folder: an Arrow IPC stream, written in batches.
+
+    ``datasets.Dataset.from_file`` memory-maps it (:func:`load_results`), so the
+    export costs nothing after the last rollout. On ``--resume`` it is rewritten
+    from ``results.jsonl`` (the evaluation feeds the records on disk first).
+    """
+
+    name = "export (rollouts.arrow)"
+
+    def __init__(self, run_dir: Path, *, batch_rows: int = 1024) -> None:
+        import pyarrow as pa
+
+        from vfops._rollout import rollout_features
+
+        self._pa = pa
+        self._schema = rollout_features().arrow_schema
+        self._path = run_dir / ARROW_FILE
+        self._tmp = run_dir / f".{ARROW_FILE}.partial"
+        self._batch_rows = batch_rows
+        self._rows: list[dict[str, Any]] = []
+        self._sink = pa.OSFile(str(self._tmp), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, self._schema)
+
+    async def write_group(self, records: list[RolloutRecord]) -> None:
+        self._rows.extend(record.to_row() for record in records)
+        if len(self._rows) >= self._batch_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._rows:
+            batch = self._pa.RecordBatch.from_pylist(self._rows, schema=self._schema)
+            self._rows = []
+            try:
+                self._writer.write_batch(batch)
+            except OSError as exc:
+                raise SinkError(
+                    self.name, first_line(exc), "free disk space in the output folder"
+                ) from exc
+
+    async def close(self, finish: RunFinish) -> None:
+        try:
+            self._flush()
+        finally:
+            self._writer.close()
+            self._sink.close()
+        # Only a complete stream takes the final name: readers never see a torn file.
+        os.replace(self._tmp, self._path)
+
+
+class RegistrySink:
+    """Batches scored groups into the registry from a background writer.
+
+    ``write_group`` only appends to a buffer; a full buffer is queued for the
+    writer and a bounded queue applies backpressure if the database lags, so
+    memory stays constant in the number of rollouts. A failed insert stops the
+    run at the next group (it is never swallowed); ``--resume`` sends the rows
+    on disk that the registry misses.
+    """
+
+    name = "registry"
+
+    def __init__(
+        self,
+        engine: Engine,
+        run_id: str,
+        *,
+        batch_rows: int = 512,
+        flush_interval_s: float = 1.0,
+        max_pending_batches: int = 4,
+    ) -> None:
+        self._engine = engine
+        self._run_id = run_id
+        self._batch_rows = batch_rows
+        self._flush_interval_s = flush_interval_s
+        self._buffer: list[RolloutRecord] = []
+        self._queue: asyncio.Queue[list[RolloutRecord] | None] = asyncio.Queue(max_pending_batches)
+        self._writer: asyncio.Task[None] | None = None
+        self.inserted = 0
+
+    async def write_group(self, records: list[RolloutRecord]) -> None:
+        writer = self._start()
+        if writer.done():
+            self._raise_failure(writer)
+        self._buffer.extend(records)
+        if len(self._buffer) >= self._batch_rows:
+            await self._put(self._take())
+
+    def _start(self) -> asyncio.Task[None]:
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_loop())
+        return self._writer
+
+    async def _put(self, item: list[RolloutRecord] | None) -> None:
+        """Queue ``item``, but stop waiting (and raise) if the writer died meanwhile."""
+        writer = self._start()
+        put = asyncio.ensure_future(self._queue.put(item))
+        await asyncio.wait({put, writer}, return_when=asyncio.FIRST_COMPLETED)
+        if not put.done():
+            put.cancel()
+            self._raise_failure(writer)
+
+    def _raise_failure(self, writer: asyncio.Task[None]) -> None:
+        exc = writer.exception() if not writer.cancelled() else None
+        problem = first_line(exc) if exc is not None else "the writer stopped"
+        raise SinkError(
+            self.name,
+            f"could not store rollouts of run {self._run_id} ({problem})",
+            "fix the database (VFOPS_DATABASE_URL), then finish the run with "
+            f"vfops eval ... --resume {self._run_id}",
+        ) from exc
+
+    def _take(self) -> list[RolloutRecord]:
+        batch, self._buffer = self._buffer, []
+        return batch
+
+    async def _write_loop(self) -> None:
+        from vfops.registry import insert_rollouts
+
+        while True:
+            try:
+                batch = await asyncio.wait_for(self._queue.get(), self._flush_interval_s)
+            except TimeoutError:
+                batch = self._take()  # a slow run still reaches the registry every second
+            if batch is None:
+                return
+            if batch:
+                self.inserted += await asyncio.to_thread(
+                    insert_rollouts, self._engine, self._run_id, batch
+                )
+
+    async def close(self, finish: RunFinish) -> None:
+        """Flush everything buffered and stop the writer (raises if a write failed)."""
+        writer = self._start()
+        await self._put(self._take())
+        await self._put(None)
+        await asyncio.wait({writer})
+        if writer.cancelled() or writer.exception() is not None:
+            self._raise_failure(writer)
+
+
+class TrackingSink:
+    """The run in MLflow, logged by a tracker process (:mod:`vfops.tracking`).
+
+    The tracker is started before anything else of the evaluation, so its
+    imports and the opening of the tracking store overlap the environment, the
+    model and the rollouts; at the end it logs the registry run (params, metrics,
+    the rollouts as an artifact) and links both ways.
+    """
+
+    name = "MLflow"
+
+    def __init__(self, tracker: Any, run_id: str, *, parent_run_id: str | None = None) -> None:
+        self._tracker = tracker
+        self._run_id = run_id
+        self._parent_run_id = parent_run_id
+        self.mlflow_run_id: str | None = None
+
+    async def write_group(self, records: list[RolloutRecord]) -> None:
+        return None  # the rollouts reach MLflow through the registry and the export
+
+    async def close(self, finish: RunFinish) -> None:
+        try:
+            self.mlflow_run_id = await self._tracker.log_run(
+                self._run_id,
+                parent_run_id=self._parent_run_id,
+                rollouts_file=finish.extra.get("rollouts_file"),
+            )
+        except VfopsError as exc:
+            raise SinkError(
+                self.name,
+                f"could not log run {self._run_id} ({exc})",
+                "fix MLFLOW_TRACKING_URI (or pass --no-tracking), then finish the run with "
+                f"vfops eval ... --resume {self._run_id}",
+            ) from exc
