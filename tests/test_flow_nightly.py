@@ -146,6 +146,18 @@ async def test_three_nights(harness: None, published_env: str) -> None:
     again, _ = await run_night(published_env, "2026-11-03", answer_with(0.75, seed=4))
     assert again[0]["run_id"] == dropped[0]["run_id"]
 
+    # every night's run went through the one evaluation path: each is an MLflow run
+    # that names its registry run
+    from vfops.registry import get_engine, list_runs, session_scope
+    from vfops.tracking import RUN_ID_TAG, mlflow_client
+
+    with session_scope(get_engine(), write=False) as session:
+        links = [(run.id, run.mlflow_run_id) for run in list_runs(session, published_env)]
+    assert len(links) == 3 and all(mlflow_id for _, mlflow_id in links)
+    tracking = mlflow_client()
+    for run_id, mlflow_id in links:
+        assert tracking.get_run(mlflow_id).data.tags[RUN_ID_TAG] == run_id
+
 
 @pytest.mark.filterwarnings(
     "ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning"

@@ -256,6 +256,15 @@ def test_promotion_gate_records_every_decision(
     with engine.connect() as connection:
         envs = connection.execute(text("SELECT DISTINCT environment_name FROM eval_runs")).scalars()
         assert list(envs) == [gate_env]
+        links = connection.execute(text("SELECT id, mlflow_run_id FROM eval_runs")).all()
+    # every gate evaluation went through the one evaluation path: each is an MLflow run
+    # that names its registry run
+    from vfops.tracking import RUN_ID_TAG, mlflow_client
+
+    assert len(links) == 3 and all(mlflow_id for _, mlflow_id in links)
+    tracking = mlflow_client()
+    for run_id, mlflow_id in links:
+        assert tracking.get_run(mlflow_id).data.tags[RUN_ID_TAG] == run_id
 
     champion = load_model_dir("models:/tiny@champion")
     assert json.loads((champion / "generation_config.json").read_text())["max_new_tokens"] == 2

@@ -112,6 +112,86 @@ def test_kill_9_then_resume_gives_exactly_n_times_r(
     assert status == "completed"
 
 
+def _install_insert_fault(db_url: str, allowed_rows: int) -> None:
+    """A database-side fault: inserting rollouts fails once the table holds ``allowed_rows``."""
+    engine = get_engine(db_url)
+    with engine.begin() as connection:
+        if engine.dialect.name == "sqlite":
+            connection.execute(
+                text(
+                    "CREATE TRIGGER injected_fault BEFORE INSERT ON rollouts "
+                    f"WHEN (SELECT count(*) FROM rollouts) >= {allowed_rows} "
+                    "BEGIN SELECT RAISE(ABORT, 'injected fault'); END"
+                )
+            )
+            return
+        connection.execute(
+            text(
+                "CREATE FUNCTION injected_fault() RETURNS trigger AS $$ BEGIN "
+                f"IF (SELECT count(*) FROM rollouts) >= {allowed_rows} THEN "
+                "RAISE EXCEPTION 'injected fault'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
+            )
+        )
+        connection.execute(
+            text(
+                "CREATE TRIGGER injected_fault BEFORE INSERT ON rollouts "
+                "FOR EACH ROW EXECUTE FUNCTION injected_fault()"
+            )
+        )
+
+
+def _remove_insert_fault(db_url: str) -> None:
+    engine = get_engine(db_url)
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "DROP TRIGGER injected_fault"
+                + ("" if engine.dialect.name == "sqlite" else " ON rollouts")
+            )
+        )
+
+
+def test_a_failing_registry_write_fails_the_run_and_resume_completes_it(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """The registry sink fails mid-run: non-zero exit, status failed, nothing swallowed;
+    --resume then sends the rows on disk and generates only what is missing."""
+    env = cli_env(db_url, env_site, VFOPS_TRACKING="0")
+    get_engine(db_url)  # the schema, so the trigger has a table to sit on
+    _install_insert_fault(db_url, allowed_rows=1)
+    # ~2.5 s of rollouts: the registry writer's first flush (after 1 s) hits the fault
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=50)) as stub:
+        args = [
+            "eval", "echo_env", "-a", '{"num_examples": 100}', "-m", "stub-model",
+            "-b", stub.base_url, "-n", "100", "-r", "2", "-c", "4", "-o", str(tmp_path),
+        ]  # fmt: skip
+        failed = run(*args, env=env)
+        assert failed.returncode == 1, failed.stderr
+        assert "registry: could not store rollouts" in failed.stderr
+        assert "--resume" in failed.stderr and "Traceback" not in failed.stderr
+        run_id = only_run_id(db_url)
+        engine = get_engine(db_url)
+        with engine.connect() as connection:
+            status = connection.execute(text("SELECT status FROM eval_runs")).scalar_one()
+        assert status == "failed"
+        stored = count_rollouts(engine, run_id)
+        (results,) = tmp_path.glob("evals/*/*/results.jsonl")
+        on_disk = len(results.read_bytes().splitlines())
+        assert stored < on_disk < 200  # stopped early; the folder kept what the registry refused
+        asked_before = stub.stats["ok"]
+
+        _remove_insert_fault(db_url)
+        resumed = run(*args, "--resume", run_id, env=env)
+        assert resumed.returncode == 0, resumed.stderr
+        # only the rollouts the folder did not hold were generated again
+        assert stub.stats["ok"] - asked_before == 200 - on_disk
+    keys = [(r.example_id, r.rollout_index) for r in iter_rollouts(engine, run_id)]
+    assert len(keys) == len(set(keys)) == 200 == count_rollouts(engine, run_id)
+    assert len(results.read_bytes().splitlines()) == 200
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT status FROM eval_runs")).scalar_one() == "completed"
+
+
 def test_runs_list_show_compare_export(
     db_url: str,
     env_site: Path,

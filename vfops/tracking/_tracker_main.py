@@ -10,10 +10,14 @@ from typing import Any
 
 import orjson
 
+# The protocol gets the original stdout to itself; anything a library prints
+# (MLflow announces runs on stdout) goes to stderr instead.
+_protocol = os.fdopen(os.dup(1), "wb", buffering=0)
+os.dup2(2, 1)
+
 
 def _answer(data: dict[str, Any]) -> None:
-    sys.stdout.buffer.write(orjson.dumps(data) + b"\n")
-    sys.stdout.buffer.flush()
+    _protocol.write(orjson.dumps(data) + b"\n")
 
 
 def _one_line(exc: BaseException) -> str:
