@@ -192,6 +192,38 @@ def test_a_failing_registry_write_fails_the_run_and_resume_completes_it(
         assert connection.execute(text("SELECT status FROM eval_runs")).scalar_one() == "completed"
 
 
+def test_a_failing_mlflow_sink_fails_the_run_and_resume_logs_it(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """MLflow cannot take the run: exit 1, status failed, the sink named; --resume with a
+    working store logs it without generating anything again."""
+    (tmp_path / "a-file").write_text("not a folder")
+    broken = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/a-file/m.db")
+    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
+        args = [
+            "eval", "echo_env", "-m", "stub-model", "-b", stub.base_url,
+            "-n", "5", "-r", "2", "-o", str(tmp_path / "out"),
+        ]  # fmt: skip
+        failed = run(*args, env=broken)
+        assert failed.returncode == 1, failed.stderr
+        assert "MLflow: could not log run" in failed.stderr and "Traceback" not in failed.stderr
+        run_id = only_run_id(db_url)
+        engine = get_engine(db_url)
+        with engine.connect() as connection:
+            row = connection.execute(text("SELECT status, mlflow_run_id FROM eval_runs")).one()
+        assert tuple(row) == ("failed", None)
+        asked = stub.stats["ok"]
+        assert asked == 10 == count_rollouts(engine, run_id)
+
+        working = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db")
+        resumed = run(*args, "--resume", run_id, env=working)
+        assert resumed.returncode == 0, resumed.stderr
+        assert stub.stats["ok"] == asked  # nothing generated again
+    with engine.connect() as connection:
+        row = connection.execute(text("SELECT status, mlflow_run_id FROM eval_runs")).one()
+    assert row[0] == "completed" and row[1]
+
+
 def test_runs_list_show_compare_export(
     db_url: str,
     env_site: Path,

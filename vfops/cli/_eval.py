@@ -15,6 +15,9 @@ from vfops.evaluation import EvalRequest, ModelOptions, evaluate_async
 from vfops.evaluation._evaluate import DEFAULT_OUTPUT_ROOT
 from vfops.evaluation._model import DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT_S
 
+# The flags' defaults are the library's (defined once, on EvalRequest).
+_DEFAULTS = EvalRequest(env_name="", model="")
+
 
 def eval_command(
     env: Annotated[str, typer.Argument(help="Installed environment name (see: vfops env list).")],
@@ -29,13 +32,13 @@ def eval_command(
     ],
     num_examples: Annotated[
         int, typer.Option("--num-examples", "-n", help="Examples to evaluate (-1: all).")
-    ] = 5,
+    ] = _DEFAULTS.num_examples,
     rollouts_per_example: Annotated[
         int, typer.Option("--rollouts-per-example", "-r", help="Rollouts per example.")
-    ] = 3,
+    ] = _DEFAULTS.rollouts_per_example,
     max_concurrent: Annotated[
         int, typer.Option("--max-concurrent", "-c", help="Rollouts in flight at once.")
-    ] = 32,
+    ] = _DEFAULTS.max_concurrent,
     sampling_args: Annotated[
         str | None,
         typer.Option("--sampling-args", "-S", help="JSON object of sampling arguments."),
@@ -86,7 +89,7 @@ def eval_command(
     ] = DEFAULT_MAX_RETRIES,
     pass_threshold: Annotated[
         float, typer.Option(help="A rollout passes (for pass@k) when reward >= this.")
-    ] = 1.0,
+    ] = _DEFAULTS.pass_threshold,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Run N examples x R rollouts and save every trace as it completes."""
