@@ -157,8 +157,8 @@ async def test_nightly_evaluates_whoever_holds_champion(
     from flows.nightly import NightlyConfig, nightly_eval
     from vfops.local import build_tiny_model
     from vfops.models import register_checkpoint
-    from vfops.models._mlflow import mlflow_client
     from vfops.sweeps import SweepSpec, run_cell_async, validate_sweep
+    from vfops.tracking import mlflow_client
 
     base = build_tiny_model(tmp_path / "tiny", seed=3)
     for _ in range(2):

@@ -33,7 +33,7 @@ def test_flow_trains_under_the_gpu_limit_and_registers(harness: None, tmp_path: 
     from prefect.client.orchestration import get_client
 
     from vfops.local import build_tiny_model
-    from vfops.models._mlflow import mlflow_client
+    from vfops.tracking import mlflow_client
 
     model = build_tiny_model(tmp_path / "tiny", seed=0)
     config = tmp_path / "c.toml"
