@@ -20,7 +20,6 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 
 import pytest
 
-from tests.prefect_fixtures import harness  # noqa: F401
 from vfops.cli._env import init_environment
 from vfops.publishing import install_published, publish_environment
 from vfops.registry import dispose_engines

@@ -23,8 +23,7 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from tests.mlflow_fixtures import MlflowServer, fake_aws_env, mlflow_server  # noqa: F401
-from tests.s3_fixtures import moto_endpoint  # noqa: F401
+from tests.mlflow_fixtures import MlflowServer, fake_aws_env
 from vfops.registry import dispose_engines, get_engine
 
 # MLflow's SQLAlchemy store still uses the ``noload`` strategy (deprecated in SQLAlchemy 2.1)

@@ -19,14 +19,9 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 import pyarrow.parquet as pq
 import pytest
 
-from tests.mlflow_fixtures import MlflowServer, _free_port, fake_aws_env, mlflow_server  # noqa: F401
+from tests.mlflow_fixtures import MlflowServer, _free_port, fake_aws_env
 from tests.registry_fixtures import make_error_record, make_record
-from tests.s3_fixtures import (
-    FAKE_ACCESS_KEY_ID,
-    FAKE_SECRET_ACCESS_KEY,
-    FAKE_SESSION_TOKEN,
-    moto_endpoint,  # noqa: F401
-)
+from tests.s3_fixtures import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN
 from vfops.registry import (
     create_run,
     dispose_engines,

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.prefect_fixtures import harness  # noqa: F401
-
 pytest.importorskip("torch")
 
 from flows.deployments import deployment_specs
