@@ -1,6 +1,7 @@
 """The CLI test environments (tests/fixtures/cli_envs), installed once per module.
 
-Use from a test module: ``from tests.env_fixtures import env_site  # noqa: F401``.
+``env_site`` reaches every test through ``pytest_plugins`` in ``tests/conftest.py``: take it
+as an argument, do not import it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """A real ``mlflow server`` on loopback with S3 artifacts on moto, for tracking tests.
 
-Use from a test module (import the whole chain so pytest can resolve it)::
-
-    from tests.mlflow_fixtures import mlflow_server  # noqa: F401
-    from tests.s3_fixtures import moto_endpoint  # noqa: F401
+The fixture reaches every test through ``pytest_plugins`` in ``tests/conftest.py``: take
+it as an argument, do not import it (helpers such as :func:`fake_aws_env` are imported).
 
 ``mlflow_server`` (module scope) starts ``mlflow server`` as a subprocess in its own
 process group (job execution disabled: 2 processes, healthy in seconds), with an SQLite

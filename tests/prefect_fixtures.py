@@ -1,6 +1,7 @@
 """One Prefect test harness per test module (it starts a server subprocess, ~9 s).
 
-Use from a test module: ``from tests.prefect_fixtures import harness  # noqa: F401``.
+``harness`` reaches every test through ``pytest_plugins`` in ``tests/conftest.py``: take it
+as an argument (or ``pytestmark = pytest.mark.usefixtures("harness")``), do not import it.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """S3 over real HTTP for tests: a moto server on a free loopback port, fake credentials.
 
-Use from a test module (import every fixture in the chain so pytest can resolve it)::
+The fixtures reach every test through ``pytest_plugins`` in ``tests/conftest.py``: take
+them as arguments, do not import them (the fake credentials below are imported)::
 
-    from tests.s3_fixtures import aws_fake_env, moto_endpoint, s3_bucket, s3_uri  # noqa: F401
-
-    def test_something(s3_uri: str) -> None:  # noqa: F811  "s3://<fresh bucket>/artifacts"
+    def test_something(s3_uri: str) -> None:  # "s3://<fresh bucket>/artifacts"
         ...
 
-(or take it as ``request.getfixturevalue("s3_uri")`` to avoid the F811 noqa). Do not also
-list this module in a test module's ``pytest_plugins``: once imported, pytest refuses to
-register it as a plugin (PytestAssertRewriteWarning, an error here). Putting
-``pytest_plugins = ["tests.s3_fixtures"]`` in the root ``tests/conftest.py`` instead would
-make the fixtures available everywhere without imports.
+Do not list this module in a test module's ``pytest_plugins`` too: pytest registers a
+plugin only once (a second listing after an import is a PytestAssertRewriteWarning, an
+error here).
 
 ``moto_endpoint`` (session scope) runs one ``ThreadedMotoServer`` for the whole session
 and shuts it down (and closes its listening socket) at the end. ``s3_uri`` (function

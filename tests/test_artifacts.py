@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from tests.s3_fixtures import aws_fake_env, moto_endpoint, s3_bucket, s3_uri  # noqa: F401
 from vfops.artifacts import (
     ArtifactIntegrityError,
     ArtifactNotFoundError,

@@ -13,7 +13,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.env_fixtures import env_site  # noqa: F401
 from vfops.evaluation import load_results
 from vfops.testing import StubConfig, StubServer
 

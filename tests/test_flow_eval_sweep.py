@@ -26,7 +26,6 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tests.prefect_fixtures import harness  # noqa: F401
 from vfops.registry import EvalRun, count_rollouts, dispose_engines, get_engine
 from vfops.sweeps import SweepSpec
 from vfops.testing import StubConfig, StubServer

@@ -25,7 +25,6 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 
 import pytest
 
-from tests.prefect_fixtures import harness  # noqa: F401
 from tests.registry_fixtures import make_record
 from vfops.registry import create_run, dispose_engines, get_engine, insert_rollouts, session_scope
 from vfops.testing import StubConfig, StubServer

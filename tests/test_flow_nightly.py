@@ -20,7 +20,6 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 
 import pytest
 
-from tests.prefect_fixtures import harness  # noqa: F401
 from vfops.cli._env import init_environment
 from vfops.publishing import install_published, publish_environment
 from vfops.registry import dispose_engines
@@ -169,8 +168,8 @@ async def test_nightly_evaluates_whoever_holds_champion(
     from flows.nightly import NightlyConfig, nightly_eval
     from vfops.local import build_tiny_model
     from vfops.models import register_checkpoint
-    from vfops.models._mlflow import mlflow_client
     from vfops.sweeps import SweepSpec, run_cell_async, validate_sweep
+    from vfops.tracking import mlflow_client
 
     base = build_tiny_model(tmp_path / "tiny", seed=3)
     for _ in range(2):

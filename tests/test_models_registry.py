@@ -23,8 +23,7 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from tests.mlflow_fixtures import MlflowServer, fake_aws_env, mlflow_server  # noqa: F401
-from tests.s3_fixtures import moto_endpoint  # noqa: F401
+from tests.mlflow_fixtures import MlflowServer, fake_aws_env
 from vfops.registry import dispose_engines, get_engine
 
 # MLflow's SQLAlchemy store still uses the ``noload`` strategy (deprecated in SQLAlchemy 2.1)
@@ -129,7 +128,7 @@ def mlflow_backend(
 
 def test_register_then_load_round_trips_the_folder(tiny_base: Path, stores: str) -> None:
     from vfops.models import load_model_dir, register_checkpoint
-    from vfops.models._mlflow import mlflow_tracking_uri
+    from vfops.tracking import tracking_uri
 
     info = register_checkpoint(
         tiny_base,
@@ -138,7 +137,7 @@ def test_register_then_load_round_trips_the_folder(tiny_base: Path, stores: str)
         base_model="tiny-base",
         environment_versions=["brevity_gate@0.0.1"],
     )
-    assert mlflow_tracking_uri().endswith("/home/mlflow/mlflow.db")
+    assert tracking_uri().endswith("/home/mlflow/mlflow.db")
     assert info.version == "1"
     assert info.tags["vfops.training_run_id"] == "train-123"
     assert info.tags["vfops.base_model"] == "tiny-base"
@@ -291,7 +290,7 @@ def test_promotion_gate_records_every_decision(
 
     # no S3 secret in any model version's tags or its registering run's params and tags
     from tests.s3_fixtures import FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN
-    from vfops.models._mlflow import mlflow_client
+    from vfops.tracking import mlflow_client
 
     client = mlflow_client()
     texts = []

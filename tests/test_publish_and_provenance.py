@@ -19,7 +19,6 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tests.registry_fixtures import DIALECTS, database_url
-from tests.s3_fixtures import aws_fake_env, moto_endpoint, s3_bucket, s3_uri  # noqa: F401
 from vfops.artifacts import open_store
 from vfops.registry import EnvironmentVersion, EvalRun, get_engine
 from vfops.testing import StubConfig, StubServer

@@ -19,9 +19,7 @@ import pytest
 from datasets import load_from_disk
 from sqlalchemy import text
 
-from tests.env_fixtures import env_site  # noqa: F401
 from tests.registry_fixtures import DIALECTS, database_url
-from tests.s3_fixtures import aws_fake_env, moto_endpoint, s3_bucket, s3_uri  # noqa: F401
 from vfops.registry import count_rollouts, get_engine, iter_rollouts
 from vfops.testing import StubConfig, StubServer
 

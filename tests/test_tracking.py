@@ -19,14 +19,9 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 import pyarrow.parquet as pq
 import pytest
 
-from tests.mlflow_fixtures import MlflowServer, _free_port, fake_aws_env, mlflow_server  # noqa: F401
+from tests.mlflow_fixtures import MlflowServer, _free_port, fake_aws_env
 from tests.registry_fixtures import make_error_record, make_record
-from tests.s3_fixtures import (
-    FAKE_ACCESS_KEY_ID,
-    FAKE_SECRET_ACCESS_KEY,
-    FAKE_SESSION_TOKEN,
-    moto_endpoint,  # noqa: F401
-)
+from tests.s3_fixtures import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN
 from vfops.registry import (
     create_run,
     dispose_engines,
@@ -120,6 +115,34 @@ def test_tracking_uri_defaults_to_an_embedded_store(
     assert tracking_uri() == f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
     assert tracking_uri() == "http://mlflow.example:5000"
+
+
+def test_a_store_without_a_server_keeps_artifacts_under_vfops_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eval runs, training runs and checkpoints share one experiment helper: a configured
+    SQLite store is opened in-process too, so its artifacts must not land in ./mlruns."""
+    from vfops.tracking import ensure_experiment, is_embedded
+
+    monkeypatch.setenv("VFOPS_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("VFOPS_MLFLOW_ARTIFACTS", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    assert is_embedded()
+    assert not is_embedded("http://mlflow.example:5000")
+    client = mlflow_client()
+    artifacts = (tmp_path / "home" / "mlflow" / "artifacts").as_uri()
+
+    shared = ensure_experiment(client, "vfops-checkpoints")
+    assert client.get_experiment(shared).artifact_location == artifacts
+    per_env = ensure_experiment(client, "vfops/arithmetic", artifact_folder="arithmetic")
+    assert client.get_experiment(per_env).artifact_location == f"{artifacts}/arithmetic"
+    client.delete_experiment(shared)
+    assert ensure_experiment(client, "vfops-checkpoints") == shared
+    assert client.get_experiment(shared).lifecycle_stage == "active"
+
+    monkeypatch.setenv("VFOPS_MLFLOW_ARTIFACTS", "s3://bucket/prefix/")
+    moved = ensure_experiment(client, "vfops/other", artifact_folder="other")
+    assert client.get_experiment(moved).artifact_location == "s3://bucket/prefix/other"
 
 
 def test_importing_tracking_does_not_import_mlflow() -> None:

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.prefect_fixtures import harness  # noqa: F401
-
 pytest.importorskip("torch")
 
 from flows.deployments import deployment_specs
@@ -33,7 +31,7 @@ def test_flow_trains_under_the_gpu_limit_and_registers(harness: None, tmp_path: 
     from prefect.client.orchestration import get_client
 
     from vfops.local import build_tiny_model
-    from vfops.models._mlflow import mlflow_client
+    from vfops.tracking import mlflow_client
 
     model = build_tiny_model(tmp_path / "tiny", seed=0)
     config = tmp_path / "c.toml"

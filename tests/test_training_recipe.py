@@ -41,7 +41,7 @@ def _config(tiny_dir: Path, out: Path, **run: Any) -> GRPOConfig:
 
 def test_cpu_run_learns_the_toy_task(tiny_dir: Path, tmp_path: Path) -> None:
     """The shipped CPU config: held-out reward clearly above the untrained baseline."""
-    from vfops.models._mlflow import mlflow_client
+    from vfops.tracking import mlflow_client
 
     config = _config(tiny_dir, tmp_path / "out", tracking=True, register_as="lucky-digit-tiny")
     started = time.perf_counter()

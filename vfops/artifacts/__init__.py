@@ -16,14 +16,10 @@ from vfops.artifacts._errors import (
 )
 from vfops.artifacts._extract import safe_extract
 from vfops.artifacts._local import LocalArtifactStore
+from vfops.artifacts._open import open_store, open_uri
 from vfops.artifacts._ref import ArtifactRef
 from vfops.artifacts._s3 import S3ArtifactStore
-from vfops.artifacts._store import (
-    DEFAULT_MULTIPART_THRESHOLD,
-    ArtifactStore,
-    open_store,
-    open_uri,
-)
+from vfops.artifacts._store import DEFAULT_MULTIPART_THRESHOLD, ArtifactStore
 
 __all__ = [
     "DEFAULT_MULTIPART_THRESHOLD",

@@ -1,4 +1,8 @@
-"""The :class:`ArtifactStore` interface, shared get/verify logic, and store selection."""
+"""The :class:`ArtifactStore` interface and the get/verify logic its stores share.
+
+Store selection (:func:`open_store`) lives in ``_open``: it imports the concrete stores,
+which import this module.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, BinaryIO
 
-from vfops._settings import artifacts_uri
 from vfops.artifacts._errors import (
     ArtifactIntegrityError,
     ArtifactNotFoundError,
@@ -25,7 +28,6 @@ from vfops.artifacts._ref import (
     check_sha256,
     content_key,
     parse_artifact_uri,
-    parse_store_uri,
     redact_uri,
 )
 
@@ -214,30 +216,3 @@ class ArtifactStore(abc.ABC):
             size=size,
             name=name,
         )
-
-
-def open_store(
-    uri: str | None = None, *, multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD
-) -> ArtifactStore:
-    """Open the store at ``uri`` (default: ``VFOPS_ARTIFACTS`` / ``$VFOPS_HOME/artifacts``).
-
-    ``file:///abs/path`` gives a :class:`LocalArtifactStore`; ``s3://bucket/prefix`` an
-    :class:`S3ArtifactStore` (``multipart_threshold`` applies to S3 uploads only).
-    """
-    location = parse_store_uri(artifacts_uri() if uri is None else uri)
-    return _open_location(location, multipart_threshold=multipart_threshold)
-
-
-def open_uri(uri: str, *, multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD) -> ArtifactStore:
-    """Open the store that holds the artifact at ``uri`` (an ``ArtifactRef.uri``)."""
-    return _open_location(parse_artifact_uri(uri).store, multipart_threshold=multipart_threshold)
-
-
-def _open_location(location: StoreLocation, *, multipart_threshold: int) -> ArtifactStore:
-    if location.scheme == "file":
-        from vfops.artifacts._local import LocalArtifactStore
-
-        return LocalArtifactStore(location.uri)
-    from vfops.artifacts._s3 import S3ArtifactStore
-
-    return S3ArtifactStore(location.uri, multipart_threshold=multipart_threshold)

@@ -13,8 +13,9 @@ name below is first used.
   the alias only on evidence; every decision goes to the append-only
   ``alias_events`` table of the vfops registry (:func:`promotion_history`).
 
-The MLflow tracking/registry URI is ``MLFLOW_TRACKING_URI``, or by default the
-embedded ``sqlite:///$VFOPS_HOME/mlflow/mlflow.db`` with artifacts under
+The MLflow store is :mod:`vfops.tracking`'s (:func:`vfops.tracking.tracking_uri`):
+``MLFLOW_TRACKING_URI``, or by default the embedded
+``sqlite:///$VFOPS_HOME/mlflow/mlflow.db`` with artifacts under
 ``$VFOPS_HOME/mlflow/artifacts``.
 """
 
@@ -26,7 +27,6 @@ from vfops._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from vfops.models._checkpoints import ModelVersionInfo, load_model_dir, register_checkpoint
-    from vfops.models._mlflow import mlflow_tracking_uri
     from vfops.models._promotion import (
         AliasEventInfo,
         EnvGateResult,
@@ -44,7 +44,6 @@ __all__ = [
     "PromotionDecision",
     "PromotionRefusedError",
     "load_model_dir",
-    "mlflow_tracking_uri",
     "promote",
     "promote_async",
     "promotion_history",
@@ -55,7 +54,6 @@ _LAZY = {
     "ModelVersionInfo": "vfops.models._checkpoints",
     "load_model_dir": "vfops.models._checkpoints",
     "register_checkpoint": "vfops.models._checkpoints",
-    "mlflow_tracking_uri": "vfops.models._mlflow",
     "AliasEventInfo": "vfops.models._promotion",
     "EnvGateResult": "vfops.models._promotion",
     "PromotionDecision": "vfops.models._promotion",

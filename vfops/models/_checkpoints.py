@@ -19,11 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from vfops._errors import VfopsError
 from vfops._settings import vfops_home
-from vfops.models._mlflow import CHECKPOINT_EXPERIMENT, ensure_experiment, mlflow_client
+from vfops.tracking import ensure_experiment, mlflow_client, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities.model_registry import ModelVersion
+
+CHECKPOINT_EXPERIMENT = "vfops-checkpoints"
+"""The MLflow experiment of the runs that register checkpoints."""
 
 ARTIFACT_PATH = "model"
 """Where the model directory lies inside the registering run's artifacts."""
@@ -200,8 +203,6 @@ def load_model_dir(uri: str | ModelVersionInfo, dst: str | Path | None = None) -
     """
     import mlflow.artifacts
 
-    from vfops.models._mlflow import mlflow_tracking_uri
-
     client = mlflow_client()
     # an already resolved version is immutable: no second registry lookup
     mv = uri if isinstance(uri, ModelVersionInfo) else resolve_version(uri, client)
@@ -214,7 +215,7 @@ def load_model_dir(uri: str | ModelVersionInfo, dst: str | Path | None = None) -
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as tmp:
         local = Path(
             mlflow.artifacts.download_artifacts(
-                artifact_uri=source, dst_path=tmp, tracking_uri=mlflow_tracking_uri()
+                artifact_uri=source, dst_path=tmp, tracking_uri=tracking_uri()
             )
         )
         if not (local / "config.json").is_file():

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 from vfops._errors import VfopsError
 from vfops._settings import vfops_home
 from vfops.models._checkpoints import ModelVersionInfo, resolve_version
-from vfops.models._mlflow import mlflow_client
+from vfops.tracking import mlflow_client
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

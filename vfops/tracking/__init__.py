@@ -1,31 +1,37 @@
-"""MLflow tracking of eval runs: one MLflow run per registry run, experiment per environment.
+"""MLflow for all of vfops: the store, its client, and eval runs as MLflow runs.
 
-With nothing configured, MLflow uses an embedded SQLite store under ``$VFOPS_HOME/mlflow``
-(artifacts in ``$VFOPS_HOME/mlflow/artifacts``); ``MLFLOW_TRACKING_URI`` points at a
-server (whose ``--artifacts-destination`` may be S3), and ``VFOPS_MLFLOW_ARTIFACTS``
+One store serves eval runs (one MLflow run per registry run, experiment per
+environment), training runs and model checkpoints (the model registry). With nothing
+configured it is an embedded SQLite store under ``$VFOPS_HOME/mlflow`` (artifacts in
+``$VFOPS_HOME/mlflow/artifacts``); ``MLFLOW_TRACKING_URI`` points at a server (whose
+``--artifacts-destination`` may be S3), and ``VFOPS_MLFLOW_ARTIFACTS``
 (``s3://bucket/prefix``, with MLflow's ``MLFLOW_S3_ENDPOINT_URL`` for MinIO) moves the
 artifacts of new experiments of a store without a server. ``VFOPS_TRACKING=0`` turns
-tracking off. MLflow is imported only when a function here is called.
+eval tracking off. MLflow is imported only when a function here is called.
 """
 
 from __future__ import annotations
 
-from vfops.tracking._mlflow import (
+from vfops.tracking._client import (
     EMBEDDED_DIR,
-    RUN_ID_TAG,
-    SWEEP_TAG,
     artifact_root,
     check_tracking,
+    ensure_experiment,
+    is_embedded,
+    mlflow_client,
+    tracking_uri,
+)
+from vfops.tracking._eval_runs import (
+    RUN_ID_TAG,
+    SWEEP_TAG,
     experiment_name,
     finish_sweep_runs,
-    is_embedded,
     log_eval_run,
-    mlflow_client,
     prepare_experiment,
     start_sweep_runs,
     tracking_enabled,
-    tracking_uri,
 )
+from vfops.tracking._params import flatten_params
 from vfops.tracking._tracker import Tracker
 
 __all__ = [
@@ -35,8 +41,10 @@ __all__ = [
     "Tracker",
     "artifact_root",
     "check_tracking",
+    "ensure_experiment",
     "experiment_name",
     "finish_sweep_runs",
+    "flatten_params",
     "is_embedded",
     "log_eval_run",
     "mlflow_client",

@@ -1,6 +1,6 @@
 """Training runs in MLflow: params from the config, per-step metrics with ``log_batch``.
 
-Uses the same store as checkpoints (``vfops.models._mlflow``: ``MLFLOW_TRACKING_URI``
+Uses the same store as checkpoints (``vfops.tracking``: ``MLFLOW_TRACKING_URI``
 or the embedded SQLite store under VFOPS_HOME). mlflow is imported inside functions.
 """
 
@@ -10,8 +10,8 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
-from vfops.models._mlflow import ensure_experiment, mlflow_client
-from vfops.tracking._mlflow import _flatten
+from vfops.tracking import ensure_experiment, mlflow_client
+from vfops.tracking import flatten_params as _flatten
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import logging
 import os
 import re
 import tempfile
 import threading
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import orjson
-
 from vfops._errors import VfopsError
+from vfops.tracking._client import ensure_experiment, mlflow_client, quiet, safe_folder
+from vfops.tracking._params import flatten_params
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -25,18 +22,12 @@ if TYPE_CHECKING:
 
     from vfops.evaluation import EvalSummary
 
-EMBEDDED_DIR: Final = "mlflow"
 RUN_ID_TAG: Final = "vfops.run_id"
 SWEEP_TAG: Final = "vfops.sweep"
 PARENT_TAG: Final = "mlflow.parentRunId"
 ARTIFACT_NAME: Final = "rollouts.parquet"
-_MAX_PARAM_VALUE: Final = 6000
 _BATCH_PARAMS: Final = 100
 _BATCH_METRICS: Final = 1000
-# A parameter whose flattened name looks like a credential is never logged.
-_SECRET_NAME = re.compile(
-    r"(api[_-]?key|secret|passw(or)?d|authorization|credential|(^|[._-])token$)", re.I
-)
 _MLFLOW_STATUS: Final = {
     "completed": "FINISHED",
     "failed": "FAILED",
@@ -52,149 +43,14 @@ def tracking_enabled() -> bool:
     return value not in ("0", "false", "off", "no")
 
 
-def tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else the embedded SQLite store under ``VFOPS_HOME``."""
-    configured = os.environ.get("MLFLOW_TRACKING_URI")
-    if configured:
-        return configured
-    from vfops._settings import vfops_home
-
-    folder = vfops_home() / EMBEDDED_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{folder / 'mlflow.db'}"
-
-
-def is_embedded() -> bool:
-    """True when no ``MLFLOW_TRACKING_URI`` is configured (the SQLite store under VFOPS_HOME)."""
-    return not os.environ.get("MLFLOW_TRACKING_URI")
-
-
-def artifact_root() -> str | None:
-    """Where new experiments keep artifacts: ``VFOPS_MLFLOW_ARTIFACTS``, else the local
-    folder for the embedded store, else ``None`` (the tracking server decides)."""
-    configured = os.environ.get("VFOPS_MLFLOW_ARTIFACTS")
-    if configured:
-        return configured.rstrip("/")
-    if is_embedded():
-        from vfops._settings import vfops_home
-
-        folder = vfops_home() / EMBEDDED_DIR / "artifacts"
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder.as_uri()
-    return None
-
-
 def experiment_name(env_name: str) -> str:
     return f"vfops/{env_name}"
 
 
-_NOISY_LOGGERS = ("mlflow", "mlflow.store.db.utils", "alembic.runtime.migration")
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence MLflow's own deprecation noise (its store under SQLAlchemy 2.1) and INFO logs."""
-    # MLflow sets levels on some child loggers itself (its SQL store announces table
-    # creation at INFO): quiet those too, and put every level back afterwards.
-    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger, level in zip(loggers, levels, strict=True):
-        if level == logging.NOTSET or level < logging.WARNING:
-            logger.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"mlflow\b")
-            warnings.filterwarnings("ignore", category=FutureWarning, module=r"mlflow\b")
-            warnings.filterwarnings("ignore", message=r".*``noload`` loader strategy")
-            yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
-def mlflow_client(uri: str | None = None) -> MlflowClient:
-    """An ``MlflowClient`` on ``uri`` (default: :func:`tracking_uri`)."""
-    with _quiet():
-        from mlflow import MlflowClient
-
-        return MlflowClient(tracking_uri=uri or tracking_uri())
-
-
-def check_tracking(uri: str | None = None, *, timeout_s: float = 5.0) -> None:
-    """Fail with one line when the configured tracking store cannot be reached.
-
-    Meant to run before an eval starts: an HTTP server must answer ``/health``;
-    any other store must answer one experiment search.
-    """
-    uri = uri or tracking_uri()
-    if uri.startswith(("http://", "https://")):
-        import httpx
-
-        from vfops.registry import mask_url
-
-        url = uri.rstrip("/") + "/health"
-        try:
-            response = httpx.get(url, timeout=timeout_s)
-        except httpx.HTTPError as exc:
-            raise VfopsError(
-                f"cannot reach the MLflow tracking server at {mask_url(uri)} "
-                f"(MLFLOW_TRACKING_URI): {type(exc).__name__}: {exc}; start it, fix the "
-                "variable, or pass --no-tracking"
-            ) from None
-        if response.status_code >= 500 or response.status_code in (401, 403):
-            raise VfopsError(
-                f"the MLflow tracking server at {mask_url(uri)} answered HTTP "
-                f"{response.status_code} on /health; fix it or pass --no-tracking"
-            )
-        return
-    try:
-        with _quiet():
-            mlflow_client(uri).search_experiments(max_results=1)
-    except Exception as exc:
-        from vfops.registry import mask_url
-
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise VfopsError(
-            f"cannot open the MLflow tracking store {mask_url(uri)}: {first}; "
-            "fix MLFLOW_TRACKING_URI or pass --no-tracking"
-        ) from None
-
-
 def _experiment_id(client: MlflowClient, env_name: str) -> str:
-    from mlflow.exceptions import MlflowException
-
-    name = experiment_name(env_name)
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        if experiment.lifecycle_stage == "deleted":
-            client.restore_experiment(experiment.experiment_id)
-        return str(experiment.experiment_id)
-    root = artifact_root()
-    location = None if root is None else f"{root}/{_safe_path(env_name)}"
-    try:
-        return str(client.create_experiment(name, artifact_location=location))
-    except MlflowException:
-        experiment = client.get_experiment_by_name(name)  # created concurrently
-        if experiment is None:
-            raise
-        return str(experiment.experiment_id)
-
-
-def _safe_path(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "_"
-
-
-def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
-    if isinstance(value, dict) and value:
-        for key, inner in value.items():
-            _flatten(f"{prefix}.{key}", inner, out)
-        return
-    if _SECRET_NAME.search(prefix.rsplit(".", 1)[-1]):
-        return
-    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
-    if len(text) > _MAX_PARAM_VALUE:
-        text = text[: _MAX_PARAM_VALUE - 3] + "..."
-    out[prefix] = text
+    # artifacts in a folder per environment (the experiment name holds a slash)
+    folder = safe_folder(env_name)
+    return ensure_experiment(client, experiment_name(env_name), artifact_folder=folder)
 
 
 @dataclass(frozen=True)
@@ -228,8 +84,8 @@ class _RunInfo:
             "num_examples": str(self.num_examples),
             "rollouts_per_example": str(self.rollouts_per_example),
         }
-        _flatten("sampling", self.sampling_args, params)
-        _flatten("env_args", self.env_args, params)
+        flatten_params("sampling", self.sampling_args, params)
+        flatten_params("env_args", self.env_args, params)
         return params
 
 
@@ -411,13 +267,13 @@ def log_eval_run(
     of the whole run; the artifact is then converted from it, and the metrics taken
     from the run's stored summary, instead of reading every rollout back.
     """
-    with _lock, _quiet():
+    with _lock, quiet():
         return _log_eval_run(engine, run_id, parent_run_id, client, rollouts_file)
 
 
 def prepare_experiment(env_name: str, client: MlflowClient | None = None) -> str:
     """Create (or find) the experiment of ``env_name`` ahead of its first run."""
-    with _lock, _quiet():
+    with _lock, quiet():
         return _experiment_id(client or mlflow_client(), env_name)
 
 
@@ -501,7 +357,7 @@ def start_sweep_runs(
     so the UI nests the cells under it); returns ``{env_name: parent run id}``."""
     from mlflow.entities import RunTag
 
-    with _lock, _quiet():
+    with _lock, quiet():
         client = client or mlflow_client()
         parents: dict[str, str] = {}
         for env_name in dict.fromkeys(env_names):
@@ -521,7 +377,7 @@ def finish_sweep_runs(
     parents: dict[str, str], *, failed: bool = False, client: MlflowClient | None = None
 ) -> None:
     """Mark the parent runs of a sweep finished (or failed)."""
-    with _lock, _quiet():
+    with _lock, quiet():
         client = client or mlflow_client()
         for run_id in parents.values():
             client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")

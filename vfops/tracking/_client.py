@@ -1,0 +1,171 @@
+"""Where MLflow lives, and the one way vfops opens it: tracking URI, client, experiments.
+
+Eval runs, training runs and model checkpoints all go through here, so they share one
+store. MLflow itself is imported only inside functions (it is heavy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Final
+
+from vfops._errors import VfopsError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+EMBEDDED_DIR: Final = "mlflow"
+"""The embedded store's folder under ``VFOPS_HOME`` (``mlflow.db`` and ``artifacts/``)."""
+
+# URI schemes of a store that a separate server holds; any other URI (sqlite, a
+# folder, another database) is opened in-process by the client itself.
+_SERVER_SCHEMES: Final = ("http://", "https://", "databricks")
+_NOISY_LOGGERS: Final = ("mlflow", "mlflow.store.db.utils", "alembic.runtime.migration")
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///$VFOPS_HOME/mlflow/mlflow.db``."""
+    configured = os.environ.get("MLFLOW_TRACKING_URI")
+    if configured:
+        return configured
+    from vfops._settings import vfops_home
+
+    folder = vfops_home() / EMBEDDED_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def is_embedded(uri: str | None = None) -> bool:
+    """True when the store at ``uri`` (default: the configured one) has no tracking server:
+    the client opens it in-process, so vfops must say where its artifacts go."""
+    if uri is None:
+        # not tracking_uri(): that creates the embedded folder
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or ""
+    return not uri.startswith(_SERVER_SCHEMES)
+
+
+def artifact_root(uri: str | None = None) -> str | None:
+    """Where new experiments keep artifacts: ``VFOPS_MLFLOW_ARTIFACTS``, else, for a store
+    without a server, ``$VFOPS_HOME/mlflow/artifacts`` (not MLflow's ``./mlruns`` of the
+    working directory), else ``None`` (the tracking server decides, e.g. S3)."""
+    configured = os.environ.get("VFOPS_MLFLOW_ARTIFACTS")
+    if configured:
+        return configured.rstrip("/")
+    if is_embedded(uri):
+        from vfops._settings import vfops_home
+
+        folder = vfops_home() / EMBEDDED_DIR / "artifacts"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder.as_uri()
+    return None
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence MLflow's own deprecation noise (its store under SQLAlchemy 2.1) and INFO logs."""
+    # MLflow sets levels on some child loggers itself (its SQL store announces table
+    # creation at INFO): quiet those too, and put every level back afterwards.
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger, level in zip(loggers, levels, strict=True):
+        if level == logging.NOTSET or level < logging.WARNING:
+            logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"mlflow\b")
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"mlflow\b")
+            warnings.filterwarnings("ignore", message=r".*``noload`` loader strategy")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def mlflow_client(uri: str | None = None) -> MlflowClient:
+    """An ``MlflowClient`` on ``uri`` (default: :func:`tracking_uri`), for tracking and
+    the model registry alike."""
+    uri = uri or tracking_uri()
+    with quiet():
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def ensure_experiment(
+    client: MlflowClient, name: str, *, artifact_folder: str | None = None
+) -> str:
+    """The id of experiment ``name``: restored if deleted, created if missing.
+
+    A new experiment keeps its artifacts under :func:`artifact_root` (in
+    ``artifact_folder`` below it when given); with no root the server decides.
+    """
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment.experiment_id)
+        return str(experiment.experiment_id)
+    root = artifact_root(client.tracking_uri)
+    location = root if root is None or artifact_folder is None else f"{root}/{artifact_folder}"
+    try:
+        return str(client.create_experiment(name, artifact_location=location))
+    except MlflowException:
+        experiment = client.get_experiment_by_name(name)  # created concurrently
+        if experiment is None:
+            raise
+        return str(experiment.experiment_id)
+
+
+def safe_folder(name: str) -> str:
+    """``name`` as one path segment (for an experiment's artifact folder)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "_"
+
+
+def check_tracking(uri: str | None = None, *, timeout_s: float = 5.0) -> None:
+    """Fail with one line when the configured tracking store cannot be reached.
+
+    Meant to run before an eval starts: an HTTP server must answer ``/health``;
+    any other store must answer one experiment search.
+    """
+    uri = uri or tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        _check_server(uri, timeout_s)
+        return
+    try:
+        with quiet():
+            mlflow_client(uri).search_experiments(max_results=1)
+    except Exception as exc:
+        from vfops.registry import mask_url
+
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise VfopsError(
+            f"cannot open the MLflow tracking store {mask_url(uri)}: {first}; "
+            "fix MLFLOW_TRACKING_URI or pass --no-tracking"
+        ) from None
+
+
+def _check_server(uri: str, timeout_s: float) -> None:
+    import httpx
+
+    from vfops.registry import mask_url
+
+    url = uri.rstrip("/") + "/health"
+    try:
+        response = httpx.get(url, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise VfopsError(
+            f"cannot reach the MLflow tracking server at {mask_url(uri)} "
+            f"(MLFLOW_TRACKING_URI): {type(exc).__name__}: {exc}; start it, fix the "
+            "variable, or pass --no-tracking"
+        ) from None
+    if response.status_code >= 500 or response.status_code in (401, 403):
+        raise VfopsError(
+            f"the MLflow tracking server at {mask_url(uri)} answered HTTP "
+            f"{response.status_code} on /health; fix it or pass --no-tracking"
+        )
