@@ -372,6 +372,21 @@ def test_context_error_detection() -> None:
     assert _is_context_error(plain)
 
 
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b'"model overloaded"', "HTTP 503: model overloaded"),
+        (b'{"error": {"type": "server_error"}}', 'HTTP 503: {"type":"server_error"}'),
+        (b'{"error": "upstream\\nfailed"}', "HTTP 503: upstream failed"),
+        (b'{"detail": "Not authenticated"}', "HTTP 503: Not authenticated"),
+        (b"[1, 2]", "HTTP 503: [1,2]"),
+        (b"  \n", "HTTP 503"),
+    ],
+)
+def test_error_body_shapes(content: bytes, expected: str) -> None:
+    assert str(error_from_response(503, content)) == expected
+
+
 # --------------------------------------------------------------------------- errors over HTTP
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -154,6 +154,8 @@ def _one_line(text: str, limit: int) -> str:
 
 def _explanation(body: Any) -> tuple[str, str | int | None, str | None]:
     """(message, code, type) from a decoded JSON error body, in the shapes servers use."""
+    if isinstance(body, str):
+        return body, None, None
     if not isinstance(body, dict):
         return orjson.dumps(body).decode(), None, None
     error = body.get("error")
