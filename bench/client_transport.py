@@ -1,12 +1,18 @@
-"""Client transport benchmark: aiohttp vs httpx under OpenAIClient, against the stub.
+"""Client benchmark: vfops' OpenAIClient against the ``openai`` SDK, on the stub.
 
-Runs N chat requests at concurrency C against ``vfops.testing`` stub server (in a
-subprocess, so ``time.process_time`` counts the client process only) at each
-latency, and prints requests/s and client CPU ms/request per transport, side by
-side. ``--paths`` also compares request paths on one transport: ``vfops``
-(OpenAIClient: SDK low-level post + orjson), ``sdk-raw``
-(``chat.completions.with_raw_response.create`` + orjson) and ``sdk-parsed``
-(``chat.completions.create`` -> pydantic ``ChatCompletion``).
+Runs N chat requests at concurrency C against the ``vfops.testing`` stub server
+(in a subprocess, so ``time.process_time`` counts the client process only) at each
+latency, and prints requests/s and client CPU ms/request for each request path,
+in the same run:
+
+- ``vfops``: :class:`vfops.clients.OpenAIClient` (aiohttp session, orjson, no SDK);
+- ``sdk-post``: ``openai.AsyncOpenAI``'s low-level ``post`` + orjson, retries off
+  (how OpenAIClient sent requests before it dropped the SDK): the baseline;
+- ``sdk-raw``: ``chat.completions.with_raw_response.create`` + orjson;
+- ``sdk-parsed``: ``chat.completions.create`` -> pydantic ``ChatCompletion``.
+
+The SDK paths use its aiohttp transport (``--sdk-transport httpx`` for httpx). It
+also times a fresh process importing ``vfops.clients`` and ``openai``.
 
     .venv/bin/python bench/client_transport.py --requests 5000 --concurrency 256
 """
@@ -16,12 +22,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx2
-import openai
 import orjson
 
 from vfops.clients import OpenAIClient
@@ -33,6 +39,8 @@ MESSAGES = [
     {"role": "user", "content": "What is 123 + 456?"},
 ]
 SAMPLING = {"temperature": 0.7, "max_tokens": 256}
+PATHS = ("vfops", "sdk-post", "sdk-raw", "sdk-parsed")
+BASELINE = "sdk-post"
 
 Call = Callable[[], Awaitable[Any]]
 
@@ -57,7 +65,26 @@ async def _measure(call: Call, n: int, concurrency: int) -> dict[str, float]:
     return {"req_per_s": n / wall, "cpu_ms_per_req": cpu / n * 1000.0, "wall_s": wall}
 
 
-def _sdk_client(base_url: str, transport: str) -> openai.AsyncOpenAI:
+def _check(content: str | None) -> None:
+    assert "<answer>579</answer>" in (content or ""), content
+
+
+async def _run_vfops(base_url: str, n: int, concurrency: int) -> dict[str, float]:
+    async with OpenAIClient(base_url) as client:
+
+        async def call() -> None:
+            response = await client.chat(model="stub", messages=MESSAGES, sampling_args=SAMPLING)
+            _check(response.message["content"])
+
+        return await _measure(call, n, concurrency)
+
+
+async def _run_sdk(
+    base_url: str, path: str, transport: str, n: int, concurrency: int
+) -> dict[str, float]:
+    import httpx2  # what this openai build is built on
+    import openai
+
     limits = httpx2.Limits(
         max_connections=DEFAULT_MAX_CONNECTIONS, max_keepalive_connections=DEFAULT_MAX_CONNECTIONS
     )
@@ -66,50 +93,59 @@ def _sdk_client(base_url: str, transport: str) -> openai.AsyncOpenAI:
         if transport == "aiohttp"
         else openai.DefaultAsyncHttpxClient(limits=limits)
     )
-    return openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, http_client=http)
+    sdk = openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, http_client=http)
+    payload = {"model": "stub", "messages": MESSAGES, **SAMPLING}
 
-
-async def run_variant(
-    base_url: str, transport: str, path: str, n: int, concurrency: int
-) -> dict[str, float]:
-    if path == "vfops":
-        client = OpenAIClient(base_url, transport=transport)  # type: ignore[arg-type]
-
-        async def call() -> Any:
-            response = await client.chat(model="stub", messages=MESSAGES, sampling_args=SAMPLING)
-            assert "<answer>579</answer>" in (response.message["content"] or "")
-            return response
-
-        try:
-            return await _measure(call, n, concurrency)
-        finally:
-            await client.aclose()
-
-    sdk = _sdk_client(base_url, transport)
-
-    async def call_raw() -> Any:
-        raw = await sdk.chat.completions.with_raw_response.create(
-            model="stub",
-            messages=MESSAGES,
-            **SAMPLING,  # type: ignore[arg-type]
+    async def call_post() -> None:
+        response = await sdk.post(
+            "/chat/completions", cast_to=httpx2.Response, content=orjson.dumps(payload)
         )
-        data = orjson.loads(raw.content)
-        assert "579" in data["choices"][0]["message"]["content"]
-        return data
+        _check(orjson.loads(response.content)["choices"][0]["message"]["content"])
 
-    async def call_parsed() -> Any:
-        completion = await sdk.chat.completions.create(
-            model="stub",
-            messages=MESSAGES,
-            **SAMPLING,  # type: ignore[arg-type]
-        )
-        assert "579" in (completion.choices[0].message.content or "")
-        return completion
+    async def call_raw() -> None:
+        raw = await sdk.chat.completions.with_raw_response.create(**payload)  # type: ignore[call-overload]
+        _check(orjson.loads(raw.content)["choices"][0]["message"]["content"])
 
+    async def call_parsed() -> None:
+        completion = await sdk.chat.completions.create(**payload)  # type: ignore[call-overload]
+        _check(completion.choices[0].message.content)
+
+    calls = {"sdk-post": call_post, "sdk-raw": call_raw, "sdk-parsed": call_parsed}
     try:
-        return await _measure(call_raw if path == "sdk-raw" else call_parsed, n, concurrency)
+        return await _measure(calls[path], n, concurrency)
     finally:
         await sdk.close()
+
+
+def run_path(
+    base_url: str, path: str, sdk_transport: str, n: int, concurrency: int
+) -> dict[str, float]:
+    if path == "vfops":
+        return asyncio.run(_run_vfops(base_url, n, concurrency))
+    return asyncio.run(_run_sdk(base_url, path, sdk_transport, n, concurrency))
+
+
+def import_seconds(module: str, repeats: int = 3) -> float:
+    """Best-of wall time for a fresh interpreter to import ``module``."""
+    code = f"import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
+    runs = [
+        float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stdout)
+        for _ in range(repeats)
+    ]  # fmt: skip
+    return min(runs)
+
+
+def _print_row(row: dict[str, dict[str, float]], latency: float, n: int, concurrency: int) -> None:
+    base = row.get(BASELINE)
+    print(f"\nstub latency {latency:.0f} ms, N={n}, C={concurrency}")
+    print(f"  {'path':<11} {'req/s':>9} {'CPU ms/req':>11} {'CPU vs ' + BASELINE:>16}")
+    for path, r in row.items():
+        ratio = f"x{r['cpu_ms_per_req'] / base['cpu_ms_per_req']:.2f}" if base else "-"
+        print(f"  {path:<11} {r['req_per_s']:>9.0f} {r['cpu_ms_per_req']:>11.3f} {ratio:>16}")
+    if "vfops" in row and base:
+        saved = base["cpu_ms_per_req"] - row["vfops"]["cpu_ms_per_req"]
+        print(f"  vfops saves {saved:.3f} CPU ms per request against {BASELINE}")
 
 
 def main() -> None:
@@ -117,77 +153,43 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--latencies", default="0,200", help="stub latency in ms, comma-separated")
-    parser.add_argument("--transports", default="aiohttp,httpx")
-    parser.add_argument(
-        "--paths", default="", help="also compare request paths, e.g. vfops,sdk-raw,sdk-parsed"
-    )
-    parser.add_argument("--paths-transport", default="aiohttp")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"any of {', '.join(PATHS)}")
+    parser.add_argument("--sdk-transport", choices=["aiohttp", "httpx"], default="aiohttp")
+    parser.add_argument("--no-imports", action="store_true", help="skip the import timings")
     parser.add_argument("--json", default=None, help="write results to this file")
     args = parser.parse_args()
 
     latencies = [float(x) for x in args.latencies.split(",") if x]
-    transports = [t for t in args.transports.split(",") if t]
+    paths = [p for p in args.paths.split(",") if p]
+    unknown = set(paths) - set(PATHS)
+    if unknown:
+        parser.error(f"unknown --paths {sorted(unknown)}; choose from {', '.join(PATHS)}")
     results: list[dict[str, Any]] = []
+
+    if not args.no_imports:
+        imports = {m: import_seconds(m) for m in ("vfops.clients", "openai")}
+        print("fresh-process import: " + ", ".join(f"{m} {s:.3f} s" for m, s in imports.items()))
+        results.append({"imports_s": imports})
 
     for latency in latencies:
         config = StubConfig(latency_ms=latency, reply_mode="arithmetic")
         with StubServer(config, subprocess=True) as server:
             row: dict[str, dict[str, float]] = {}
-            for transport in transports:
-                r = asyncio.run(
-                    run_variant(
-                        server.base_url, transport, "vfops", args.requests, args.concurrency
-                    )
+            for path in paths:
+                row[path] = run_path(
+                    server.base_url, path, args.sdk_transport, args.requests, args.concurrency
                 )
-                row[transport] = r
                 results.append(
                     {
                         "latency_ms": latency,
-                        "transport": transport,
-                        "path": "vfops",
+                        "path": path,
+                        "sdk_transport": args.sdk_transport,
                         "requests": args.requests,
                         "concurrency": args.concurrency,
-                        **r,
+                        **row[path],
                     }
                 )
-            print(f"\nstub latency {latency:.0f} ms, N={args.requests}, C={args.concurrency}")
-            print(f"  {'transport':<10} {'req/s':>9} {'CPU ms/req':>11}")
-            for transport, r in row.items():
-                print(f"  {transport:<10} {r['req_per_s']:>9.0f} {r['cpu_ms_per_req']:>11.3f}")
-            if "aiohttp" in row and "httpx" in row:
-                a, h = row["aiohttp"], row["httpx"]
-                print(
-                    f"  aiohttp/httpx: throughput x{a['req_per_s'] / h['req_per_s']:.2f}, "
-                    f"CPU per request x{a['cpu_ms_per_req'] / h['cpu_ms_per_req']:.2f}"
-                )
-
-            paths = [p for p in args.paths.split(",") if p]
-            if paths:
-                print(f"  request paths on {args.paths_transport}:")
-                for path in paths:
-                    r = asyncio.run(
-                        run_variant(
-                            server.base_url,
-                            args.paths_transport,
-                            path,
-                            args.requests,
-                            args.concurrency,
-                        )
-                    )
-                    results.append(
-                        {
-                            "latency_ms": latency,
-                            "transport": args.paths_transport,
-                            "path": path,
-                            "requests": args.requests,
-                            "concurrency": args.concurrency,
-                            **r,
-                        }
-                    )
-                    print(
-                        f"    {path:<11} {r['req_per_s']:>9.0f} req/s "
-                        f"{r['cpu_ms_per_req']:>8.3f} CPU ms/req"
-                    )
+            _print_row(row, latency, args.requests, args.concurrency)
             stats = server.stats
             print(f"  stub served {stats['ok']} ok / {stats['requests']} requests")
 

@@ -3,34 +3,55 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 import random
 import socket
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 
-import httpx2
-import openai
+import aiohttp
+import orjson
 import pytest
+from aiohttp import web
+from multidict import CIMultiDict
 
 import vfops.clients as clients
 from vfops._errors import EndpointError
 from vfops.clients import (
+    APIConnectionError,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
     ChatResponse,
+    ConflictError,
     Endpoint,
+    InternalServerError,
+    MalformedResponseError,
     ModelClient,
+    NotFoundError,
     OpenAIClient,
+    PermissionDeniedError,
     PromptTooLongError,
+    RateLimitError,
+    RequestLimiter,
+    RequestTooLargeError,
     RetryPolicy,
+    UnprocessableEntityError,
     check_reachable,
     load_endpoints,
     read_api_key,
     resolve_endpoint,
 )
+from vfops.clients._errors import error_from_response
 from vfops.clients._openai import _is_context_error, parse_chat_completion
-from vfops.clients._retry import MalformedResponseError, parse_retry_after
+from vfops.clients._retry import parse_retry_after, retry_after_of, status_of
 from vfops.testing import StubConfig, StubServer
 
 FAST = RetryPolicy(max_retries=3, base_delay_s=0.001, max_delay_s=5.0)
@@ -52,16 +73,19 @@ def _free_port() -> int:
 def test_public_api() -> None:
     assert sorted(clients.__all__) == sorted(
         ["ModelClient", "ChatResponse", "PromptTooLongError", "OpenAIClient", "ScriptedClient",
-         "RetryPolicy", "Endpoint", "load_endpoints", "resolve_endpoint", "read_api_key",
-         "check_reachable"]
+         "RetryPolicy", "RequestLimiter", "Endpoint", "load_endpoints", "resolve_endpoint",
+         "read_api_key", "check_reachable",
+         "APIError", "APIStatusError", "APITimeoutError", "APIConnectionError",
+         "MalformedResponseError", "BadRequestError", "AuthenticationError",
+         "PermissionDeniedError", "NotFoundError", "ConflictError", "RequestTooLargeError",
+         "UnprocessableEntityError", "RateLimitError", "InternalServerError"]
     )  # fmt: skip
     assert isinstance(OpenAIClient("http://127.0.0.1:1/v1"), ModelClient)
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
-async def test_plain_success(transport: str) -> None:
+async def test_plain_success() -> None:
     with StubServer(StubConfig(api_key="sk-test-123")) as server:
-        client = OpenAIClient(server.base_url, "sk-test-123", transport=transport)  # type: ignore[arg-type]
+        client = OpenAIClient(server.base_url, "sk-test-123")
         try:
             response = await client.chat(
                 model="stub", messages=[{"role": "system", "content": "be brief"},
@@ -185,9 +209,11 @@ async def test_timeouts_exhausted_raise_timeout_error() -> None:
     with StubServer(StubConfig(fail_first_n=10, fail_first_kind="timeout")) as server:
         policy = RetryPolicy(max_retries=1, base_delay_s=0.001)
         async with OpenAIClient(server.base_url, timeout_s=0.2, backoff=policy) as client:
-            with pytest.raises(openai.APITimeoutError):
+            with pytest.raises(APITimeoutError) as info:
                 await client.chat(model="stub", messages=_user("x"))
         assert server.stats["timeout"] == 2
+    assert isinstance(info.value, TimeoutError)  # generic transient-error handlers see it
+    assert str(info.value) == f"POST {server.base_url}/chat/completions: no response within 0.2 s"
 
 
 async def test_malformed_json_retried() -> None:
@@ -201,17 +227,26 @@ async def test_malformed_json_retried() -> None:
 async def test_non_retryable_400_is_not_retried() -> None:
     with StubServer(StubConfig(fail_first_n=5, fail_first_kind="400")) as server:
         async with OpenAIClient(server.base_url, backoff=FAST) as client:
-            with pytest.raises(openai.BadRequestError) as info:
+            with pytest.raises(BadRequestError) as info:
                 await client.chat(model="stub", messages=_user("x"))
         assert server.stats["requests"] == 1
-    assert info.value.status_code == 400
-    assert not isinstance(info.value, PromptTooLongError)
+    exc = info.value
+    assert exc.status_code == 400
+    assert not isinstance(exc, PromptTooLongError)
+    # the server's explanation, not just the status, is what a rollout error records
+    assert str(exc) == (
+        "HTTP 400 Bad Request: Invalid value for 'temperature' (stub) (code: invalid_value)"
+    )
+    assert exc.message == "Invalid value for 'temperature' (stub)"
+    assert exc.code == "invalid_value"
+    assert exc.error_type == "invalid_request_error"
+    assert exc.body["error"]["param"] == "temperature"
 
 
 async def test_auth_error_is_not_retried() -> None:
     with StubServer(StubConfig(api_key="right")) as server:
         async with OpenAIClient(server.base_url, "wrong", backoff=FAST) as client:
-            with pytest.raises(openai.AuthenticationError):
+            with pytest.raises(AuthenticationError, match=r"HTTP 401.*Incorrect API key"):
                 await client.chat(model="stub", messages=_user("x"))
         assert server.stats["requests"] == 1
 
@@ -225,14 +260,14 @@ async def test_context_too_long_raises_prompt_too_long() -> None:
         assert server.stats["context"] == 1
         assert server.stats["requests"] == 2
     assert ok.message["content"] == "ok"
-    assert isinstance(info.value.__cause__, openai.BadRequestError)
+    assert isinstance(info.value.__cause__, BadRequestError)
 
 
 async def test_retries_exhausted_raise_last_error() -> None:
     with StubServer(StubConfig(fail_first_n=100, fail_first_kind="500")) as server:
         policy = RetryPolicy(max_retries=2, base_delay_s=0.001)
         async with OpenAIClient(server.base_url, backoff=policy) as client:
-            with pytest.raises(openai.InternalServerError):
+            with pytest.raises(InternalServerError, match=r"HTTP 500 .*\(stub\)"):
                 await client.chat(model="stub", messages=_user("x"))
         assert server.stats["requests"] == 3
 
@@ -240,7 +275,7 @@ async def test_retries_exhausted_raise_last_error() -> None:
 async def test_max_retries_zero_makes_one_attempt() -> None:
     with StubServer(StubConfig(fail_first_n=100, fail_first_kind="429", retry_after_s=0)) as srv:
         async with OpenAIClient(srv.base_url, max_retries=0) as client:
-            with pytest.raises(openai.RateLimitError):
+            with pytest.raises(RateLimitError):
                 await client.chat(model="stub", messages=_user("x"))
         assert srv.stats["requests"] == 1
 
@@ -249,8 +284,11 @@ async def test_connection_refused_retried_then_raises() -> None:
     url = f"http://127.0.0.1:{_free_port()}/v1"
     policy = RetryPolicy(max_retries=2, base_delay_s=0.001)
     async with OpenAIClient(url, backoff=policy) as client:
-        with pytest.raises(openai.APIConnectionError):
+        with pytest.raises(APIConnectionError) as info:
             await client.chat(model="stub", messages=_user("x"))
+    assert isinstance(info.value, ConnectionError)
+    assert not isinstance(info.value, APITimeoutError)
+    assert str(info.value).startswith(f"POST {url}/chat/completions: ClientConnectorError: ")
 
 
 async def test_random_faults_all_recovered() -> None:
@@ -295,8 +333,8 @@ def test_repr_hides_api_key() -> None:
 def test_backoff_and_max_retries_are_exclusive() -> None:
     with pytest.raises(ValueError, match="not both"):
         OpenAIClient("http://127.0.0.1:1/v1", max_retries=2, backoff=FAST)
-    with pytest.raises(ValueError, match="transport"):
-        OpenAIClient("http://127.0.0.1:1/v1", transport="curl")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="http:// or https://"):
+        OpenAIClient("localhost:8000/v1")
 
 
 def test_parse_chat_completion_shapes() -> None:
@@ -316,17 +354,9 @@ def test_parse_chat_completion_shapes() -> None:
             parse_chat_completion(bad)
 
 
-def _status_error(status: int, body: Any, headers: dict[str, str] | None = None) -> Exception:
-    request = httpx2.Request("POST", "http://x/v1/chat/completions")
-    response = httpx2.Response(status, headers=headers or {}, request=request)
-    cls: dict[int, type[openai.APIStatusError]] = {
-        400: openai.BadRequestError, 429: openai.RateLimitError,
-        500: openai.InternalServerError, 404: openai.NotFoundError,
-    }  # fmt: skip
-    message = body.get("message", "") if isinstance(body, dict) else str(body)
-    return cls.get(status, openai.APIStatusError)(
-        f"Error code: {status} - {message}", response=response, body=body
-    )
+def _status_error(status: int, error: Any) -> APIStatusError:
+    """The error a response with OpenAI's ``{"error": ...}`` body becomes."""
+    return error_from_response(status, orjson.dumps({"error": error}))
 
 
 def test_context_error_detection() -> None:
@@ -334,10 +364,285 @@ def test_context_error_detection() -> None:
             "requested 5000 tokens", "type": "BadRequestError", "code": 400}  # fmt: skip
     openai_shape = {"message": "too long", "code": "context_length_exceeded"}
     other = {"message": "Invalid value for 'temperature'", "code": "invalid_value"}
-    assert _is_context_error(_status_error(400, vllm))  # type: ignore[arg-type]
-    assert _is_context_error(_status_error(400, openai_shape))  # type: ignore[arg-type]
-    assert not _is_context_error(_status_error(400, other))  # type: ignore[arg-type]
-    assert not _is_context_error(_status_error(500, vllm))  # type: ignore[arg-type]
+    assert _is_context_error(_status_error(400, vllm))
+    assert _is_context_error(_status_error(400, openai_shape))
+    assert not _is_context_error(_status_error(400, other))
+    assert not _is_context_error(_status_error(500, vllm))
+    plain = error_from_response(413, b"Request prompt is too long for this deployment")
+    assert _is_context_error(plain)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b'"model overloaded"', "HTTP 503: model overloaded"),
+        (b'{"error": {"type": "server_error"}}', 'HTTP 503: {"type":"server_error"}'),
+        (b'{"error": "upstream\\nfailed"}', "HTTP 503: upstream failed"),
+        (b'{"detail": "Not authenticated"}', "HTTP 503: Not authenticated"),
+        (b"[1, 2]", "HTTP 503: [1,2]"),
+        (b"  \n", "HTTP 503"),
+    ],
+)
+def test_error_body_shapes(content: bytes, expected: str) -> None:
+    assert str(error_from_response(503, content)) == expected
+
+
+# --------------------------------------------------------------------------- errors over HTTP
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@asynccontextmanager
+async def _http_server(handler: Handler) -> AsyncIterator[str]:
+    """A real HTTP server on loopback (in this event loop) answering chat
+    completions with ``handler``; yields its base URL."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    site = web.SockSite(runner, sock)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    finally:
+        await runner.cleanup()
+
+
+def _replying(
+    status: int, body: bytes, content_type: str = "application/json", **headers: str
+) -> tuple[Handler, list[web.Request]]:
+    seen: list[web.Request] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(request)
+        return web.Response(status=status, body=body, content_type=content_type, headers=headers)
+
+    return handler, seen
+
+
+def _openai_error(message: str, type_: str, code: str | int | None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+
+
+LONG_HTML = b"<html><body><h1>502 Bad Gateway</h1>" + b"<p>upstream</p>" * 200 + b"</body></html>"
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "content_type", "cls", "expected", "attempts"),
+    [
+        (400, _openai_error("The model `gpt-5` does not exist.", "NotFoundError", 404),
+         "application/json", BadRequestError,
+         "HTTP 400 Bad Request: The model `gpt-5` does not exist.", 1),
+        (403, _openai_error("Project does not have access to model o3", "invalid_request_error",
+                            "model_not_found"), "application/json", PermissionDeniedError,
+         "HTTP 403 Forbidden: Project does not have access to model o3 (code: model_not_found)",
+         1),
+        (404, b"404: Not Found", "text/plain", NotFoundError, "HTTP 404 Not Found: 404: Not Found",
+         1),
+        (409, b'{"error": "run already exists"}', "application/json", ConflictError,
+         "HTTP 409 Conflict: run already exists", 1),
+        (413, b"request entity too large", "text/plain", RequestTooLargeError,
+         "HTTP 413 Request Entity Too Large: request entity too large", 1),
+        (422, b'{"detail": [{"loc": ["body", "model"], "msg": "Field required"}]}',
+         "application/json", UnprocessableEntityError,
+         'HTTP 422 Unprocessable Entity: [{"loc":["body","model"],"msg":"Field required"}]', 1),
+        (418, b"", "text/plain", APIStatusError, "HTTP 418 I'm a Teapot", 1),
+        (429, _openai_error("You exceeded your current quota", "insufficient_quota",
+                            "insufficient_quota"), "application/json", RateLimitError,
+         "HTTP 429 Too Many Requests: You exceeded your current quota (code: insufficient_quota)",
+         2),
+        (503, b'{"message": "model is loading"}', "application/json", InternalServerError,
+         "HTTP 503 Service Unavailable: model is loading", 2),
+    ],
+)  # fmt: skip
+async def test_error_kinds_carry_the_servers_explanation(
+    status: int, body: bytes, content_type: str, cls: type[APIStatusError], expected: str,
+    attempts: int,
+) -> None:  # fmt: skip
+    handler, seen = _replying(status, body, content_type)
+    policy = RetryPolicy(max_retries=1, base_delay_s=0.001)
+    async with _http_server(handler) as url, OpenAIClient(url, backoff=policy) as client:
+        with pytest.raises(APIStatusError) as info:
+            await client.chat(model="gpt-5", messages=_user("x"))
+    assert type(info.value) is cls
+    assert str(info.value) == expected
+    assert info.value.status_code == status
+    assert status_of(info.value) == status
+    assert len(seen) == attempts  # 429 and 5xx retried once, other 4xx not at all
+
+
+async def test_plain_text_error_body_is_one_truncated_line() -> None:
+    handler, _ = _replying(502, LONG_HTML, "text/html")
+    async with _http_server(handler) as url, OpenAIClient(url, max_retries=0) as client:
+        with pytest.raises(InternalServerError) as info:
+            await client.chat(model="m", messages=_user("x"))
+    message = str(info.value)
+    assert message.startswith("HTTP 502 Bad Gateway: <html><body><h1>502 Bad Gateway</h1><p>")
+    assert message.endswith("…")
+    assert "\n" not in message
+    assert len(info.value.message) == 500
+    assert info.value.body == LONG_HTML.decode()
+
+
+async def test_redirect_is_an_error_naming_the_location() -> None:
+    handler, seen = _replying(301, b"", "text/plain", Location="https://api.example.com/v1")
+    async with _http_server(handler) as url, OpenAIClient(url, backoff=FAST) as client:
+        with pytest.raises(APIStatusError) as info:
+            await client.chat(model="m", messages=_user("x"))
+    assert len(seen) == 1  # not followed: a 301 turns a POST into a GET
+    assert str(info.value) == (
+        "HTTP 301 Moved Permanently: redirected to https://api.example.com/v1; "
+        "use that as the base URL."
+    )
+
+
+async def test_request_headers_and_body_on_the_wire() -> None:
+    ok = orjson.dumps({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]})
+    handler, seen = _replying(200, ok)
+    bodies: list[bytes] = []
+
+    async def recording(request: web.Request) -> web.StreamResponse:
+        bodies.append(await request.read())
+        return await handler(request)
+
+    # a trailing slash on the base URL is fine
+    async with _http_server(recording) as url, OpenAIClient(url + "/", "sk-abc") as client:
+        response = await client.chat(
+            model="m", messages=_user("x"),
+            sampling_args={"temperature": 0.5, "extra_headers": {"X-Trace": "t1"}},
+        )  # fmt: skip
+    assert response.message == {"role": "assistant", "content": "hi"}
+    headers = seen[0].headers
+    assert seen[0].path == "/v1/chat/completions"
+    assert headers["Authorization"] == "Bearer sk-abc"
+    assert headers["Content-Type"] == "application/json"
+    assert headers["X-Trace"] == "t1"
+    assert headers["User-Agent"].startswith("vfops/")
+    assert orjson.loads(bodies[0]) == {"model": "m", "messages": _user("x"), "temperature": 0.5}
+
+
+def _retry_after_date(seconds: int) -> str:
+    return format_datetime(datetime.now(UTC) + timedelta(seconds=seconds), usegmt=True)
+
+
+@pytest.mark.parametrize(
+    ("headers", "minimum_s"),
+    [
+        (lambda: {"Retry-After-Ms": "300"}, 0.3),
+        (lambda: {"Retry-After": _retry_after_date(2)}, 1.0),  # an HTTP date: 1 s resolution
+    ],
+)
+async def test_retry_after_header_forms_are_honoured(
+    headers: Callable[[], dict[str, str]], minimum_s: float
+) -> None:
+    ok = orjson.dumps({"choices": [{"message": {"content": "ok"}}]})
+    times: list[float] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        times.append(time.perf_counter())
+        if len(times) == 1:
+            return web.Response(status=429, body=b"slow down", headers=headers())
+        return web.Response(body=ok, content_type="application/json")
+
+    async with _http_server(handler) as url, OpenAIClient(url, backoff=FAST) as client:
+        response = await client.chat(model="m", messages=_user("x"))
+    assert response.message["content"] == "ok"
+    assert len(times) == 2
+    assert minimum_s <= times[1] - times[0] < minimum_s + 2.0
+
+
+async def test_malformed_success_body_exhausts_retries() -> None:
+    handler, seen = _replying(200, b'{"error": {"message": "overloaded"}}')
+    policy = RetryPolicy(max_retries=1, base_delay_s=0.001)
+    async with _http_server(handler) as url, OpenAIClient(url, backoff=policy) as client:
+        with pytest.raises(MalformedResponseError, match="overloaded"):
+            await client.chat(model="m", messages=_user("x"))
+    assert len(seen) == 2
+
+
+class CountingLimiter:
+    """A RequestLimiter that records every acquisition and what is in flight."""
+
+    def __init__(self) -> None:
+        self.entered = 0
+        self.exited = 0
+        self.max_in_flight = 0
+
+    def acquire(self) -> AbstractAsyncContextManager[None]:
+        return self._slot()
+
+    @asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        self.entered += 1
+        self.max_in_flight = max(self.max_in_flight, self.entered - self.exited)
+        try:
+            yield
+        finally:
+            self.exited += 1
+
+
+async def test_limiter_is_entered_around_every_attempt() -> None:
+    limiter = CountingLimiter()
+    assert isinstance(limiter, RequestLimiter)
+    with StubServer(StubConfig(fail_first_n=2, fail_first_kind="500")) as server:
+        async with OpenAIClient(server.base_url, backoff=FAST, limiter=limiter) as client:
+            response = await client.chat(model="stub", messages=_user("x"))
+            assert (limiter.entered, limiter.exited) == (3, 3)  # two failures and the success
+            assert limiter.max_in_flight == 1  # released before each backoff sleep
+        assert server.stats["requests"] == 3
+    assert response.message["content"] == "ok"
+    handler, _ = _replying(400, _openai_error("bad", "invalid_request_error", None))
+    async with (
+        _http_server(handler) as url,
+        OpenAIClient(url, backoff=FAST, limiter=limiter) as client,
+    ):
+        with pytest.raises(BadRequestError):  # a non-retryable error releases it too
+            await client.chat(model="m", messages=_user("x"))
+    assert (limiter.entered, limiter.exited) == (4, 4)
+
+
+def test_status_errors_pickle_with_their_fields() -> None:
+    exc = error_from_response(
+        429, _openai_error("slow down", "requests", "rate_limit_exceeded"), reason="Too Many",
+        retry_after_s=1.5,
+    )  # fmt: skip
+    clone = pickle.loads(pickle.dumps(exc))
+    assert type(clone) is RateLimitError
+    assert str(clone) == str(exc) == "HTTP 429 Too Many: slow down (code: rate_limit_exceeded)"
+    assert (clone.status_code, clone.code, clone.retry_after_s) == (429, "rate_limit_exceeded", 1.5)
+    assert retry_after_of(clone) == 1.5
+    timeout = pickle.loads(pickle.dumps(APITimeoutError("POST u: no response within 1 s")))
+    assert isinstance(timeout, APITimeoutError) and str(timeout) == "POST u: no response within 1 s"
+    assert issubclass(APIStatusError, APIError) and issubclass(APIConnectionError, APIError)
+
+
+async def test_proxy_from_environment_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    ok = orjson.dumps({"choices": [{"message": {"content": "via proxy"}}]})
+    handler, seen = _replying(200, ok)
+    async with _http_server(handler) as proxy_url:
+        monkeypatch.setenv("HTTP_PROXY", proxy_url.removesuffix("/v1"))
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        async with OpenAIClient("http://model-host.invalid/v1") as client:
+            response = await client.chat(model="m", messages=_user("x"))
+        monkeypatch.setenv("NO_PROXY", "model-host.invalid")
+        async with OpenAIClient("http://model-host.invalid/v1", max_retries=0) as client:
+            with pytest.raises(APIConnectionError):  # exempt: resolved directly, and fails
+                await client.chat(model="m", messages=_user("x"))
+    assert response.message["content"] == "via proxy"
+    assert len(seen) == 1
+    assert seen[0].headers["Host"] == "model-host.invalid"
+
+
+def test_judge_retries_treat_client_errors_as_transient() -> None:
+    from vfops.rubrics._judge import is_transient_error
+
+    assert is_transient_error(APITimeoutError("slow"))
+    assert is_transient_error(APIConnectionError("refused"))
+    assert is_transient_error(_status_error(429, {})) and is_transient_error(_status_error(503, {}))
+    assert not is_transient_error(_status_error(400, {}))
 
 
 # --------------------------------------------------------------------------- retry policy
@@ -345,15 +650,14 @@ def test_context_error_detection() -> None:
 
 def test_retry_policy_classification() -> None:
     policy = RetryPolicy()
-    request = httpx2.Request("POST", "http://x")
     for status in (408, 429, 500, 502, 503, 504):
         assert policy.is_retryable(_status_error(status, {})), status
-    for status in (400, 401, 403, 404, 409, 422):
+    for status in (400, 401, 403, 404, 409, 413, 422):
         assert not policy.is_retryable(_status_error(status, {})), status
-    assert policy.is_retryable(openai.APITimeoutError(request=request))
-    assert policy.is_retryable(openai.APIConnectionError(request=request))
+    assert policy.is_retryable(APITimeoutError("slow"))
+    assert policy.is_retryable(APIConnectionError("refused"))
     assert policy.is_retryable(MalformedResponseError("bad json"))
-    assert policy.is_retryable(httpx2.ReadError("reset"))
+    assert policy.is_retryable(aiohttp.ServerDisconnectedError())
     assert policy.is_retryable(TimeoutError())
     assert policy.is_retryable(ConnectionResetError())
     assert not policy.is_retryable(ValueError("bug"))
@@ -381,17 +685,18 @@ def test_retry_policy_honours_retry_after() -> None:
 
 
 def test_parse_retry_after() -> None:
+    h = CIMultiDict  # what aiohttp gives: case-insensitive
     assert parse_retry_after(None) is None
-    assert parse_retry_after(httpx2.Headers({})) is None
-    assert parse_retry_after(httpx2.Headers({"Retry-After": "3"})) == 3.0
-    assert parse_retry_after(httpx2.Headers({"retry-after": "0.25"})) == 0.25
-    assert parse_retry_after(httpx2.Headers({"retry-after-ms": "1500", "Retry-After": "9"})) == 1.5
+    assert parse_retry_after(h({})) is None
+    assert parse_retry_after(h({"Retry-After": "3"})) == 3.0
+    assert parse_retry_after(h({"retry-after": "0.25"})) == 0.25
+    assert parse_retry_after(h({"Retry-After-Ms": "1500", "Retry-After": "9"})) == 1.5
     now = datetime(2030, 1, 1, tzinfo=UTC)
     date = format_datetime(now + timedelta(seconds=20), usegmt=True)
-    assert parse_retry_after(httpx2.Headers({"Retry-After": date}), now=now.timestamp()) == 20.0
+    assert parse_retry_after(h({"Retry-After": date}), now=now.timestamp()) == 20.0
     past = format_datetime(now - timedelta(seconds=20), usegmt=True)
-    assert parse_retry_after(httpx2.Headers({"Retry-After": past}), now=now.timestamp()) == 0.0
-    assert parse_retry_after(httpx2.Headers({"Retry-After": "soon"})) is None
+    assert parse_retry_after(h({"Retry-After": past}), now=now.timestamp()) == 0.0
+    assert parse_retry_after(h({"Retry-After": "soon"})) is None
 
 
 # --------------------------------------------------------------------------- endpoints

@@ -8,18 +8,49 @@ from vfops.clients._endpoints import (
     read_api_key,
     resolve_endpoint,
 )
-from vfops.clients._openai import OpenAIClient
+from vfops.clients._errors import (
+    APIConnectionError,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    InternalServerError,
+    MalformedResponseError,
+    NotFoundError,
+    PermissionDeniedError,
+    RateLimitError,
+    RequestTooLargeError,
+    UnprocessableEntityError,
+)
+from vfops.clients._openai import OpenAIClient, RequestLimiter
 from vfops.clients._retry import RetryPolicy
 from vfops.clients._scripted import ScriptedClient
 
 __all__ = [
+    "APIConnectionError",
+    "APIError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
     "ChatResponse",
+    "ConflictError",
     "Endpoint",
+    "InternalServerError",
+    "MalformedResponseError",
     "ModelClient",
+    "NotFoundError",
     "OpenAIClient",
+    "PermissionDeniedError",
     "PromptTooLongError",
+    "RateLimitError",
+    "RequestLimiter",
+    "RequestTooLargeError",
     "RetryPolicy",
     "ScriptedClient",
+    "UnprocessableEntityError",
     "check_reachable",
     "load_endpoints",
     "read_api_key",

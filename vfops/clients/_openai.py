@@ -1,12 +1,13 @@
 """A :class:`ModelClient` for any OpenAI-compatible chat-completions endpoint.
 
-Built on ``openai.AsyncOpenAI`` with the SDK's own retries disabled; retries
-follow :class:`RetryPolicy` so the behaviour is explicit and tested. The request
-body is serialised with orjson and sent through the SDK's low-level ``post``
-(auth, headers, base URL and error mapping stay the SDK's), and the response
-body is decoded with orjson into plain dicts: no pydantic models per request,
-which keeps client CPU well under a millisecond per call (see
-``bench/client_transport.py``).
+Speaks the wire protocol directly over one pooled aiohttp session
+(:class:`~vfops.clients._http.HTTPTransport`): the request body is serialised
+with orjson and the response decoded with orjson into plain dicts, so no SDK
+request or response models are built per call. That keeps the client side of a
+request to a fraction of a millisecond of CPU and ``import vfops.clients`` free of
+the ``openai`` SDK (see ``bench/client_transport.py``). Retries follow
+:class:`RetryPolicy`, so the behaviour is explicit and tested; errors are the
+:mod:`vfops.clients._errors` classes and carry the server's explanation.
 """
 
 from __future__ import annotations
@@ -15,19 +16,17 @@ import asyncio
 import logging
 import re
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-import httpx2
-import openai
 import orjson
 
 from vfops._types import Message, Messages, SamplingArgs
 from vfops.clients._base import ChatResponse, PromptTooLongError
-from vfops.clients._retry import MalformedResponseError, RetryPolicy, retry_after_of
+from vfops.clients._errors import APIStatusError, MalformedResponseError
+from vfops.clients._http import HTTPTransport
+from vfops.clients._retry import RetryPolicy
 
 log = logging.getLogger("vfops.clients")
-
-Transport = Literal["aiohttp", "httpx"]
 
 DEFAULT_MAX_CONNECTIONS = 8192
 """Connection-pool size: enough for thousands of concurrent rollouts per client
@@ -67,17 +66,15 @@ _CONTEXT_RE = re.compile(
 )
 
 
-def _is_context_error(exc: openai.APIStatusError) -> bool:
+def _is_context_error(exc: APIStatusError) -> bool:
+    """Whether a 400/413/422 says the prompt does not fit the model's context."""
     if exc.status_code not in (400, 413, 422):
         return False
     if exc.code == "context_length_exceeded":
         return True
-    body = exc.body
-    text = exc.message
-    if isinstance(body, dict):
-        text = f"{text} {body.get('message', '')} {body.get('code', '')}"
-    elif isinstance(body, str):
-        text = f"{text} {body}"
+    text = f"{exc.message} {exc.code or ''}"
+    if isinstance(exc.body, str):
+        text = f"{text} {exc.body}"
     return _CONTEXT_RE.search(text) is not None
 
 
@@ -135,33 +132,23 @@ def parse_chat_completion(body: bytes) -> ChatResponse:
     )
 
 
-def _make_http_client(
-    transport: Transport, timeout: httpx2.Timeout, max_connections: int
-) -> httpx2.AsyncClient:
-    limits = httpx2.Limits(
-        max_connections=max_connections,
-        max_keepalive_connections=max_connections,
-        keepalive_expiry=30.0,
-    )
-    if transport == "aiohttp":
-        return openai.DefaultAioHttpClient(timeout=timeout, limits=limits)
-    if transport == "httpx":
-        return openai.DefaultAsyncHttpxClient(timeout=timeout, limits=limits)
-    raise ValueError(f"transport must be 'aiohttp' or 'httpx', got {transport!r}")
-
-
 class OpenAIClient:
     """Chat completions against any OpenAI-compatible ``base_url``.
 
     ``api_key`` is sent as a bearer token and never logged or shown in ``repr``
     (``None`` sends ``EMPTY``, which local servers accept). ``timeout_s`` bounds
-    each attempt's connect and read. ``max_retries`` (default 5) or a full
-    ``backoff`` :class:`RetryPolicy` — not both — set the retry behaviour.
-    ``transport`` picks the HTTP stack: ``"aiohttp"`` (default, lower CPU per
-    request) or ``"httpx"``. ``max_connections`` sizes the pool (default 8192, or
-    half the open-file limit if lower); requests beyond it wait for a connection.
+    each attempt's connect and wait for the response. ``max_retries`` (default 5)
+    or a full ``backoff`` :class:`RetryPolicy` — not both — set the retry
+    behaviour. ``max_connections`` sizes the pool (default 8192, or half the
+    open-file limit if lower); requests beyond it wait for a connection.
     ``limiter`` (a :class:`RequestLimiter`) is entered around each HTTP attempt,
     retries included, to keep a shared rate/concurrency budget.
+
+    Failures raise :class:`~vfops.clients.APIStatusError` subclasses (with the
+    server's message), :class:`~vfops.clients.APITimeoutError`,
+    :class:`~vfops.clients.APIConnectionError`,
+    :class:`~vfops.clients.MalformedResponseError`, or :class:`PromptTooLongError`
+    for a context-length rejection. ``HTTPS_PROXY``/``NO_PROXY`` are honoured.
     Create, use and close a client inside one event loop.
     """
 
@@ -173,14 +160,12 @@ class OpenAIClient:
         timeout_s: float = 600.0,
         max_retries: int | None = None,
         max_connections: int | None = None,
-        transport: Transport = "aiohttp",
         backoff: RetryPolicy | None = None,
         limiter: RequestLimiter | None = None,
     ) -> None:
         if backoff is not None and max_retries is not None:
             raise ValueError("pass either max_retries or backoff=RetryPolicy(...), not both")
         self.base_url = base_url
-        self.transport: Transport = transport
         self.timeout_s = timeout_s
         self.limiter = limiter
         self.retry = (
@@ -188,22 +173,22 @@ class OpenAIClient:
             if backoff is not None
             else RetryPolicy(max_retries=5 if max_retries is None else max_retries)
         )
-        timeout = httpx2.Timeout(timeout_s, connect=min(timeout_s, 30.0), pool=None)
-        self._http = _make_http_client(
-            transport, timeout, max_connections or default_max_connections()
-        )
-        self._client = openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=api_key or "EMPTY",
-            max_retries=0,
-            timeout=timeout,
-            http_client=self._http,
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._http = HTTPTransport(
+            base_url,
+            headers={
+                "Authorization": f"Bearer {api_key or 'EMPTY'}",
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+            },
+            timeout_s=timeout_s,
+            max_connections=max_connections or default_max_connections(),
         )
 
     def __repr__(self) -> str:
         return (
             f"OpenAIClient(base_url={self.base_url!r}, api_key='***', "
-            f"transport={self.transport!r}, timeout_s={self.timeout_s}, retry={self.retry!r})"
+            f"timeout_s={self.timeout_s}, retry={self.retry!r})"
         )
 
     async def chat(
@@ -215,7 +200,7 @@ class OpenAIClient:
         tools: list[dict[str, Any]] | None = None,
     ) -> ChatResponse:
         body: dict[str, Any] = {"model": model, "messages": messages}
-        options: openai.RequestOptions = {}  # the SDK's default headers already say JSON
+        headers: dict[str, str] | None = None
         if sampling_args:
             args = dict(sampling_args)
             extra_body = args.pop("extra_body", None) or {}
@@ -227,40 +212,32 @@ class OpenAIClient:
             body.update(args)
             body.update(extra_body)
             if extra_headers:
-                options["headers"] = dict(extra_headers)
+                headers = dict(extra_headers)
         if tools:
             body["tools"] = tools
         payload = orjson.dumps(body)
 
         policy = self.retry
         limiter = self.limiter
+        request = self._http.request
+        url = self._url
         attempt = 0
         while True:
             try:
                 if limiter is None:
-                    response = await self._client.post(
-                        "/chat/completions",
-                        cast_to=httpx2.Response,
-                        content=payload,
-                        options=options,
-                    )
+                    content = await request("POST", url, payload, headers=headers)
                 else:
                     async with limiter.acquire():
-                        response = await self._client.post(
-                            "/chat/completions",
-                            cast_to=httpx2.Response,
-                            content=payload,
-                            options=options,
-                        )
-                return parse_chat_completion(response.content)
-            except openai.APIStatusError as exc:
+                        content = await request("POST", url, payload, headers=headers)
+                return parse_chat_completion(content)
+            except APIStatusError as exc:
                 if _is_context_error(exc):
                     raise PromptTooLongError(
                         f"prompt too long for model {model!r}: {exc.message}"
                     ) from exc
                 if attempt >= policy.max_retries or not policy.is_retryable(exc):
                     raise
-                delay = policy.delay_for(attempt, retry_after_of(exc))
+                delay = policy.delay_for(attempt, exc.retry_after_s)
                 log.debug(
                     "chat: HTTP %s, retry %d/%d in %.2fs",
                     exc.status_code,
@@ -283,7 +260,7 @@ class OpenAIClient:
             attempt += 1
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._http.aclose()
 
     async def __aenter__(self) -> OpenAIClient:
         return self

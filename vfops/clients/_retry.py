@@ -17,14 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
-import httpx2
-import openai
+
+from vfops.clients._errors import APIConnectionError, APIStatusError, MalformedResponseError
 
 RETRYABLE_STATUS = frozenset({408, 429})
-
-
-class MalformedResponseError(Exception):
-    """The server answered 200 but the body is not a chat completion (bad JSON or shape)."""
 
 
 def parse_retry_after(
@@ -56,10 +52,8 @@ def parse_retry_after(
 
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status code carried by ``exc``, if any."""
-    if isinstance(exc, openai.APIStatusError):
+    if isinstance(exc, APIStatusError):
         return exc.status_code
-    if isinstance(exc, httpx2.HTTPStatusError):
-        return exc.response.status_code
     if isinstance(exc, aiohttp.ClientResponseError):
         return exc.status
     return None
@@ -67,8 +61,8 @@ def status_of(exc: BaseException) -> int | None:
 
 def retry_after_of(exc: BaseException) -> float | None:
     """The server-requested wait attached to ``exc`` (from its response headers)."""
-    if isinstance(exc, openai.APIStatusError | httpx2.HTTPStatusError):
-        return parse_retry_after(exc.response.headers)
+    if isinstance(exc, APIStatusError):
+        return exc.retry_after_s
     return None
 
 
@@ -106,10 +100,8 @@ class RetryPolicy:
             return status in RETRYABLE_STATUS or status >= 500
         return isinstance(
             exc,
-            openai.APIConnectionError  # includes APITimeoutError
-            | openai.APIResponseValidationError
+            APIConnectionError  # includes APITimeoutError
             | MalformedResponseError
-            | httpx2.TransportError
             | aiohttp.ClientError
             | asyncio.TimeoutError
             | ConnectionError,

@@ -18,7 +18,7 @@ from vfops.parsers import Parser
 from vfops.parsers._parser import last_user_text, message_text
 from vfops.rubrics._rubric import RewardFunc, Rubric
 
-if TYPE_CHECKING:  # importing vfops.clients at runtime would pull in openai for nothing
+if TYPE_CHECKING:  # importing vfops.clients at runtime would pull in aiohttp for nothing
     from vfops.clients._base import ModelClient
 
 DEFAULT_JUDGE_PROMPT = """Given a ground truth answer and a response, \
@@ -101,6 +101,7 @@ def judge_cache_key(
 
 def is_transient_error(exc: BaseException) -> bool:
     """Whether retrying the judge call may succeed (network, timeout, 429, 5xx)."""
+    # vfops.clients' APITimeoutError / APIConnectionError subclass these two.
     if isinstance(exc, (TimeoutError, ConnectionError)):
         return True
     status = getattr(exc, "status_code", None)
@@ -108,10 +109,7 @@ def is_transient_error(exc: BaseException) -> bool:
         status = getattr(exc, "status", None)
     if isinstance(status, int):
         return status in _RETRY_STATUS or status >= 500
-    # Only look at libraries already imported: their exceptions cannot occur otherwise.
-    openai = sys.modules.get("openai")
-    if openai is not None and isinstance(exc, openai.APIConnectionError):
-        return True
+    # Only look at a library already imported: its exceptions cannot occur otherwise.
     aiohttp = sys.modules.get("aiohttp")
     return aiohttp is not None and isinstance(exc, aiohttp.ClientError)
 

@@ -55,15 +55,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import httpx2
-import openai
 import orjson
 
 from vfops._errors import VfopsError
 from vfops._types import Message, Messages, SamplingArgs
 from vfops.clients._base import ChatResponse, PromptTooLongError
-from vfops.clients._openai import _is_context_error, _make_http_client
-from vfops.clients._retry import MalformedResponseError, RetryPolicy, retry_after_of
+from vfops.clients._errors import APIConnectionError, APIStatusError, MalformedResponseError
+from vfops.clients._http import HTTPTransport
+from vfops.clients._openai import _is_context_error
+from vfops.clients._retry import RetryPolicy
 from vfops.training._backend import TOKENS_KEY, TurnTokens
 
 if TYPE_CHECKING:
@@ -169,15 +169,8 @@ def _split_base_url(base_url: str) -> tuple[str, str]:
     return root, root + "/v1"
 
 
-def _error_detail(exc: openai.APIStatusError) -> str:
-    body = exc.body
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        body = body["error"]  # vLLM: {"error": {"message": ...}}
-    if isinstance(body, dict):
-        for key in ("message", "detail", "error"):
-            if body.get(key):
-                return " ".join(str(body[key]).split())[:300]
-    return " ".join(str(exc.message).split())[:300]
+def _error_detail(exc: APIStatusError) -> str:
+    return exc.message[:300]  # already one line, from vLLM's {"error": {"message": ...}}
 
 
 class _Server:
@@ -188,19 +181,20 @@ class _Server:
         self.root, self.api = _split_base_url(config.base_url)
         self.retry = RetryPolicy(max_retries=config.max_retries)
         self.sync_timeout_s = config.sync_timeout_s
-        timeout = httpx2.Timeout(config.timeout_s, connect=min(config.timeout_s, 30.0), pool=None)
         api_key = os.environ.get(config.api_key_var) if config.api_key_var else None
         if config.api_key_var and not api_key:
             raise VLLMBackendError(
                 f"generation.api_key_var names {config.api_key_var!r}, which is not set; "
                 "export it or drop api_key_var"
             )
-        self._client = openai.AsyncOpenAI(
-            base_url=self.api,
-            api_key=api_key or "EMPTY",
-            max_retries=0,
-            timeout=timeout,
-            http_client=_make_http_client("aiohttp", timeout, 1024),
+        self._http = HTTPTransport(
+            self.api,
+            headers={
+                "Authorization": f"Bearer {api_key or 'EMPTY'}",
+                "Content-Type": "application/json",
+            },
+            timeout_s=config.timeout_s,
+            max_connections=1024,
         )
 
     def _unreachable(self, exc: BaseException) -> VLLMBackendError:
@@ -214,12 +208,10 @@ class _Server:
         attempt = 0
         while True:
             try:
-                response = await self._client.post(
-                    "/completions", cast_to=httpx2.Response, content=payload
-                )
-                data: dict[str, Any] = _decode_json(response.content)
+                content = await self._http.request("POST", self.api + "/completions", payload)
+                data: dict[str, Any] = _decode_json(content)
                 return data
-            except openai.APIStatusError as exc:
+            except APIStatusError as exc:
                 if _is_context_error(exc):
                     raise PromptTooLongError(
                         f"prompt too long for the vLLM server: {_error_detail(exc)}"
@@ -229,10 +221,10 @@ class _Server:
                         f"vLLM server at {self.root} refused a completion "
                         f"(HTTP {exc.status_code}: {_error_detail(exc)})"
                     ) from exc
-                delay = self.retry.delay_for(attempt, retry_after_of(exc))
+                delay = self.retry.delay_for(attempt, exc.retry_after_s)
             except Exception as exc:
                 if attempt >= self.retry.max_retries or not self.retry.is_retryable(exc):
-                    if isinstance(exc, openai.APIConnectionError):
+                    if isinstance(exc, APIConnectionError):
                         raise self._unreachable(exc) from exc
                     raise
                 delay = self.retry.delay_for(attempt, None)
@@ -253,18 +245,10 @@ class _Server:
     ) -> Any:
         """Call a root-level admin route; any failure is a one-line VLLMBackendError."""
         url = self.root + path
-        options: openai.RequestOptions = {"timeout": self.sync_timeout_s}
+        payload = None if method == "GET" else orjson.dumps(body if body is not None else {})
         try:
-            if method == "GET":
-                response = await self._client.get(url, cast_to=httpx2.Response, options=options)
-            else:
-                response = await self._client.post(
-                    url,
-                    cast_to=httpx2.Response,
-                    content=orjson.dumps(body if body is not None else {}),
-                    options=options,
-                )
-        except openai.APIStatusError as exc:
+            content = await self._http.request(method, url, payload, timeout_s=self.sync_timeout_s)
+        except APIStatusError as exc:
             if exc.status_code == 404:
                 fix = (
                     "the server has no such route: start it with `vfops vllm serve` "
@@ -274,12 +258,12 @@ class _Server:
                 f"vLLM server at {self.root} failed {what} "
                 f"(HTTP {exc.status_code}: {_error_detail(exc)}); {fix}"
             ) from exc
-        except openai.APIConnectionError as exc:
+        except APIConnectionError as exc:
             raise self._unreachable(exc) from exc
-        return _decode_json(response.content) if response.content else None
+        return _decode_json(content) if content else None
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._http.aclose()
 
 
 def _decode_json(content: bytes) -> Any:

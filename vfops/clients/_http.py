@@ -1,0 +1,139 @@
+"""One pooled aiohttp session for JSON-over-HTTP model APIs, with typed errors.
+
+Shared by :class:`~vfops.clients.OpenAIClient` and the vLLM training backend. It
+sends pre-serialised bodies and returns raw response bytes (callers decode with
+orjson), so no per-request models are built: the client side of a request stays
+at a small fraction of a millisecond of CPU (``bench/client_transport.py``).
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Mapping
+
+import aiohttp
+from yarl import URL
+
+from vfops._version import __version__
+from vfops.clients._errors import APIConnectionError, APITimeoutError, error_from_response
+from vfops.clients._retry import parse_retry_after
+
+CONNECT_TIMEOUT_CAP_S = 30.0
+"""A connection that takes longer than this is not coming."""
+
+KEEPALIVE_S = 30.0
+
+
+def _env_proxy(url: str) -> str | None:
+    """The proxy ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` give for ``url``
+    unless ``NO_PROXY`` exempts its host, as the ``openai`` SDK (httpx) honours them.
+    Resolved once per session: aiohttp's ``trust_env`` re-reads the environment and
+    ``~/.netrc`` on every request."""
+    parsed = URL(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parsed.scheme or "http") or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(parsed.host or ""):
+        return None
+    return proxy
+
+
+class HTTPTransport:
+    """Requests to one server over a pool of keep-alive connections.
+
+    ``headers`` go with every request. ``timeout_s`` bounds each request's wait for
+    the response (and the connect, capped at 30 s); waiting for a free connection
+    is not bounded. The aiohttp session is created on first use, in the running
+    event loop; use and close the transport inside that loop.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        max_connections: int,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        self.base_url = base_url
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
+        self._headers = {"User-Agent": f"vfops/{__version__}", **headers}
+        self._timeout = self._client_timeout(timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    @staticmethod
+    def _client_timeout(timeout_s: float) -> aiohttp.ClientTimeout:
+        # sock_read, not total: total would also count the wait for a pooled
+        # connection, which is queueing, not a slow server.
+        return aiohttp.ClientTimeout(
+            total=None,
+            connect=None,
+            sock_connect=min(timeout_s, CONNECT_TIMEOUT_CAP_S),
+            sock_read=timeout_s,
+        )
+
+    def _open(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=self.max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            headers=self._headers,
+            timeout=self._timeout,
+            proxy=_env_proxy(self.base_url),
+            cookie_jar=aiohttp.DummyCookieJar(),  # an API client keeps no cookies
+        )
+        return self._session
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        data: bytes | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> bytes:
+        """The body of a 2xx response to ``method url``.
+
+        Raises :class:`APIStatusError` (its subclass by status) for any other
+        status, :class:`APITimeoutError` when no response came in time and
+        :class:`APIConnectionError` when the connection failed.
+        """
+        session = self._session or self._open()
+        timeout = self._timeout if timeout_s is None else self._client_timeout(timeout_s)
+        try:
+            async with session.request(
+                method,
+                url,
+                data=data,
+                headers=headers,
+                timeout=timeout,
+                allow_redirects=False,  # a POST must not silently turn into a GET
+            ) as response:
+                content = await response.read()
+                status = response.status
+                if 200 <= status < 300:
+                    return content
+                raise error_from_response(
+                    status,
+                    content,
+                    reason=response.reason,
+                    retry_after_s=parse_retry_after(response.headers),
+                    location=response.headers.get("Location") if status < 400 else None,
+                )
+        except TimeoutError as exc:  # aiohttp's timeouts subclass it (so does asyncio's)
+            if isinstance(exc, aiohttp.ConnectionTimeoutError):
+                what = f"could not connect within {timeout.sock_connect} s"
+            else:
+                what = f"no response within {timeout.sock_read} s"
+            raise APITimeoutError(f"{method} {url}: {what}") from exc
+        except aiohttp.ClientError as exc:
+            raise APIConnectionError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
