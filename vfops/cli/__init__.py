@@ -1,4 +1,34 @@
+"""The ``vfops`` command line (:mod:`vfops.cli._app`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_NO_TRACKING_FLAGS = frozenset({"--no-tracking", "--no-registry", "--help", "-h"})
+
+
+def _prestart_tracker(argv: list[str]) -> None:
+    """``vfops eval ENV ...`` with tracking on: start the MLflow tracker process now.
+
+    Its start-up (importing MLflow, opening the store) is the longest part of a
+    short evaluation; started before this process imports anything heavy, it
+    runs on another core meanwhile. The evaluation adopts it (or, when the flags
+    turn out to disagree, replaces it).
+    """
+    if len(argv) < 2 or argv[0] != "eval" or argv[1].startswith("-"):
+        return
+    if _NO_TRACKING_FLAGS.intersection(argv):
+        return
+    if os.environ.get("VFOPS_TRACKING", "").strip().lower() in ("0", "false", "off", "no"):
+        return
+    from vfops.tracking._tracker import prestart
+
+    prestart(argv[1])
+
+
 def main() -> None:
+    _prestart_tracker(sys.argv[1:])
     from vfops.cli._app import run
 
     run()

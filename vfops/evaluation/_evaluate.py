@@ -157,13 +157,14 @@ async def evaluate_async(
     output_root = output_root or DEFAULT_OUTPUT_ROOT
     if resume is not None and not registry:
         read_metadata(Path(resume))  # a clear one-line error on a wrong folder, now
-    if registry:
-        engine = engine or _registry_engine()
-    track = engine is not None and _tracking_on(tracking)
-    tracker = await _start_tracker(engine, request.env_name) if track else None
+    track = registry and _tracking_on(tracking)
+    # first: MLflow's start-up in the tracker overlaps everything below
+    tracker = _start_tracker(engine, request.env_name) if track else None
     env = environment
     connection_client: ModelClient | None = None
     try:
+        if registry:
+            engine = engine or _registry_engine()
         if env is None:
             from vfops.envs import load_environment
 
@@ -212,11 +213,12 @@ def _tracking_on(tracking: bool | None) -> bool:
     return tracking_enabled() if tracking is None else tracking and tracking_enabled()
 
 
-async def _start_tracker(engine: Engine | None, env_name: str) -> Tracker:
+def _start_tracker(engine: Engine | None, env_name: str) -> Tracker:
+    from vfops._settings import database_url
     from vfops.tracking import Tracker
 
-    url = None if engine is None else engine.url.render_as_string(hide_password=False)
-    return await Tracker.start(database_url=url, env_name=env_name)
+    url = database_url() if engine is None else engine.url.render_as_string(hide_password=False)
+    return Tracker.for_run(database_url=url, env_name=env_name)
 
 
 def _check_tracking_server() -> None:

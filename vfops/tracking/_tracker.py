@@ -1,12 +1,13 @@
 """The tracker: a child process that logs eval runs to MLflow while the evaluation runs.
 
 Importing MLflow and opening its store costs over a second of CPU, more than a
-short evaluation takes. The evaluation starts the tracker first, so that work
-runs on another core while the environment loads and the rollouts run, and
-keeps MLflow (and its memory) out of the evaluating process. At the end the
-evaluation asks it to log the finished registry run and waits for the answer:
-a run is never reported finished before it is in MLflow, and a tracker that
-fails fails the run loudly.
+short evaluation takes. The evaluation starts the tracker first (``vfops eval``
+starts it before it even parses its flags: :func:`prestart`), so that work runs
+on another core while the environment loads and the rollouts run, and MLflow
+(and its memory) stays out of the evaluating process. At the end the evaluation
+asks it to log the finished registry run and waits for the answer: a run is
+never reported finished before it is in MLflow, and a tracker that fails fails
+the run loudly.
 
 The protocol is one JSON object per line: the child says ``{"ready": true}`` (or
 ``{"error": ...}``) once the store answers, then answers each
@@ -19,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -30,38 +33,51 @@ from vfops._errors import VfopsError
 _DATABASE_URL_VAR = "VFOPS_DATABASE_URL"
 _READY_TIMEOUT_S = 120.0
 
+_prestarted: Tracker | None = None
+_prestarted_lock = threading.Lock()
+
 
 class Tracker:
     """Parent side of the tracker process; see the module docstring."""
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], *, database_url: str, env_name: str):
         self._process = process
+        self.database_url = database_url
+        self.env_name = env_name
         self._ready: dict[str, Any] | None = None
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, *, database_url: str | None, env_name: str) -> Tracker:
-        """Spawn the tracker; returns at once (it gets ready in the background)."""
-        env = dict(os.environ)
-        if database_url is not None:
-            # The child opens the same registry; the URL travels only in its environment.
-            env[_DATABASE_URL_VAR] = database_url
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "vfops.tracking._tracker_main",
-            env_name,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
+    def spawn(cls, *, database_url: str, env_name: str) -> Tracker:
+        """Start the tracker process; returns at once (it gets ready in the background)."""
+        # The child opens the same registry; the URL travels only in its environment.
+        env = {**os.environ, _DATABASE_URL_VAR: database_url}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vfops.tracking._tracker_main", env_name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             env=env,
         )
-        return cls(process)
+        return cls(process, database_url=database_url, env_name=env_name)
 
-    async def _read(self) -> dict[str, Any]:
-        assert self._process.stdout is not None
-        line = await self._process.stdout.readline()
+    @classmethod
+    def for_run(cls, *, database_url: str, env_name: str) -> Tracker:
+        """The tracker started early for this evaluation (:func:`prestart`), else a new one."""
+        global _prestarted
+        with _prestarted_lock:
+            early, _prestarted = _prestarted, None
+        if early is not None:
+            if (early.database_url, early.env_name) == (database_url, env_name):
+                return early
+            early.kill()
+        return cls.spawn(database_url=database_url, env_name=env_name)
+
+    def _read_line(self) -> dict[str, Any]:
+        stdout: IO[bytes] | None = self._process.stdout
+        assert stdout is not None
+        line = stdout.readline()
         if not line:
-            code = await self._process.wait()
+            code = self._process.wait()
             raise VfopsError(f"the tracker process exited (code {code}) before answering")
         answer: dict[str, Any] = orjson.loads(line)
         return answer
@@ -69,7 +85,9 @@ class Tracker:
     async def wait_ready(self) -> None:
         """Wait until the tracking store answered; raise its one-line error otherwise."""
         if self._ready is None:
-            self._ready = await asyncio.wait_for(self._read(), _READY_TIMEOUT_S)
+            self._ready = await asyncio.wait_for(
+                asyncio.to_thread(self._read_line), _READY_TIMEOUT_S
+            )
         if "error" in self._ready:
             raise VfopsError(str(self._ready["error"]))
 
@@ -89,24 +107,57 @@ class Tracker:
                 "parent_run_id": parent_run_id,
                 "rollouts_file": None if rollouts_file is None else str(rollouts_file),
             }
-            assert self._process.stdin is not None
-            self._process.stdin.write(orjson.dumps(command) + b"\n")
-            await self._process.stdin.drain()
-            answer = await self._read()
+            answer = await asyncio.to_thread(self._send, command)
         if not answer.get("ok"):
             raise VfopsError(str(answer.get("error") or "the tracker failed"))
         return str(answer["mlflow_run_id"])
 
-    async def aclose(self) -> None:
-        """End the child (it exits on end of input) without waiting on its teardown."""
+    def _send(self, command: dict[str, Any]) -> dict[str, Any]:
         stdin = self._process.stdin
-        if stdin is not None and not stdin.is_closing():
-            stdin.close()
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await stdin.wait_closed()
-        if self._process.returncode is None:
-            try:
-                await asyncio.wait_for(self._process.wait(), 10.0)
-            except TimeoutError:
-                self._process.kill()
-                await self._process.wait()
+        assert stdin is not None
+        try:
+            stdin.write(orjson.dumps(command) + b"\n")
+            stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise VfopsError(f"the tracker process is gone ({exc})") from None
+        return self._read_line()
+
+    def kill(self) -> None:
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
+
+    async def aclose(self) -> None:
+        """End the child: it exits on end of input (and skips its slow teardown).
+
+        A tracker that never logged anything (the evaluation failed early) is
+        killed instead: it may still be importing MLflow.
+        """
+        if self._ready is None:
+            self.kill()
+            return
+        stdin = self._process.stdin
+        if stdin is not None and not stdin.closed:
+            with contextlib.suppress(OSError):
+                stdin.close()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._process.wait), 10.0)
+        except TimeoutError:
+            self.kill()
+
+
+def prestart(env_name: str) -> None:
+    """Start the tracker of an evaluation of ``env_name`` now, before the evaluation.
+
+    ``vfops eval`` calls this before importing anything heavy; the evaluation then
+    adopts it (:meth:`Tracker.for_run`). A tracker nobody adopts sees its input
+    close when this process exits, and exits too.
+    """
+    global _prestarted
+    from vfops._settings import database_url
+
+    tracker = Tracker.spawn(database_url=database_url(), env_name=env_name)
+    with _prestarted_lock:
+        previous, _prestarted = _prestarted, tracker
+    if previous is not None:
+        previous.kill()
