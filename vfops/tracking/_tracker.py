@@ -126,6 +126,13 @@ class Tracker:
         if self._process.poll() is None:
             self._process.kill()
         self._process.wait()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for pipe in (self._process.stdin, self._process.stdout):
+            if pipe is not None and not pipe.closed:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
     async def aclose(self) -> None:
         """End the child: it exits on end of input (and skips its slow teardown).
@@ -144,6 +151,7 @@ class Tracker:
             await asyncio.wait_for(asyncio.to_thread(self._process.wait), 10.0)
         except TimeoutError:
             self.kill()
+        self._close_pipes()
 
 
 def prestart(env_name: str) -> None:
