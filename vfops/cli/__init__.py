@@ -27,8 +27,30 @@ def _prestart_tracker(argv: list[str]) -> None:
     prestart(argv[1])
 
 
+def _exit_now(code: object) -> None:
+    """Exit without the interpreter's teardown (a few hundred milliseconds of freeing
+    the modules ``datasets`` and friends loaded). Only for ``vfops eval``: everything
+    it writes is flushed or closed before it returns, and it leaves no atexit work."""
+    import logging
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    if code is None:
+        os._exit(0)
+    os._exit(code if isinstance(code, int) else 1)
+
+
 def main() -> None:
-    _prestart_tracker(sys.argv[1:])
+    argv = sys.argv[1:]
+    _prestart_tracker(argv)
     from vfops.cli._app import run
 
-    run()
+    if argv[:1] != ["eval"]:
+        run()
+        return
+    try:
+        run()
+    except SystemExit as exc:
+        _exit_now(exc.code)
+    _exit_now(0)
