@@ -71,9 +71,16 @@ def _with_extra_revision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     head = head_revision()
     (scripts / "versions" / "v9999_extra.py").write_text(EXTRA_REVISION.replace("{head}", head))
     monkeypatch.setattr(_db, "MIGRATIONS_DIR", scripts)
+    monkeypatch.setattr(_db, "HEAD_REVISION", "9999extra")  # as a release would move it
 
 
 # --- migration history ----------------------------------------------------------------
+
+
+def test_the_fast_schema_check_knows_the_head() -> None:
+    from vfops.registry._db import HEAD_REVISION
+
+    assert head_revision() == HEAD_REVISION  # a new migration must move HEAD_REVISION too
 
 
 def test_history_has_one_head_and_every_revision_says_why() -> None:

@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, make_url, text
@@ -314,6 +314,28 @@ def is_known_revision(revision: str) -> bool:
         return False
 
 
+HEAD_REVISION: Final = "0003"
+"""The newest migration (``head_revision()``, kept here so that the check every
+process makes on its first connection needs neither Alembic nor the migration
+scripts; a test keeps the two equal)."""
+
+
+def _stored_revision(engine: Engine) -> str | None:
+    """The revision in ``alembic_version``, read with one plain query (no Alembic)."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    with engine.connect() as connection:
+        try:
+            rows = connection.execute(text("SELECT version_num FROM alembic_version"))
+            versions = list(rows.scalars())
+        except DBAPIError:
+            return None  # no table yet: the slow path below creates or refuses
+        finally:
+            connection.rollback()
+    return versions[0] if len(versions) == 1 else None
+
+
 def ensure_schema(engine: Engine) -> None:
     """Create the schema of an empty database; refuse one at another revision.
 
@@ -321,11 +343,13 @@ def ensure_schema(engine: Engine) -> None:
     ``vfops db upgrade``), ahead of it (a newer vfops migrated it), or holds
     vfops tables without a migration history.
     """
+    if _stored_revision(engine) == HEAD_REVISION:
+        return  # the common case: no lock, one query, no Alembic import
     head = head_revision()
     with transaction(engine, write=False) as connection:
         heads = _current_heads(connection)
     if heads == (head,):
-        return  # the common case: no lock, one query
+        return
     with transaction(engine) as connection:
         _lock_for_migration(connection)
         # re-read under the lock: another process may have migrated meanwhile
