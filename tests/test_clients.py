@@ -466,7 +466,8 @@ def test_literal_api_key_is_rejected_without_echoing_it(tmp_path: Path) -> None:
         '[[endpoint]]\nalias = "a"\nmodel = "m"\nbase_url = "http://h/v1"\n'
         'api_key = "sk-live-abcdef"\n',
     )
-    with pytest.raises(EndpointError, match=r"#1\.api_key: a literal api_key is not allowed") as info:
+    literal = r"#1\.api_key: a literal api_key is not allowed"
+    with pytest.raises(EndpointError, match=literal) as info:
         load_endpoints(path)
     assert "sk-live-abcdef" not in str(info.value)
     path = _write(

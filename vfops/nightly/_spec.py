@@ -119,12 +119,16 @@ class NightlyFile(ConfigModel):
     nightly: NightlyConfig = Field(description="What the nightly sweep runs.")
 
     def deployment_parameters(self) -> dict[str, Any]:
-        """The ``nightly-eval`` deployment's parameters: what the file sets (defaults
-        stay the flow's, so they are defined once)."""
-        return {"config": self.nightly.model_dump(mode="json", exclude_defaults=True)}
+        """The ``nightly-eval`` deployment's parameters: what the file sets (the rest
+        stays the flow's defaults, defined once, in :class:`NightlyConfig`)."""
+        return {"config": self.nightly.model_dump(mode="json", exclude_unset=True)}
 
 
 def load_nightly(path: str | Path, *, cron: str | None = None) -> NightlyFile:
     """Read ``nightly.toml``; ``cron`` (``--nightly-cron``) overrides ``[schedule] cron``."""
     spec = load_toml(path, NightlyFile)
-    return spec if cron is None else spec.with_overrides({"schedule.cron": cron})
+    if cron is None:
+        return spec
+    # only the schedule is rebuilt: [nightly] keeps track of what the file set
+    schedule = spec.schedule.with_overrides({"cron": cron}, source="--nightly-cron")
+    return spec.model_copy(update={"schedule": schedule})
