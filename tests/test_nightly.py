@@ -171,7 +171,7 @@ def test_nightly_file_loads_and_becomes_deployment_parameters(tmp_path: Path) ->
             ],
         ),
         ("[schedule]\ncron = 3\n", ["[schedule].cron: must be a quoted string, e.g. \"...\", got 3",
-                                    "[nightly]: missing; this field is required"]),
+                                    "[nightly]: missing; add the [nightly] table"]),
     ],
 )  # fmt: skip
 def test_bad_nightly_file_names_every_problem(tmp_path: Path, text: str, lines: list[str]) -> None:

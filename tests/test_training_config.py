@@ -88,7 +88,7 @@ def test_every_bad_field_is_reported_at_once(tmp_path: Path) -> None:
         load_config(path)
     assert str(info.value).splitlines() == [
         f"{path}: [model].path: must not be empty",
-        f"{path}: [environment]: missing; this field is required",
+        f"{path}: [environment]: missing; add the [environment] table",
         f"{path}: [generation].group_size: must be >= 2, got 1",
         f"{path}: [generation].max_tokens: must be an integer, got '32'",
         f"{path}: [run].steps: must be >= 0, got -3",
@@ -146,7 +146,7 @@ def test_config_is_constructible_in_python_and_checked() -> None:
         GRPOConfig()  # type: ignore[call-arg]
     with pytest.raises(ValidationError):  # assignment is checked too
         built.run.steps = -1
-    with pytest.raises(ConfigError, match=r"^config: \[model\]: missing"):
+    with pytest.raises(ConfigError, match=r"^config: \[model\]: missing; add the \[model\] table$"):
         config_from_dict({"environment": {"id": "y"}})
 
 

@@ -21,8 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Self, TypeVar, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
-from pydantic import ValidationInfo as _ValidationInfo
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo
 
 from vfops._errors import VfopsError
 
@@ -48,7 +47,7 @@ class ConfigError(VfopsError):
     """A config file or override is unreadable or invalid; one line per problem."""
 
 
-def _resolve_relative(value: str, info: _ValidationInfo) -> str:
+def _resolve_relative(value: str, info: ValidationInfo) -> str:
     base = (info.context or {}).get(CONFIG_DIR)
     if not value or base is None:
         return value
@@ -332,6 +331,8 @@ def describe_errors(
             problem = f"must be an array of tables: write [[{where.tables[-1]}]] tables"
         elif where.container == "dict" and err["type"] in ("dict_type", "model_type"):
             problem = f"must be a table of tables: write [{where.tables[-1]}.<name>] tables"
+        elif err["type"] == "missing" and where.tables and not where.keys:
+            problem = f"missing; add the [{'.'.join(where.tables)}] table"
         else:
             problem = _problem(err, where.holder)
         if unknown_table:
