@@ -9,62 +9,15 @@ emitted as ``vfops.nightly.regression`` Prefect events an automation can act on.
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.events import emit_event
-from pydantic import BaseModel, Field
 
-from vfops.nightly import compare_with_previous, nightly_history, nightly_tags
+from vfops.nightly import NightlyConfig, compare_with_previous, nightly_history
 from vfops.registry import get_engine
-from vfops.sweeps import Cell, CellResult, SamplingConfig, SweepSpec, run_cell_async, validate_sweep
-
-
-class NightlyConfig(BaseModel):
-    """What the nightly sweep runs (the deployment's default parameters)."""
-
-    environments: list[str] = Field(
-        description="Environment names; each is evaluated at its latest published version "
-        "(name@latest) unless a version is pinned (name@1.2.3)."
-    )
-    endpoints: list[str] = Field(
-        description="Endpoint aliases from the endpoints file, or registry models run "
-        "in-process: models:/NAME@champion is whoever holds champion when the night starts."
-    )
-    endpoints_file: str | None = Field(
-        default=None, description="endpoints.toml (default: $VFOPS_ENDPOINTS or ./endpoints.toml)."
-    )
-    sampling: list[SamplingConfig] = Field(
-        default_factory=lambda: [SamplingConfig()], description="Sampling configurations."
-    )
-    num_examples: int = Field(default=50, gt=0, description="Examples per cell.")
-    rollouts_per_example: int = Field(default=4, gt=0, description="Rollouts per example.")
-    max_concurrent: int = Field(default=32, gt=0, description="Rollouts in flight per cell.")
-    alpha: float = Field(default=0.05, gt=0, lt=0.5, description="Significance level.")
-    pass_threshold: float | None = Field(
-        default=None, description="Mean reward at which an example passes (for McNemar)."
-    )
-    date: str | None = Field(
-        default=None, description="Night to run as (YYYY-MM-DD); default: today (UTC)."
-    )
-
-    def sweep(self) -> SweepSpec:
-        refs = [ref if "@" in ref else f"{ref}@latest" for ref in self.environments]
-        return SweepSpec(
-            environments=refs,
-            endpoints=self.endpoints,
-            endpoints_file=self.endpoints_file,
-            sampling=self.sampling,
-            num_examples=self.num_examples,
-            rollouts_per_example=self.rollouts_per_example,
-            max_concurrent=self.max_concurrent,
-            tags=nightly_tags(self.night()),
-        )
-
-    def night(self) -> dt.date:
-        return dt.date.fromisoformat(self.date) if self.date else dt.datetime.now(dt.UTC).date()
+from vfops.sweeps import Cell, CellResult, run_cell_async, validate_sweep
 
 
 @task(retries=2, retry_delay_seconds=5, task_run_name="nightly {cell.env_ref} · {cell.endpoint}")

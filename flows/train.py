@@ -54,12 +54,8 @@ async def train_grpo(
         deepspeed: DeepSpeed JSON (configs/deepspeed/zero2.json or zero3.json).
     """
     config = load_config(config_path)  # bad input fails the run before any slot is taken
-    if steps is not None:
-        config.run.steps = steps
-    if output_dir is not None:
-        config.run.output_dir = output_dir
-    if register_as is not None:
-        config.run.register_as = register_as
+    overrides = {"run.steps": steps, "run.output_dir": output_dir, "run.register_as": register_as}
+    config = config.with_overrides({k: v for k, v in overrides.items() if v is not None})
     logger = get_run_logger()
     async with _gpu_slots(gpu_limit, gpus):
         if num_processes > 1 or deepspeed:

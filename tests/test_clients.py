@@ -734,22 +734,25 @@ def test_load_endpoints(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("[[endpoint]\nalias = 1", "invalid TOML"),
-        ('[[endpoint]]\nalias = "a"\nbase_url = "http://h/v1"', "is missing 'model'"),
-        ('[[endpoint]]\nmodel = "m"\nbase_url = "http://h/v1"', "is missing 'alias'"),
-        ('[[endpoint]]\nalias = "a"\nmodel = "m"', "is missing 'base_url'"),
+        ("[[endpoint]\nalias = 1", "invalid TOML at line 1, column 11: "),
+        ('[[endpoint]]\nalias = "a"\nbase_url = "http://h/v1"',
+         "[[endpoint]] #1.model: missing; this field is required"),
+        ('[[endpoint]]\nmodel = "m"\nbase_url = "http://h/v1"', "[[endpoint]] #1.alias: missing"),
+        ('[[endpoint]]\nalias = "a"\nmodel = "m"', "[[endpoint]] #1.base_url: missing"),
         (GOOD + '\n[[endpoint]]\nalias = "small"\nmodel = "x"\nbase_url = "http://h/v1"',
-         "duplicate alias 'small'"),
+         "duplicate alias 'small' ([[endpoint]] #1 and #3); aliases must be unique"),
         ('[[endpoint]]\nalias = "a"\nmodel = "m"\nbase_url = "http://h/v1"\nurl = "x"',
-         "unknown field 'url'"),
+         "[[endpoint]] #1.url: unknown key; valid keys: alias, model, base_url, api_key_var"),
         ('[[endpoint]]\nalias = "a"\nmodel = 3\nbase_url = "http://h/v1"',
-         "'model' must be a non-empty string"),
+         "[[endpoint]] #1.model: must be a quoted string"),
+        ('[[endpoint]]\nalias = "a"\nmodel = "  "\nbase_url = "http://h/v1"',
+         "[[endpoint]] #1.model: must be a non-empty string"),
         ('[[endpoint]]\nalias = "a"\nmodel = "m"\nbase_url = "localhost:8000"',
-         "is not an http(s) URL"),
+         "[[endpoint]] #1.base_url: 'localhost:8000' is not an http(s) URL"),
         ('[[endpoint]]\nalias = "a"\nmodel = "m"\nbase_url = "http://h/v1"\n'
          'api_key_var = "OPENAI API KEY"', "must be the NAME of an environment variable"),
-        ('endpoint = "x"', "array of tables"),
-        ('[[endpoints]]\nalias = "a"', "unknown top-level key 'endpoints'"),
+        ('endpoint = "x"', "endpoint: must be an array of tables: write [[endpoint]] tables"),
+        ('[[endpoints]]\nalias = "a"', "endpoints: unknown key; did you mean 'endpoint'?"),
     ],
 )  # fmt: skip
 def test_load_endpoints_errors(tmp_path: Path, text: str, expected: str) -> None:
@@ -757,8 +760,8 @@ def test_load_endpoints_errors(tmp_path: Path, text: str, expected: str) -> None
     with pytest.raises(EndpointError) as info:
         load_endpoints(path)
     message = str(info.value)
+    assert message.startswith(f"{path}: ")
     assert expected in message
-    assert str(path) in message
     assert "\n" not in message
 
 
@@ -768,7 +771,8 @@ def test_literal_api_key_is_rejected_without_echoing_it(tmp_path: Path) -> None:
         '[[endpoint]]\nalias = "a"\nmodel = "m"\nbase_url = "http://h/v1"\n'
         'api_key = "sk-live-abcdef"\n',
     )
-    with pytest.raises(EndpointError, match="literal api_key") as info:
+    literal = r"#1\.api_key: a literal api_key is not allowed"
+    with pytest.raises(EndpointError, match=literal) as info:
         load_endpoints(path)
     assert "sk-live-abcdef" not in str(info.value)
     path = _write(

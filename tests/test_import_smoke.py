@@ -34,7 +34,8 @@ def test_public_names_resolve_lazily() -> None:
 
 def test_training_package_and_config_import_no_torch() -> None:
     loaded = loaded_after(
-        "import vfops.training as t; t.load_config; t.GRPOConfig().run; t.config_help()"
+        "import vfops.training as t; t.load_config; t.config_help(); "
+        "t.GRPOConfig(model={'path': 'm'}, environment={'id': 'e'}).run"
     )
     assert not loaded & {"torch", "transformers", "accelerate", "peft", "vllm", "deepspeed"}
 

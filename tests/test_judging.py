@@ -377,10 +377,10 @@ def test_budgets_file_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert budget_for("small").requests_per_s == 5.0
 
     for text, message in [
-        ("[budget.x]\nmax_concurrent = 0\n", "max_concurrent must be"),
-        ("[budget.x]\nrequests_per_s = -1\n", "requests_per_s must be"),
-        ("[budget.x]\nrpm = 3\n", "unknown field 'rpm'"),
-        ("[budgets.x]\nrequests_per_s = 1\n", "unknown top-level key"),
+        ("[budget.x]\nmax_concurrent = 0\n", r"\[budget\.x\]\.max_concurrent: must be >= 1, got 0"),
+        ("[budget.x]\nrequests_per_s = -1\n", r"\[budget\.x\]\.requests_per_s: must be > 0"),
+        ("[budget.x]\nrpm = 3\n", r"\[budget\.x\]\.rpm: unknown key"),
+        ("[budgets.x]\nrequests_per_s = 1\n", r"\[budgets\]: unknown table; did you mean 'budget'"),
         ("[budget.x\n", "invalid TOML"),
     ]:
         file.write_text(text)

@@ -1,19 +1,32 @@
-"""Nightly comparison over real registry runs (SQLite and PostgreSQL)."""
+"""Nightly comparison over real registry runs (SQLite and PostgreSQL); ``nightly.toml``."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.registry_fixtures import DIALECTS, database_url, make_record
-from vfops.nightly import compare_with_previous, nightly_history, nightly_tags
+from vfops._config import ConfigError
+from vfops._errors import VfopsError
+from vfops.nightly import (
+    DEFAULT_NIGHTLY_CRON,
+    NightlyConfig,
+    compare_with_previous,
+    load_nightly,
+    nightly_history,
+    nightly_tags,
+)
 from vfops.registry import create_run, finish_run, get_engine, insert_rollouts, session_scope
 
 EXAMPLES, ROLLOUTS = 150, 4
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(params=DIALECTS)
@@ -88,3 +101,134 @@ def test_other_models_are_not_baselines_and_history_is_per_model(db_url: str) ->
     history = nightly_history(get_engine(db_url), "arithmetic")
     assert set(history) == {"arithmetic · other", "arithmetic · m"}
     assert [len(series) for series in history.values()] == [1, 1]
+
+
+# --- nightly.toml: checked before anything reaches Prefect ---------------------------------
+
+GOOD_NIGHTLY = (
+    '[schedule]\ncron = "0 4 * * *"\n'
+    '[nightly]\nenvironments = ["arithmetic"]\nendpoints = ["stub"]\n'
+    "num_examples = 20\nrollouts_per_example = 4\n"
+)
+
+
+def test_nightly_file_loads_and_becomes_deployment_parameters(tmp_path: Path) -> None:
+    path = tmp_path / "nightly.toml"
+    path.write_text(GOOD_NIGHTLY)
+    spec = load_nightly(path)
+    assert spec.schedule.cron == "0 4 * * *"
+    # only what the file sets: the flow's defaults stay defined once, in NightlyConfig
+    assert spec.deployment_parameters() == {
+        "config": {
+            "environments": ["arithmetic"],
+            "endpoints": ["stub"],
+            "num_examples": 20,
+            "rollouts_per_example": 4,
+        }
+    }
+    assert NightlyConfig.model_validate(spec.deployment_parameters()["config"]) == spec.nightly
+    overridden = load_nightly(path, cron="30 2 * * 1-5")
+    assert overridden.schedule.cron == "30 2 * * 1-5"
+    assert overridden.deployment_parameters() == spec.deployment_parameters()
+    path.write_text(GOOD_NIGHTLY.replace('[schedule]\ncron = "0 4 * * *"\n', ""))
+    assert load_nightly(path).schedule.cron == DEFAULT_NIGHTLY_CRON
+
+
+@pytest.mark.parametrize(
+    ("text", "lines"),
+    [
+        (
+            GOOD_NIGHTLY.replace("0 4 * * *", "61 4 * * *"),
+            [
+                "[schedule].cron: '61 4 * * *' is not a valid cron expression; use five fields: "
+                'minute hour day-of-month month day-of-week, e.g. "0 3 * * *"'
+            ],
+        ),
+        (
+            GOOD_NIGHTLY.replace("num_examples = 20", "num_examples = -5").replace(
+                "rollouts_per_example = 4", "rollouts_per_example = 0"
+            ),
+            [
+                "[nightly].num_examples: must be > 0, got -5",
+                "[nightly].rollouts_per_example: must be > 0, got 0",
+            ],
+        ),
+        (
+            GOOD_NIGHTLY.replace("num_examples = 20", 'num_examples = "20"')
+            + 'alpha = 0.5\ndate = "tomorrow"\nendpoint = ["x"]\n',
+            [
+                "[nightly].num_examples: must be an integer, got '20'",
+                "[nightly].alpha: must be < 0.5, got 0.5",
+                "[nightly].date: must be a date YYYY-MM-DD, got 'tomorrow'",
+                "[nightly].endpoint: unknown key; did you mean 'endpoints'?",
+            ],
+        ),
+        (
+            GOOD_NIGHTLY.replace('["arithmetic"]', '["arithmetic", "arithmetic@1.2"]'),
+            [
+                "[nightly].environments: invalid version in environment reference "
+                "'arithmetic@1.2'; use NAME@latest or NAME@MAJOR.MINOR.PATCH (e.g. 1.2.3)"
+            ],
+        ),
+        ("[schedule]\ncron = 3\n", ["[schedule].cron: must be a quoted string, e.g. \"...\", got 3",
+                                    "[nightly]: missing; add the [nightly] table"]),
+    ],
+)  # fmt: skip
+def test_bad_nightly_file_names_every_problem(tmp_path: Path, text: str, lines: list[str]) -> None:
+    path = tmp_path / "nightly.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_nightly(path)
+    assert str(info.value).splitlines() == [f"{path}: {line}" for line in lines]
+
+
+def test_cron_override_is_validated(tmp_path: Path) -> None:
+    path = tmp_path / "nightly.toml"
+    path.write_text(GOOD_NIGHTLY)
+    with pytest.raises(ConfigError, match=r"^--nightly-cron: cron: 'every night' is not a valid"):
+        load_nightly(path, cron="every night")
+
+
+def _deploy(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # Prefect's API is a closed port: contacting it would fail with another message
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PREFECT_API_URL": "http://127.0.0.1:9/api",
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "vfops", "deploy", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        check=False,
+    )
+
+
+def test_nightly_cron_needs_a_nightly_file() -> None:
+    from vfops.cli._deploy import _nightly_deployment
+
+    assert _nightly_deployment(None, None) == {}
+    with pytest.raises(VfopsError, match="--nightly-cron needs --nightly-config"):
+        _nightly_deployment(None, "0 3 * * *")
+
+
+def test_deploy_refuses_a_bad_nightly_file_before_prefect(tmp_path: Path) -> None:
+    path = tmp_path / "nightly.toml"
+    path.write_text(GOOD_NIGHTLY.replace("rollouts_per_example = 4", "rollouts_per_example = -1"))
+    proc = _deploy(tmp_path, "--nightly-config", str(path))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: {path}: [nightly].rollouts_per_example: must be > 0, got -1"
+    ]
+    assert proc.stdout == ""
+
+    path.write_text(GOOD_NIGHTLY)
+    proc = _deploy(tmp_path, "--nightly-config", str(path), "--nightly-cron", "0 25 * * *")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: --nightly-cron: cron: '0 25 * * *' is not a valid cron expression; use "
+        'five fields: minute hour day-of-month month day-of-week, e.g. "0 3 * * *"'
+    ]

@@ -20,12 +20,14 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from tests.registry_fixtures import DIALECTS, database_url
+from vfops._config import ConfigError
 from vfops._errors import VfopsError
 from vfops.registry import EvalRun, count_rollouts, get_engine, iter_rollouts
 from vfops.sweeps import (
     Cell,
     SamplingConfig,
     SweepSpec,
+    load_sweep,
     parse_env_ref,
     plan_sweep,
     run_cell_async,
@@ -95,8 +97,18 @@ def spec(endpoints_toml: Path, /, **overrides: Any) -> SweepSpec:
         "max_concurrent": 8,
         "env_args": {"arithmetic": {"num_examples": 10}},
     }
+    names = {ref.partition("@")[0] for ref in overrides.get("environments", ["arithmetic"])}
+    if "arithmetic" not in names:  # env_args may only name environments of the sweep
+        del fields["env_args"]
     fields.update(overrides)
     return SweepSpec(**fields)
+
+
+def spec_data(endpoints_toml: Path, /, **overrides: Any) -> dict[str, Any]:
+    """The fields of :func:`spec` as TOML-shaped data (unvalidated)."""
+    data = spec(endpoints_toml).model_dump(exclude_defaults=True)
+    data.update(overrides)
+    return data
 
 
 def run_rows(url: str) -> int:
@@ -161,16 +173,9 @@ def test_parse_env_ref() -> None:
         ({"environments": ["no_such_env"]}, "unknown environment 'no_such_env' (installed: "),
         ({"environments": ["arithmetic@9.9.9"]}, "arithmetic@9.9.9 is not published"),
         ({"environments": ["arithmetic@latest"]}, "'arithmetic' has no published version"),
-        ({"environments": ["arithmetic@1.2"]}, "invalid version in environment reference"),
-        ({"environments": ["arithmetic", "arithmetic"]}, "lists 'arithmetic' twice"),
         ({"endpoints": ["nope"]}, "unknown endpoint alias 'nope'"),
         ({"endpoints": ["remote"]}, f"environment variable {MISSING_KEY_VAR}, which is not set"),
-        ({"env_args": {"other": {}}}, "env_args has arguments for 'other'"),
         ({"endpoints_file": "/nonexistent/endpoints.toml"}, "endpoints file /nonexistent"),
-        (
-            {"sampling": [SamplingConfig(name="a"), SamplingConfig(name="b")]},
-            "sampling configs 'a' and 'b' have the same arguments",
-        ),
     ],
 )
 def test_validation_refuses_with_one_clear_line(
@@ -184,6 +189,74 @@ def test_validation_refuses_with_one_clear_line(
     assert stub.stats["requests"] == 0
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            {"environments": ["arithmetic@1.2"]},
+            "environments: invalid version in environment reference 'arithmetic@1.2'",
+        ),
+        (
+            {"environments": ["arithmetic", "arithmetic"]},
+            "environments: lists 'arithmetic' twice; give each one once",
+        ),
+        ({"endpoints": ["stub", " stub"]}, "endpoints: lists 'stub' twice"),
+        ({"environments": []}, "environments: needs at least 1 item(s), got 0"),
+        ({"env_args": {"other": {}}}, "env_args has arguments for 'other'"),
+        (
+            {"sampling": [{"name": "a"}, {"name": "b"}]},
+            "sampling: sampling configs 'a' and 'b' have the same arguments",
+        ),
+        (
+            {"sampling": [{"name": "a"}, {"name": "a", "args": {"t": 1}}]},
+            "sampling: lists 'a' twice",
+        ),
+        ({"num_examples": 0}, "num_examples: must be > 0, got 0"),
+        ({"rollouts_per_example": -2}, "rollouts_per_example: must be > 0, got -2"),
+        ({"num_examples": "5"}, "num_examples: must be an integer, got '5'"),
+        ({"num_exampels": 5}, "num_exampels: unknown key; did you mean 'num_examples'?"),
+        (
+            {"sampling": [{"name": "a", "arg": {}}]},
+            "[[sampling]] #1.arg: unknown table; did you mean 'args'?",
+        ),
+    ],
+)
+def test_a_bad_spec_names_the_field(
+    endpoints: Path, overrides: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        SweepSpec.from_data(spec_data(endpoints, **overrides), source="sweep")
+    assert str(raised.value).startswith(f"sweep: {expected}")
+    assert "\n" not in str(raised.value)
+
+
+def test_every_problem_of_a_spec_is_reported_at_once(endpoints: Path, tmp_path: Path) -> None:
+    file = tmp_path / "sweep.toml"
+    file.write_text(
+        'environments = ["arithmetic", "arithmetic"]\nendpoints = ["stub"]\n'
+        "num_examples = -1\nrollouts_per_example = 0\nmax_concurent = 4\n"
+        '[[sampling]]\nname = ""\n'
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_sweep(file)
+    assert str(raised.value).splitlines() == [
+        f"{file}: environments: lists 'arithmetic' twice; give each one once",
+        f"{file}: [[sampling]] #1.name: must not be empty",
+        f"{file}: num_examples: must be > 0, got -1",
+        f"{file}: rollouts_per_example: must be > 0, got 0",
+        f"{file}: max_concurent: unknown key; did you mean 'max_concurrent'?",
+    ]
+    file.write_text(
+        f'environments = ["arithmetic"]\nendpoints = ["stub"]\nendpoints_file = "{endpoints}"\n'
+        '[[sampling]]\nname = "greedy"\nargs = { temperature = 0 }\n'
+    )
+    loaded = load_sweep(file)
+    assert [s.name for s in loaded.sampling] == ["greedy"]
+    assert loaded.with_overrides({"num_examples": 7}).num_examples == 7
+    with pytest.raises(ConfigError, match=r"^overrides: num_examples: must be > 0, got 0$"):
+        loaded.with_overrides({"num_examples": 0})
+
+
 def test_validation_lists_what_exists(sqlite_url: str, endpoints: Path) -> None:
     with pytest.raises(VfopsError, match=r"installed: .*arithmetic.*published: none"):
         validate_sweep(spec(endpoints, environments=["nope"]))
@@ -195,9 +268,9 @@ def test_non_positive_counts_are_refused(sqlite_url: str, endpoints: Path) -> No
     for field in ("num_examples", "rollouts_per_example", "max_concurrent"):
         with pytest.raises(ValidationError, match="greater than 0"):
             spec(endpoints, **{field: 0})
-        # a model built without validation is still refused, in one line
+        # a model built without validation is still refused, naming the field
         unchecked = SweepSpec.model_construct(**{**spec(endpoints).__dict__, field: -1})
-        with pytest.raises(VfopsError, match=f"{field} must be a positive integer"):
+        with pytest.raises(ConfigError, match=f"^SweepSpec: {field}: must be > 0, got -1$"):
             validate_sweep(unchecked)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -33,10 +32,10 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(tiny_dir: Path, out: Path, **run: Any) -> GRPOConfig:
-    config = load_config(CPU_CONFIG)
-    config.model.path = str(tiny_dir)
-    config.run = dataclasses.replace(config.run, output_dir=str(out), **run)
-    return config
+    overrides = {"model.path": str(tiny_dir), "run.output_dir": str(out)}
+    return load_config(CPU_CONFIG).with_overrides(
+        {**overrides, **{f"run.{k}": v for k, v in run.items()}}
+    )
 
 
 def test_cpu_run_learns_the_toy_task(tiny_dir: Path, tmp_path: Path) -> None:
@@ -77,11 +76,13 @@ def test_cpu_run_learns_the_toy_task(tiny_dir: Path, tmp_path: Path) -> None:
 
 def _small(tiny_dir: Path, out: Path, steps: int, **generation: Any) -> GRPOConfig:
     config = _config(tiny_dir, out, steps=steps, tracking=False)
-    config.generation = dataclasses.replace(
-        config.generation, prompts_per_step=2, group_size=4, max_tokens=4, **generation
+    small = {"prompts_per_step": 2, "group_size": 4, "max_tokens": 4, **generation}
+    return config.with_overrides(
+        {
+            **{f"generation.{k}": v for k, v in small.items()},
+            "optim.micro_batch_size": 4,  # 2 micro-batches
+        }
     )
-    config.optim = dataclasses.replace(config.optim, micro_batch_size=4)  # 2 micro-batches
-    return config
 
 
 def _weights(recipe: GRPORecipe) -> dict[str, torch.Tensor]:
@@ -133,7 +134,7 @@ def _initial_weights(tiny_dir: Path) -> dict[str, torch.Tensor]:
 
 def test_generation_runs_ahead_with_bounded_staleness(tiny_dir: Path, tmp_path: Path) -> None:
     config = _small(tiny_dir, tmp_path, 4, async_steps=1)
-    config.run.gradient_checkpointing = True
+    config = config.with_overrides({"run.gradient_checkpointing": True})
     with GRPORecipe(config) as recipe:
         recipe.setup()
         assert recipe.policy_model.is_activation_checkpointing
@@ -144,9 +145,14 @@ def test_generation_runs_ahead_with_bounded_staleness(tiny_dir: Path, tmp_path: 
 
 
 def test_lora_with_kl_runs(tiny_dir: Path, tmp_path: Path) -> None:
-    config = load_config(REPO / "configs" / "train" / "cpu_lora_example.toml")
-    config.model.path = str(tiny_dir)
-    config.run = dataclasses.replace(config.run, steps=2, tracking=False, output_dir=str(tmp_path))
+    config = load_config(REPO / "configs" / "train" / "cpu_lora_example.toml").with_overrides(
+        {
+            "model.path": str(tiny_dir),
+            "run.steps": 2,
+            "run.tracking": False,
+            "run.output_dir": str(tmp_path),
+        }
+    )
     with GRPORecipe(config) as recipe:
         recipe.setup()
         before = recipe.backend.model.state_dict()["model.layers.0.self_attn.q_proj.weight"].clone()  # type: ignore[union-attr]
@@ -161,13 +167,13 @@ def test_lora_with_kl_runs(tiny_dir: Path, tmp_path: Path) -> None:
 
 
 ZERO2_SCRIPT = """
-import dataclasses, json, sys, time
+import json, sys, time
 from vfops.training import GRPORecipe, load_config
-config = load_config(sys.argv[1])
-config.model.path = sys.argv[2]
-config.run = dataclasses.replace(config.run, steps=2, tracking=False, output_dir=sys.argv[3],
-                                 deepspeed=sys.argv[4], precision="fp32")
-config.generation = dataclasses.replace(config.generation, prompts_per_step=4, group_size=4)
+config = load_config(sys.argv[1]).with_overrides({
+    "model.path": sys.argv[2], "run.steps": 2, "run.tracking": False, "run.output_dir": sys.argv[3],
+    "run.deepspeed": sys.argv[4], "run.precision": "fp32",
+    "generation.prompts_per_step": 4, "generation.group_size": 4,
+})
 with GRPORecipe(config) as recipe:
     recipe.setup()
     before = {k: v.clone() for k, v in recipe.policy_model.state_dict().items()}

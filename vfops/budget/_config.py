@@ -15,11 +15,13 @@ from __future__ import annotations
 import math
 import os
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field, ValidationError
+
+from vfops._config import ConfigModel, describe_errors, load_toml
 from vfops._errors import VfopsError
 
 BUDGETS_ENV_VAR = "VFOPS_BUDGETS"
@@ -30,7 +32,6 @@ RATE_SUFFIX = "-rate"
 LimitKind = Literal["endpoint", "judge"]
 
 _UNSAFE = re.compile(r"[^a-z0-9._-]+")
-_FIELDS = ("max_concurrent", "requests_per_s")
 
 
 def limit_name(kind: LimitKind, alias: str) -> str:
@@ -62,6 +63,28 @@ def rate_limit_batch(requests_per_s: float) -> int:
     return max(1, math.ceil(requests_per_s - 1e-9))
 
 
+class BudgetLimits(ConfigModel):
+    """The limits of one budget; ``[budget.<alias>]`` in ``budgets.toml``."""
+
+    max_concurrent: int | None = Field(
+        default=None, ge=1, description="Requests in flight at once, across every worker."
+    )
+    requests_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Requests started per second, across every worker.",
+    )
+
+
+class BudgetsFile(ConfigModel):
+    """``budgets.toml``: one ``[budget.<alias>]`` table per endpoint alias or judge model."""
+
+    budget: dict[str, BudgetLimits] = Field(
+        default_factory=dict, description="Budgets by endpoint alias (or judge model name)."
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
     """The shared model-call budget of one endpoint alias (``None``: no limit)."""
@@ -83,22 +106,12 @@ class Budget:
 def check_budget_values(
     max_concurrent: int | None, requests_per_s: float | None, *, where: str
 ) -> None:
-    """Raise :class:`VfopsError` unless both are ``None`` or positive."""
-    if max_concurrent is not None and (
-        isinstance(max_concurrent, bool)
-        or not isinstance(max_concurrent, int)
-        or max_concurrent < 1
-    ):
-        raise VfopsError(
-            f"{where}: max_concurrent must be a whole number >= 1, got {max_concurrent!r}"
-        )
-    if requests_per_s is not None and (
-        isinstance(requests_per_s, bool)
-        or not isinstance(requests_per_s, int | float)
-        or not math.isfinite(requests_per_s)
-        or requests_per_s <= 0
-    ):
-        raise VfopsError(f"{where}: requests_per_s must be a number > 0, got {requests_per_s!r}")
+    """Raise :class:`VfopsError` unless both are ``None`` or positive (the rules of
+    :class:`BudgetLimits`, the file's)."""
+    try:
+        BudgetLimits(max_concurrent=max_concurrent, requests_per_s=requests_per_s)
+    except ValidationError as exc:
+        raise VfopsError(f"{where}: " + "; ".join(describe_errors(exc, BudgetLimits))) from None
 
 
 def budgets_path(path: str | os.PathLike[str] | None = None) -> Path | None:
@@ -114,46 +127,13 @@ def budgets_path(path: str | os.PathLike[str] | None = None) -> Path | None:
 
 
 def load_budgets(path: str | os.PathLike[str]) -> dict[str, Budget]:
-    """Parse a budgets file into ``{alias: Budget}``; one-line :class:`VfopsError` on errors."""
-    file = Path(path)
-    try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise VfopsError(
-            f"budgets file {file} not found; create it or pass the right path"
-        ) from None
-    except OSError as exc:
-        raise VfopsError(f"cannot read budgets file {file}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise VfopsError(f"{file}: invalid TOML ({exc}); fix the syntax") from None
-    unknown = sorted(set(data) - {"budget"})
-    if unknown:
-        raise VfopsError(
-            f"{file}: unknown top-level key {unknown[0]!r}; "
-            "write budgets as [budget.<alias>] tables"
-        )
-    tables = data.get("budget", {})
-    if not isinstance(tables, dict):
-        raise VfopsError(f"{file}: 'budget' must be a table; write [budget.<alias>]")
-    budgets: dict[str, Budget] = {}
-    for alias, table in tables.items():
-        where = f"{file}: [budget.{alias}]"
-        if not isinstance(table, dict):
-            raise VfopsError(f"{where} must be a table with max_concurrent and/or requests_per_s")
-        extra = sorted(set(table) - set(_FIELDS))
-        if extra:
-            raise VfopsError(
-                f"{where} has unknown field {extra[0]!r}; allowed: max_concurrent, requests_per_s"
-            )
-        max_concurrent = table.get("max_concurrent")
-        requests_per_s = table.get("requests_per_s")
-        check_budget_values(max_concurrent, requests_per_s, where=where)
-        budgets[alias] = Budget(
-            alias=alias,
-            max_concurrent=max_concurrent,
-            requests_per_s=None if requests_per_s is None else float(requests_per_s),
-        )
-    return budgets
+    """Parse a budgets file into ``{alias: Budget}``; a :class:`ConfigError` (one line per
+    problem, each naming the file and ``[budget.<alias>].field``) when it is bad."""
+    file = load_toml(os.fspath(path), BudgetsFile)
+    return {
+        alias: Budget(alias, limits.max_concurrent, limits.requests_per_s)
+        for alias, limits in file.budget.items()
+    }
 
 
 def budget_for(

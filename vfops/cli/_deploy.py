@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,17 +12,19 @@ import typer
 from vfops._errors import VfopsError
 
 
-def _nightly_parameters(path: Path | None) -> dict[str, Any] | None:
+def _nightly_deployment(path: Path | None, cron: str | None) -> dict[str, Any]:
+    """``deploy_all``'s nightly arguments from the checked ``nightly.toml`` (none without it)."""
     if path is None:
-        return None
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise VfopsError(f"cannot read nightly config {path}: {exc}") from exc
-    nightly = data.get("nightly")
-    if not isinstance(nightly, dict):
-        raise VfopsError(f"{path} has no [nightly] table; see README (nightly sweeps)")
-    return {"config": nightly}
+        if cron is not None:
+            raise VfopsError("--nightly-cron needs --nightly-config nightly.toml")
+        return {}
+    from vfops.nightly import load_nightly
+
+    spec = load_nightly(path, cron=cron)
+    return {
+        "nightly_cron": spec.schedule.cron,
+        "nightly_parameters": spec.deployment_parameters(),
+    }
 
 
 def deploy_command(
@@ -32,14 +33,21 @@ def deploy_command(
     ] = "vfops-process",
     nightly_config: Annotated[
         Path | None,
-        typer.Option(help="TOML with a [nightly] table: environments, endpoints, N, R, sampling."),
+        typer.Option(
+            help="TOML with a [nightly] table (environments, endpoints, N, R, sampling) and "
+            "an optional [schedule] cron; checked before anything is deployed."
+        ),
     ] = None,
-    nightly_cron: Annotated[str, typer.Option(help="Cron schedule of nightly-eval.")] = "0 3 * * *",
+    nightly_cron: Annotated[
+        str | None,
+        typer.Option(help="Cron schedule of nightly-eval; overrides the file's [schedule] cron."),
+    ] = None,
     source: Annotated[
         str | None, typer.Option(help="Where workers get the flows (default: this checkout).")
     ] = None,
 ) -> None:
     """Register publish-environment, eval-sweep, judge-score and nightly-eval."""
+    nightly = _nightly_deployment(nightly_config, nightly_cron)  # bad input: before Prefect
     try:
         from flows.deployments import deploy_all
     except ModuleNotFoundError as exc:
@@ -48,14 +56,7 @@ def deploy_command(
             "installed with: pip install -e ."
         ) from exc
     api = os.environ.get("PREFECT_API_URL") or "Prefect's ephemeral server"
-    deployed = asyncio.run(
-        deploy_all(
-            work_pool=work_pool,
-            nightly_cron=nightly_cron,
-            nightly_parameters=_nightly_parameters(nightly_config),
-            source=source,
-        )
-    )
+    deployed = asyncio.run(deploy_all(work_pool=work_pool, source=source, **nightly))
     for name, deployment_id in sorted(deployed.items()):
         print(f"deployed {name} ({deployment_id}) to {api}")
     print(f"start a worker with: prefect worker start --pool {work_pool}")

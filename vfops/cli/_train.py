@@ -68,20 +68,22 @@ def train_command(
     from vfops.training._config import load_config
 
     cfg = load_config(config)
+    overrides: dict[str, Any] = {}
     if steps is not None:
-        cfg.run.steps = steps
+        overrides["run.steps"] = steps
     if output_dir is not None:
-        cfg.run.output_dir = str(output_dir.resolve())
+        overrides["run.output_dir"] = str(output_dir.resolve())
     if deepspeed is not None:
         if not deepspeed.is_file():
             raise VfopsError(
                 f"--deepspeed {str(deepspeed)!r} does not exist; use configs/deepspeed/zero2.json"
             )
-        cfg.run.deepspeed = str(deepspeed.resolve())
+        overrides["run.deepspeed"] = str(deepspeed.resolve())
     if register_as is not None:
-        cfg.run.register_as = register_as
+        overrides["run.register_as"] = register_as
     if no_tracking:
-        cfg.run.tracking = False
+        overrides["run.tracking"] = False
+    cfg = cfg.with_overrides(overrides)
     if resume is not None and not resume.is_dir():
         raise VfopsError(f"--resume {str(resume)!r} is not a folder; pass a checkpoint folder")
     if check:

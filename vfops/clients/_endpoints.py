@@ -17,12 +17,13 @@ import asyncio
 import contextlib
 import ipaddress
 import os
-import re
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Annotated, ClassVar, Self
 from urllib.parse import urlsplit
 
+from pydantic import AfterValidator, Field, model_validator
+
+from vfops._config import ConfigError, ConfigModel, EnvVarName, check_env_var_name, load_toml
 from vfops._errors import EndpointError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -30,9 +31,9 @@ DEFAULT_API_KEY_VAR = "OPENAI_API_KEY"
 LOCAL_API_KEY = "EMPTY"
 """Sent to loopback servers (vLLM, the stub) when no key variable is set."""
 
-_REQUIRED = ("alias", "model", "base_url")
-_OPTIONAL = ("api_key_var",)
-_VAR_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+class EndpointsFileError(ConfigError, EndpointError):
+    """An endpoints file is missing, malformed or has bad entries."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,93 +47,96 @@ class Endpoint:
     api_key_var: str = DEFAULT_API_KEY_VAR
 
 
-def _check_base_url(base_url: str, where: str) -> None:
+def _url_problem(base_url: str) -> str | None:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise EndpointError(
-            f"{where}: base_url {base_url!r} is not an http(s) URL; "
-            "use e.g. http://localhost:8000/v1"
+        return f"{base_url!r} is not an http(s) URL; use e.g. http://localhost:8000/v1"
+    return None
+
+
+def _http_base_url(value: str) -> str:
+    problem = _url_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must be a non-empty string")
+    return value
+
+
+NonBlank = Annotated[str, AfterValidator(_not_blank)]
+
+
+class EndpointEntry(ConfigModel):
+    """One ``[[endpoint]]`` table of ``endpoints.toml``."""
+
+    unknown_key_hints: ClassVar[dict[str, str]] = {
+        "api_key": (
+            "a literal api_key is not allowed (keys never go in this file); remove it and set "
+            "api_key_var to the NAME of an environment variable holding the key"
         )
+    }
+
+    alias: NonBlank = Field(description="What users pass as --model.")
+    model: NonBlank = Field(description="Model name sent to the server.")
+    base_url: Annotated[NonBlank, AfterValidator(_http_base_url)] = Field(
+        description="The server's OpenAI-compatible base URL, e.g. https://api.openai.com/v1."
+    )
+    api_key_var: Annotated[EnvVarName, AfterValidator(_not_blank)] = Field(
+        default=DEFAULT_API_KEY_VAR,
+        description="NAME of the environment variable holding the API key (never the key).",
+    )
+
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.alias, self.model, self.base_url, self.api_key_var)
+
+
+class EndpointsFile(ConfigModel):
+    """``endpoints.toml``: one ``[[endpoint]]`` table per alias."""
+
+    endpoint: list[EndpointEntry] = Field(
+        default_factory=list, description="The endpoints, one [[endpoint]] table each."
+    )
+
+    @model_validator(mode="after")
+    def _unique_aliases(self) -> Self:
+        seen: dict[str, int] = {}
+        for number, entry in enumerate(self.endpoint, start=1):
+            if entry.alias in seen:
+                raise ValueError(
+                    f"duplicate alias {entry.alias!r} ([[endpoint]] #{seen[entry.alias]} and "
+                    f"#{number}); aliases must be unique"
+                )
+            seen[entry.alias] = number
+        return self
+
+
+def _check_base_url(base_url: str, where: str) -> None:
+    problem = _url_problem(base_url)
+    if problem:
+        raise EndpointError(f"{where}: base_url {problem}")
 
 
 def _check_var(name: str, where: str) -> None:
-    if not _VAR_RE.fullmatch(name):
-        # never echo the value: it may be a key pasted into the wrong field
-        raise EndpointError(
-            f"{where}: api_key_var must be the NAME of an environment variable "
-            '(letters, digits, _), not the key itself; e.g. api_key_var = "OPENAI_API_KEY"'
-        )
+    try:
+        check_env_var_name(name)
+    except ValueError as exc:  # the message never echoes the value: it may be a key
+        raise EndpointError(f"{where}: {exc}") from None
 
 
 def load_endpoints(path: str | os.PathLike[str]) -> dict[str, Endpoint]:
     """Parse an endpoints file into ``{alias: Endpoint}``.
 
-    Raises :class:`EndpointError` (one line, naming the file and the fix) for a
-    missing file, bad TOML, a missing/empty/unknown field, a duplicate alias or a
-    literal ``api_key``.
+    Raises :class:`EndpointsFileError` (an :class:`EndpointError`; one line per
+    problem, each naming the file and the field) for a missing, non-UTF-8 or
+    malformed file, a missing/empty/unknown field, a duplicate alias or a literal
+    ``api_key`` (whose value is never shown).
     """
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise EndpointError(
-            f"endpoints file {file} not found; create it or pass the right path"
-        ) from None
-    except OSError as exc:
-        raise EndpointError(f"cannot read endpoints file {file}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise EndpointError(f"{file}: invalid TOML ({exc}); fix the syntax") from None
-
-    tables = data.get("endpoint", [])
-    unknown_top = sorted(set(data) - {"endpoint"})
-    if unknown_top:
-        raise EndpointError(
-            f"{file}: unknown top-level key {unknown_top[0]!r}; "
-            "define endpoints as [[endpoint]] tables"
-        )
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise EndpointError(f"{file}: 'endpoint' must be an array of tables; write [[endpoint]]")
-
-    endpoints: dict[str, Endpoint] = {}
-    for number, table in enumerate(tables, start=1):
-        name = table.get("alias")
-        where = f"{file}: endpoint #{number}" + (
-            f" ({name!r})" if isinstance(name, str) and name else ""
-        )
-        if "api_key" in table:
-            raise EndpointError(
-                f"{where} has a literal api_key; remove it and set api_key_var to the NAME "
-                "of an environment variable holding the key"
-            )
-        for key in _REQUIRED:
-            if key not in table:
-                raise EndpointError(
-                    f"{where} is missing {key!r}; every [[endpoint]] needs "
-                    "alias, model and base_url (api_key_var is optional)"
-                )
-        for key in sorted(table):
-            if key not in _REQUIRED and key not in _OPTIONAL:
-                raise EndpointError(
-                    f"{where} has unknown field {key!r}; allowed: alias, model, base_url, "
-                    "api_key_var"
-                )
-            value = table[key]
-            if not isinstance(value, str) or not value.strip():
-                raise EndpointError(f"{where}: {key!r} must be a non-empty string")
-        alias = table["alias"]
-        api_key_var = table.get("api_key_var", DEFAULT_API_KEY_VAR)
-        _check_var(api_key_var, where)
-        _check_base_url(table["base_url"], where)
-        if alias in endpoints:
-            raise EndpointError(
-                f"{file}: duplicate alias {alias!r} (endpoint #{number}); aliases must be unique"
-            )
-        endpoints[alias] = Endpoint(
-            alias=alias, model=table["model"], base_url=table["base_url"], api_key_var=api_key_var
-        )
-    return endpoints
+    file = load_toml(os.fspath(path), EndpointsFile, error=EndpointsFileError)
+    return {entry.alias: entry.endpoint() for entry in file.endpoint}
 
 
 def resolve_endpoint(

@@ -2,7 +2,8 @@
 
 The library behind the ``eval-sweep`` Prefect flow (no Prefect here): plan the
 matrix, refuse bad input before any model call, run a cell resuming or reusing
-the registry run with the same configuration.
+the registry run with the same configuration. :func:`load_sweep` reads a spec from
+TOML.
 """
 
 from vfops.sweeps._run import (
@@ -18,6 +19,7 @@ from vfops.sweeps._spec import (
     SamplingConfig,
     SweepSpec,
     endpoints_path,
+    load_sweep,
     output_root,
     parse_env_ref,
     plan_sweep,
@@ -31,6 +33,7 @@ __all__ = [
     "SamplingConfig",
     "SweepSpec",
     "endpoints_path",
+    "load_sweep",
     "output_root",
     "parse_env_ref",
     "plan_sweep",

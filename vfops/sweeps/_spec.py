@@ -7,13 +7,16 @@ itself. Nothing here touches the registry, the network or Prefect.
 
 from __future__ import annotations
 
+import json
 import os
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from vfops._config import ConfigModel, load_toml
 from vfops._errors import VfopsError
 
 ENDPOINTS_ENV_VAR = "VFOPS_ENDPOINTS"
@@ -25,10 +28,8 @@ MODEL_REF_TAG = "model-ref:"
 """Run tag prefix naming the registry alias a cell's model was pinned from."""
 
 
-class SamplingConfig(BaseModel):
+class SamplingConfig(ConfigModel):
     """One named set of sampling arguments (a column of the sweep)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(
         default="default",
@@ -48,21 +49,66 @@ def _default_sampling() -> list[SamplingConfig]:
     return [SamplingConfig(name="default", args={})]
 
 
-class SweepSpec(BaseModel):
+def _unique(values: list[str]) -> list[str]:
+    repeated = sorted(v for v, count in Counter(v.strip() for v in values).items() if count > 1)
+    if repeated:
+        raise ValueError(f"lists {repeated[0]!r} twice; give each one once")
+    return values
+
+
+def _env_refs(refs: list[str]) -> list[str]:
+    for ref in refs:
+        try:
+            parse_env_ref(ref)
+        except VfopsError as exc:
+            raise ValueError(str(exc)) from None
+    return _unique(refs)
+
+
+def _distinct_sampling(configs: list[SamplingConfig]) -> list[SamplingConfig]:
+    _unique([c.name for c in configs])
+    seen: dict[str, str] = {}
+    for sampling in configs:
+        key = json.dumps(sampling.args, sort_keys=True, default=str)
+        if key in seen:
+            raise ValueError(
+                f"sampling configs {seen[key]!r} and {sampling.name!r} have the same arguments "
+                "(they would be one run); drop one or change its args"
+            )
+        seen[key] = sampling.name
+    return configs
+
+
+EnvRefs = Annotated[list[str], Field(min_length=1), AfterValidator(_env_refs)]
+"""Environment references, each NAME, NAME@latest or NAME@1.2.3, each once."""
+EndpointRefs = Annotated[list[str], Field(min_length=1), AfterValidator(_unique)]
+"""Endpoint aliases or registry model URIs, each once."""
+Samplings = Annotated[list[SamplingConfig], Field(min_length=1), AfterValidator(_distinct_sampling)]
+"""Sampling configurations with distinct names and distinct arguments."""
+
+
+def check_env_args(env_args: Mapping[str, Any], refs: list[str]) -> None:
+    """Refuse ``env_args`` for an environment that is not among ``refs``."""
+    names = {parse_env_ref(ref)[0] for ref in refs}
+    stray = sorted(set(env_args) - names)
+    if stray:
+        raise ValueError(
+            f"env_args has arguments for {stray[0]!r}, which is not among the environments "
+            f"({', '.join(sorted(names))}); use the environment NAME as the key"
+        )
+
+
+class SweepSpec(ConfigModel):
     """An evaluation sweep: every environment x every endpoint x every sampling config."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    environments: list[str] = Field(
-        min_length=1,
+    environments: EnvRefs = Field(
         description=(
             "Environment references: NAME (the installed code, recorded with its provenance), "
             "NAME@latest (the newest published version) or NAME@1.2.3 (that published version)."
         ),
         examples=[["arithmetic@latest"]],
     )
-    endpoints: list[str] = Field(
-        min_length=1,
+    endpoints: EndpointRefs = Field(
         description=(
             "Model endpoint aliases from the endpoints file (never keys: each endpoint names "
             "the environment variable holding its API key on the worker), or MLflow registry "
@@ -78,9 +124,8 @@ class SweepSpec(BaseModel):
             f"or ./{DEFAULT_ENDPOINTS_FILE}."
         ),
     )
-    sampling: list[SamplingConfig] = Field(
+    sampling: Samplings = Field(
         default_factory=_default_sampling,
-        min_length=1,
         description="Sampling configurations to sweep (each one is a column of the matrix).",
     )
     num_examples: int = Field(
@@ -129,6 +174,17 @@ class SweepSpec(BaseModel):
             "tags make new runs while the same tags resume or reuse the earlier ones."
         ),
     )
+
+    @model_validator(mode="after")
+    def _env_args_name_environments(self) -> Self:
+        check_env_args(self.env_args, self.environments)
+        return self
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """Read a sweep spec (TOML: the fields of :class:`SweepSpec` at the top level, one
+    ``[[sampling]]`` table per sampling config); every problem in one ConfigError."""
+    return load_toml(path, SweepSpec)
 
 
 class Cell(BaseModel):

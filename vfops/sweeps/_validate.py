@@ -1,10 +1,8 @@
-"""Refuse a bad sweep before any model is called, with one clear line."""
+"""Refuse a bad sweep before any model is called, naming the problem and the fix."""
 
 from __future__ import annotations
 
-import json
 import os
-from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -19,55 +17,20 @@ def _listing(names: set[str] | list[str]) -> str:
     return ", ".join(sorted(names)) or "none"
 
 
-def _duplicates(values: list[str]) -> list[str]:
-    return sorted(value for value, count in Counter(values).items() if count > 1)
-
-
 def validate_sweep(spec: SweepSpec, *, engine: Engine | None = None) -> list[Cell]:
     """Check everything a sweep needs that can be checked without calling a model.
 
-    Raises :class:`VfopsError` (one line: the problem and the fix) for: an unknown
-    environment (neither installed nor published), an unpublished version, two
-    different versions of one environment, an unknown endpoint alias, a missing
-    API-key variable, N/R/concurrency not positive, duplicates, ``env_args`` for an
-    environment not in the sweep. Returns the planned cells.
+    First the spec itself, again (a model built without validation, or edited, is
+    refused too): N/R/concurrency not positive, malformed references, duplicates,
+    ``env_args`` for an environment not in the sweep, as one ConfigError naming every
+    bad field. Then, one line each (:class:`VfopsError`, the problem and the fix): an
+    unknown environment (neither installed nor published), an unpublished version,
+    two different versions of one environment, an unknown endpoint alias, a missing
+    API-key variable. Returns the planned cells.
     """
-    for field, value in (
-        ("num_examples", spec.num_examples),
-        ("rollouts_per_example", spec.rollouts_per_example),
-        ("max_concurrent", spec.max_concurrent),
-        ("max_parallel_cells", spec.max_parallel_cells),
-    ):
-        if value <= 0:  # pydantic enforces it too, unless the model was built unchecked
-            raise VfopsError(f"{field} must be a positive integer, got {value}")
-    for field, values in (
-        ("environments", spec.environments),
-        ("endpoints", spec.endpoints),
-        ("sampling", [s.name for s in spec.sampling]),
-    ):
-        if not values:
-            raise VfopsError(f"the sweep has no {field}; give at least one")
-        repeated = _duplicates([v.strip() for v in values])
-        if repeated:
-            raise VfopsError(f"{field} lists {repeated[0]!r} twice; give each one once")
-    seen: dict[str, str] = {}
-    for sampling in spec.sampling:
-        key = json.dumps(sampling.args, sort_keys=True, default=str)
-        if key in seen:
-            raise VfopsError(
-                f"sampling configs {seen[key]!r} and {sampling.name!r} have the same arguments "
-                "(they would be one run); drop one or change its args"
-            )
-        seen[key] = sampling.name
+    spec = spec.checked()
     refs = [parse_env_ref(ref) for ref in spec.environments]
-    names = {name for name, _, _ in refs}
     _check_environments(refs, engine)
-    stray = sorted(set(spec.env_args) - names)
-    if stray:
-        raise VfopsError(
-            f"env_args has arguments for {stray[0]!r}, which is not among the environments "
-            f"({_listing(names)}); use the environment NAME as the key"
-        )
     _check_endpoints(spec)
     return plan_sweep(spec, pin_registry_models(spec))
 

@@ -6,8 +6,9 @@ token utilities load torch/transformers only when first used.
 
 - :class:`GRPORecipe`: ``setup()``, ``train_step() -> dict[str, float]``,
   ``evaluate()``, ``train()``, ``save(dir)``, ``resume(dir)``, ``close()``.
-- :class:`GRPOConfig` and its sections; :func:`load_config` reads TOML with
-  one-line errors; :func:`config_help` lists every field's help text.
+- :class:`GRPOConfig` and its sections (:mod:`vfops._config` models); :func:`load_config`
+  reads TOML and names every bad field at once, one line each; ``config.with_overrides``
+  changes it; :func:`config_help` lists every field's help text.
 - :class:`HFBackend`: in-process generation; the vLLM backend lives in ``_vllm``.
 - :class:`GenerationBackend`, :class:`TurnTokens`, :data:`TOKENS_KEY`: the backend contract.
 - :func:`prefix_breaks`, :func:`suffix_ids`, :func:`rollout_sequences`: multi-turn

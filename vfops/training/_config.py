@@ -1,21 +1,41 @@
-"""The typed GRPO training config: dataclasses with help text per field, loaded from TOML.
+"""The typed GRPO training config: pydantic sections with help text per field, from TOML.
 
 Light module (no torch): the CLI validates a config before anything heavy loads.
-Every field carries ``metadata["help"]``; :func:`config_help` lists them, and a
-bad file fails with one line naming the field and the fix.
+Every field's ``description`` is its help text (:func:`config_help` lists them);
+every rule is a field constraint, so a bad file reports all its problems at once,
+one line each, naming ``[section].field`` (see :mod:`vfops._config`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import tomllib
-import types
-import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Literal
 
-from vfops._errors import VfopsError
+from pydantic import AfterValidator, Field
+
+from vfops._config import (
+    ConfigError,
+    ConfigModel,
+    EnvVarName,
+    RelativePath,
+    load_toml,
+)
+
+__all__ = [
+    "ConfigError",
+    "EnvironmentConfig",
+    "GRPOConfig",
+    "GenerationConfig",
+    "LoraSettings",
+    "LossConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "VLLMServerSettings",
+    "config_from_dict",
+    "config_help",
+    "load_config",
+]
 
 LossType = Literal["grpo", "dr_grpo", "bnpo"]
 BackendName = Literal["hf", "vllm"]
@@ -25,385 +45,267 @@ Precision = Literal["auto", "bf16", "fp32"]
 SchedulerName = Literal["constant", "linear", "cosine"]
 
 
-class ConfigError(VfopsError):
-    """A training config field is missing, unknown or has a bad value."""
+def _http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(
+            f"must start with http:// or https://, got {value!r}; e.g. http://127.0.0.1:8000/v1"
+        )
+    return value
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
 
 
-@dataclass
-class ModelConfig:
-    path: str = field(
-        default="",
-        metadata=_help(
+class ModelConfig(ConfigModel):
+    path: RelativePath = Field(
+        min_length=1,
+        description=(
             "Local Hugging Face model directory (config, weights, tokenizer); nothing is "
             "downloaded. Relative paths resolve against the config file's folder."
         ),
     )
-    build_tiny_if_missing: bool = field(
+    build_tiny_if_missing: bool = Field(
         default=False,
-        metadata=_help(
+        description=(
             "Build a tiny random model (vfops.local.build_tiny_model) at `path` when it "
             "does not exist (CPU demos and tests)."
         ),
     )
-    tiny_seed: int = field(default=0, metadata=_help("Seed of the tiny model's weights."))
-    name: str = field(
+    tiny_seed: int = Field(default=0, description="Seed of the tiny model's weights.")
+    name: str = Field(
         default="",
-        metadata=_help(
+        description=(
             "Base model name recorded in run tags and checkpoint tags (default: the folder name)."
         ),
     )
 
 
-@dataclass
-class EnvironmentConfig:
-    id: str = field(
+class EnvironmentConfig(ConfigModel):
+    id: str = Field(
+        min_length=1,
+        description="Installed environment name (entry point group vfops.environments).",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for its load_environment()."
+    )
+
+
+class VLLMServerSettings(ConfigModel):
+    """How to reach a vLLM server and sync weights into it: the fields ``[generation]``
+    shares with the vLLM backend's own config (``VLLMGenerationConfig``)."""
+
+    base_url: HttpUrl = Field(
+        default="http://127.0.0.1:8000/v1",
+        description=(
+            "vllm backend: the server's OpenAI base URL, with or without /v1 (as printed by "
+            "`vfops vllm serve`)."
+        ),
+    )
+    sync: SyncMode = Field(
+        default="filesystem",
+        description=(
+            "vllm backend: weight sync through safetensors in sync_dir ('filesystem', any "
+            "build) or an NCCL broadcast to the server's workers ('nccl', GPU; server started "
+            "with --sync nccl)."
+        ),
+    )
+    sync_dir: RelativePath = Field(
         default="",
-        metadata=_help("Installed environment name (entry point group vfops.environments)."),
+        description=(
+            "vllm backend, filesystem sync: a folder both trainer and server can read (same "
+            "machine or shared disk; /dev/shm is fastest). Default: <output_dir>/weights in "
+            "training, a new temporary folder for a backend built on its own."
+        ),
     )
-    args: dict[str, Any] = field(
-        default_factory=dict, metadata=_help("Keyword arguments for its load_environment().")
+    api_key_var: EnvVarName = Field(
+        default="",
+        description=(
+            "vllm backend: name of the environment variable that holds the server's API key "
+            "(the key itself never goes in the config; '' for none)."
+        ),
     )
 
 
-@dataclass
-class GenerationConfig:
-    backend: BackendName = field(
+class GenerationConfig(VLLMServerSettings):
+    backend: BackendName = Field(
         default="hf",
-        metadata=_help(
+        description=(
             "'hf': in-process Hugging Face generation (CPU, small runs); 'vllm': a vLLM "
             "OpenAI server at base_url with weight sync after each optimizer step."
         ),
     )
-    prompts_per_step: int = field(
-        default=8, metadata=_help("Training examples (prompts) per optimizer step.")
+    prompts_per_step: int = Field(
+        default=8, ge=1, description="Training examples (prompts) per optimizer step."
     )
-    group_size: int = field(
-        default=8, metadata=_help("Rollouts per prompt; advantages are relative to the group.")
+    group_size: int = Field(
+        default=8,
+        ge=2,
+        description=(
+            "Rollouts per prompt (GRPO needs 2 or more); advantages are relative to the group."
+        ),
     )
-    max_tokens: int = field(default=32, metadata=_help("Completion token cap per assistant turn."))
-    temperature: float = field(
-        default=1.0, metadata=_help("Sampling temperature (> 0; the loss uses the same).")
+    max_tokens: int = Field(
+        default=32, ge=1, description="Completion token cap per assistant turn."
     )
-    async_steps: int = field(
+    temperature: float = Field(
+        default=1.0,
+        gt=0,
+        description="Sampling temperature (> 0: GRPO samples; the loss uses the same).",
+    )
+    async_steps: int = Field(
         default=0,
-        metadata=_help(
+        ge=0,
+        description=(
             "Generate up to k batches ahead of training (0: synchronous). A batch trained "
             "at step s was generated by weights of step >= s - k."
         ),
     )
-    max_concurrent: int = field(
-        default=256, metadata=_help("Concurrent rollouts in flight (all groups together).")
+    max_concurrent: int = Field(
+        default=256, ge=1, description="Concurrent rollouts in flight (all groups together)."
     )
-    multiturn_tokens: TokenMode = field(
+    multiturn_tokens: TokenMode = Field(
         default="continue",
-        metadata=_help(
+        description=(
             "'continue': later turns extend the exact previous tokens with the tokenised "
             "new messages (training sees exactly what was sampled); 'retokenize': render "
             "the chat template each turn (what a plain server does) and split rollouts "
             "per turn when the template breaks the token prefix."
         ),
     )
-    max_batch_size: int = field(
-        default=64, metadata=_help("hf backend: most sequences per generate batch.")
-    )
-    base_url: str = field(
-        default="http://127.0.0.1:8000/v1",
-        metadata=_help("vllm backend: the server's OpenAI base URL."),
-    )
-    sync: SyncMode = field(
-        default="filesystem",
-        metadata=_help(
-            "vllm backend: weight sync through safetensors in sync_dir ('filesystem') or "
-            "an NCCL broadcast to the server's workers ('nccl')."
-        ),
-    )
-    sync_dir: str = field(
-        default="",
-        metadata=_help(
-            "vllm backend, filesystem sync: a folder both trainer and server can read "
-            "(default: <output_dir>/weights)."
-        ),
-    )
-    api_key_var: str = field(
-        default="",
-        metadata=_help(
-            "vllm backend: name of the environment variable that holds the server's API key "
-            "(the key itself never goes in the config)."
-        ),
+    max_batch_size: int = Field(
+        default=64, ge=1, description="hf backend: most sequences per generate batch."
     )
 
 
-@dataclass
-class LossConfig:
-    type: LossType = field(
+class LossConfig(ConfigModel):
+    type: LossType = Field(
         default="grpo",
-        metadata=_help(
+        description=(
             "'grpo': token mean per sequence, then mean over sequences; 'dr_grpo': token "
             "sum / (sequences * max_tokens) (no length bias); 'bnpo': token mean over the batch."
         ),
     )
-    clip_low: float = field(default=0.2, metadata=_help("PPO clip: ratio >= 1 - clip_low."))
-    clip_high: float = field(default=0.2, metadata=_help("PPO clip: ratio <= 1 + clip_high."))
-    scale_rewards: bool = field(
-        default=True,
-        metadata=_help("Divide mean-centred group advantages by the group's reward std."),
+    clip_low: float = Field(
+        default=0.2, ge=0, lt=1, description="PPO clip: ratio >= 1 - clip_low (below 1)."
     )
-    beta: float = field(
+    clip_high: float = Field(default=0.2, ge=0, description="PPO clip: ratio <= 1 + clip_high.")
+    scale_rewards: bool = Field(
+        default=True,
+        description="Divide mean-centred group advantages by the group's reward std.",
+    )
+    beta: float = Field(
         default=0.0,
-        metadata=_help("KL coefficient to a frozen reference model (0: no reference model)."),
+        ge=0,
+        description="KL coefficient to a frozen reference model (0: no reference model).",
     )
-    mask_truncated: bool = field(
+    mask_truncated: bool = Field(
         default=True,
-        metadata=_help("Drop completions cut by max_tokens from the loss (their reward is noise)."),
+        description="Drop completions cut by max_tokens from the loss (their reward is noise).",
     )
 
 
-@dataclass
-class OptimConfig:
-    lr: float = field(default=1e-5, metadata=_help("AdamW learning rate."))
-    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
-    adam_beta1: float = field(default=0.9, metadata=_help("AdamW beta1."))
-    adam_beta2: float = field(default=0.99, metadata=_help("AdamW beta2."))
-    max_grad_norm: float = field(
-        default=1.0, metadata=_help("Gradient clipping norm (0: no clipping).")
+class OptimConfig(ConfigModel):
+    lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate (> 0).")
+    weight_decay: float = Field(default=0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(default=0.9, description="AdamW beta1.")
+    adam_beta2: float = Field(default=0.99, description="AdamW beta2.")
+    max_grad_norm: float = Field(
+        default=1.0, ge=0, description="Gradient clipping norm (0: no clipping)."
     )
-    scheduler: SchedulerName = field(default="constant", metadata=_help("LR schedule."))
-    warmup_steps: int = field(default=0, metadata=_help("Linear warmup steps."))
-    micro_batch_size: int = field(
+    scheduler: SchedulerName = Field(default="constant", description="LR schedule.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps.")
+    micro_batch_size: int = Field(
         default=8,
-        metadata=_help(
+        ge=1,
+        description=(
             "Sequences per forward/backward; the step's batch is accumulated over "
             "ceil(prompts_per_step * group_size / micro_batch_size) micro-batches."
         ),
     )
 
 
-@dataclass
-class LoraSettings:
-    enabled: bool = field(default=False, metadata=_help("Train LoRA adapters through peft."))
-    r: int = field(default=8, metadata=_help("LoRA rank."))
-    alpha: int = field(default=16, metadata=_help("LoRA alpha."))
-    dropout: float = field(default=0.0, metadata=_help("LoRA dropout."))
-    target_modules: list[str] = field(
+class LoraSettings(ConfigModel):
+    enabled: bool = Field(default=False, description="Train LoRA adapters through peft.")
+    r: int = Field(default=8, ge=1, description="LoRA rank.")
+    alpha: int = Field(default=16, description="LoRA alpha.")
+    dropout: float = Field(default=0.0, description="LoRA dropout.")
+    target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        metadata=_help("Module names that get adapters."),
+        description="Module names that get adapters.",
     )
 
 
-@dataclass
-class RunConfig:
-    steps: int = field(default=100, metadata=_help("Optimizer steps to train."))
-    seed: int = field(default=0, metadata=_help("Seed of data order, sampling and init."))
-    output_dir: str = field(
+class RunConfig(ConfigModel):
+    steps: int = Field(default=100, ge=0, description="Optimizer steps to train.")
+    seed: int = Field(default=0, description="Seed of data order, sampling and init.")
+    output_dir: RelativePath = Field(
         default="outputs/train",
-        metadata=_help("Checkpoints and final model; relative to the config file's folder."),
+        description="Checkpoints and final model; relative to the config file's folder.",
     )
-    save_every: int = field(
-        default=0, metadata=_help("Save a resumable checkpoint every N steps (0: only at the end).")
+    save_every: int = Field(
+        default=0,
+        ge=0,
+        description="Save a resumable checkpoint every N steps (0: only at the end).",
     )
-    eval_every: int = field(
-        default=0, metadata=_help("Held-out eval every N steps (0: only before and after).")
+    eval_every: int = Field(
+        default=0, ge=0, description="Held-out eval every N steps (0: only before and after)."
     )
-    eval_examples: int = field(
-        default=32, metadata=_help("Held-out eval examples (the environment's eval split).")
+    eval_examples: int = Field(
+        default=32, ge=0, description="Held-out eval examples (the environment's eval split)."
     )
-    eval_temperature: float = field(
-        default=0.0, metadata=_help("Held-out eval sampling temperature (0: greedy).")
+    eval_temperature: float = Field(
+        default=0.0, ge=0, description="Held-out eval sampling temperature (0: greedy)."
     )
-    precision: Precision = field(
+    precision: Precision = Field(
         default="auto",
-        metadata=_help("'auto': bf16 on a GPU that supports it, else fp32; or force one."),
+        description="'auto': bf16 on a GPU that supports it, else fp32; or force one.",
     )
-    gradient_checkpointing: bool = field(
-        default=False, metadata=_help("Recompute activations in backward (less memory).")
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in backward (less memory)."
     )
-    deepspeed: str = field(
+    deepspeed: RelativePath = Field(
         default="",
-        metadata=_help(
+        description=(
             "DeepSpeed JSON config (e.g. configs/deepspeed/zero2.json); '' for none. Set "
             "automatically under `accelerate launch` with a DeepSpeed config."
         ),
     )
-    tracking: bool = field(
-        default=True, metadata=_help("Log params and per-step metrics to MLflow.")
-    )
-    experiment: str = field(default="vfops-training", metadata=_help("MLflow experiment name."))
-    register_as: str = field(
+    tracking: bool = Field(default=True, description="Log params and per-step metrics to MLflow.")
+    experiment: str = Field(default="vfops-training", description="MLflow experiment name.")
+    register_as: str = Field(
         default="",
-        metadata=_help("Register the final checkpoint as this MLflow model name ('' to skip)."),
+        description="Register the final checkpoint as this MLflow model name ('' to skip).",
     )
 
 
-@dataclass
-class GRPOConfig:
-    """Everything a GRPO run needs; build in Python or load with :func:`load_config`."""
+class GRPOConfig(ConfigModel):
+    """Everything a GRPO run needs; load with :func:`load_config` or build in Python
+    (``GRPOConfig(model={"path": ...}, environment={"id": ...})``)."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    lora: LoraSettings = field(default_factory=LoraSettings)
-    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = Field(description="The policy model.")
+    environment: EnvironmentConfig = Field(description="The environment trained on.")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    run: RunConfig = Field(default_factory=RunConfig)
 
-    def validate(self) -> GRPOConfig:
-        """Check values together; raise :class:`ConfigError` naming the field and the fix."""
-        if not self.model.path:
-            raise ConfigError("[model] path is empty; set it to a local model directory")
-        if not self.environment.id:
-            raise ConfigError("[environment] id is empty; set it to an installed environment")
-        positive = {
-            "[generation] prompts_per_step": self.generation.prompts_per_step,
-            "[generation] max_tokens": self.generation.max_tokens,
-            "[generation] max_concurrent": self.generation.max_concurrent,
-            "[generation] max_batch_size": self.generation.max_batch_size,
-            "[optim] micro_batch_size": self.optim.micro_batch_size,
-            "[lora] r": self.lora.r,
-        }
-        for name, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"{name} = {value}; set it to 1 or more")
-        if self.generation.group_size < 2:
-            raise ConfigError(
-                f"[generation] group_size = {self.generation.group_size}; GRPO needs 2 or "
-                "more rollouts per prompt"
-            )
-        non_negative = {
-            "[generation] async_steps": self.generation.async_steps,
-            "[run] steps": self.run.steps,
-            "[run] save_every": self.run.save_every,
-            "[run] eval_every": self.run.eval_every,
-            "[run] eval_examples": self.run.eval_examples,
-            "[optim] warmup_steps": self.optim.warmup_steps,
-            "[loss] beta": self.loss.beta,
-            "[loss] clip_low": self.loss.clip_low,
-            "[loss] clip_high": self.loss.clip_high,
-            "[optim] max_grad_norm": self.optim.max_grad_norm,
-            "[run] eval_temperature": self.run.eval_temperature,
-        }
-        for name, number in non_negative.items():
-            if number < 0:
-                raise ConfigError(f"{name} = {number}; it cannot be negative")
-        if self.generation.temperature <= 0:
-            raise ConfigError(
-                f"[generation] temperature = {self.generation.temperature}; sampling for "
-                "GRPO needs a temperature > 0"
-            )
-        if self.optim.lr <= 0:
-            raise ConfigError(f"[optim] lr = {self.optim.lr}; set a positive learning rate")
-        if self.loss.clip_low >= 1:
-            raise ConfigError(f"[loss] clip_low = {self.loss.clip_low}; it must be below 1")
-        return self
+    def validate(self) -> GRPOConfig:  # type: ignore[override]
+        """This config checked again as a whole (after edits in Python); raises
+        :class:`ConfigError` naming every bad field."""
+        return self.checked()
 
 
 def config_help() -> dict[str, str]:
     """``"section.field"`` -> help text for every field (docs, ``vfops train --help-config``)."""
-    out: dict[str, str] = {}
-    for section in dataclasses.fields(GRPOConfig):
-        section_type = _section_types()[section.name]
-        for f in dataclasses.fields(section_type):
-            out[f"{section.name}.{f.name}"] = str(f.metadata.get("help", ""))
-    return out
-
-
-def _section_types() -> dict[str, type[Any]]:
-    hints = typing.get_type_hints(GRPOConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(GRPOConfig)}
+    return GRPOConfig.field_help()
 
 
 def load_config(path: str | Path) -> GRPOConfig:
     """Read and validate a TOML config; relative paths resolve against the file's folder."""
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"config file {str(file)!r} not found; pass a TOML file")
-    try:
-        data = tomllib.loads(file.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{file}: invalid TOML ({exc}); fix the syntax") from exc
-    config = config_from_dict(data, source=str(file))
-    base = file.resolve().parent
-    config.model.path = _resolve(base, config.model.path)
-    config.run.output_dir = _resolve(base, config.run.output_dir)
-    if config.run.deepspeed:
-        config.run.deepspeed = _resolve(base, config.run.deepspeed)
-    if config.generation.sync_dir:
-        config.generation.sync_dir = _resolve(base, config.generation.sync_dir)
-    return config.validate()
-
-
-def _resolve(base: Path, value: str) -> str:
-    if not value:
-        return value
-    p = Path(value).expanduser()
-    return str(p if p.is_absolute() else (base / p).resolve())
+    return load_toml(path, GRPOConfig)
 
 
 def config_from_dict(data: dict[str, Any], *, source: str = "config") -> GRPOConfig:
-    """Build a config from TOML-shaped data; unknown or mistyped fields raise ConfigError."""
-    sections = _section_types()
-    values: dict[str, Any] = {}
-    for name, section_data in data.items():
-        if name not in sections:
-            raise ConfigError(
-                f"{source}: unknown section [{name}]; valid sections: {', '.join(sections)}"
-            )
-        if not isinstance(section_data, dict):
-            raise ConfigError(f"{source}: [{name}] must be a table, e.g. [{name}] on its own line")
-        values[name] = _build_section(sections[name], section_data, f"{source}: [{name}]")
-    return GRPOConfig(**values)
-
-
-_T = TypeVar("_T")
-
-
-def _build_section(cls: type[_T], data: dict[str, Any], where: str) -> _T:
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in known:
-            raise ConfigError(f"{where} unknown field {key!r}; valid fields: {', '.join(known)}")
-        kwargs[key] = _check_value(hints[key], value, f"{where} {key}")
-    return cls(**kwargs)
-
-
-def _check_value(hint: Any, value: Any, where: str) -> Any:
-    origin = get_origin(hint)
-    if origin is Literal:
-        options = get_args(hint)
-        if value not in options:
-            raise ConfigError(
-                f"{where} = {value!r} is invalid; use one of: {', '.join(map(str, options))}"
-            )
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} = {value!r}; use true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} = {value!r}; use an integer")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where} = {value!r}; use a number")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f'{where} = {value!r}; use a quoted string, e.g. "..."')
-        return value
-    if origin is list:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f'{where} = {value!r}; use a list of strings, e.g. ["a", "b"]')
-        return list(value)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where} = {value!r}; use a table, e.g. {{ key = 1 }}")
-        return dict(value)
-    if isinstance(hint, types.UnionType):  # pragma: no cover - no union fields today
-        return value
-    raise ConfigError(f"{where}: unsupported field type {hint!r}")  # pragma: no cover
+    """Build a config from TOML-shaped data; every unknown or bad field raises ConfigError."""
+    return GRPOConfig.from_data(data, source=source)

@@ -293,7 +293,7 @@ class GRPORecipe:
                     base_url=cfg.base_url,
                     sync=cfg.sync,
                     sync_dir=cfg.sync_dir or str(Path(self.config.run.output_dir) / "weights"),
-                    api_key_var=cfg.api_key_var or None,
+                    api_key_var=cfg.api_key_var,
                 )
                 self.backend = vllm.VLLMBackend.from_config(vllm_config, self.tokenizer)
         # No initial sync: the hf backend copies the weights it is built from, and a
@@ -651,7 +651,7 @@ class GRPORecipe:
             state = {
                 "step": self.step,
                 "data_position": self.step,  # batch index == step: data order is a pure function
-                "config": dataclasses.asdict(self.config),
+                "config": self.config.model_dump(),
                 "base_model": self.base_model_name,
                 "environment_versions": self.env_versions,
                 "mlflow_run_id": self.tracker.run_id if self.tracker is not None else None,

@@ -6,7 +6,6 @@ or the embedded SQLite store under VFOPS_HOME). mlflow is imported inside functi
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import TYPE_CHECKING
 
@@ -52,7 +51,7 @@ class TrainingTracker:
         )
         params: dict[str, str] = {}
         # Secret-looking names (api keys, tokens, passwords) are dropped by _flatten.
-        _flatten("config", dataclasses.asdict(config), params)
+        _flatten("config", config.model_dump(), params)
         items = [Param(k, v) for k, v in sorted(params.items())]
         for i in range(0, len(items), _PARAM_BATCH):
             client.log_batch(run.info.run_id, params=items[i : i + _PARAM_BATCH])

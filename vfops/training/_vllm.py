@@ -51,11 +51,12 @@ import shutil
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
+from pydantic import ConfigDict, Field
 
 from vfops._errors import VfopsError
 from vfops._types import Message, Messages, SamplingArgs
@@ -65,6 +66,7 @@ from vfops.clients._http import HTTPTransport
 from vfops.clients._openai import _is_context_error
 from vfops.clients._retry import RetryPolicy
 from vfops.training._backend import TOKENS_KEY, TurnTokens
+from vfops.training._config import VLLMServerSettings
 
 if TYPE_CHECKING:
     import torch
@@ -73,7 +75,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vfops.training.vllm")
 
-SyncMode = Literal["filesystem", "nccl"]
 PromptSource = Literal["continued", "rendered", "given"]
 PROMPT_SOURCE_KEY = "vfops_prompt_source"
 """Key in ``ChatResponse.raw``: how the turn's prompt ids were obtained."""
@@ -83,79 +84,44 @@ class VLLMBackendError(VfopsError):
     """The vLLM server is unreachable, misconfigured, or refused a request."""
 
 
-@dataclass(frozen=True, slots=True)
-class VLLMGenerationConfig:
-    """How the trainer reaches a vLLM server and syncs weights into it."""
+class VLLMGenerationConfig(VLLMServerSettings):
+    """How the trainer reaches a vLLM server and syncs weights into it: ``[generation]``'s
+    server fields (same names, defaults and checks) plus the client's own settings."""
 
-    base_url: str = field(
-        default="http://127.0.0.1:8000",
-        metadata={"help": "Server URL, with or without /v1 (as printed by `vfops vllm serve`)."},
+    model_config = ConfigDict(frozen=True)
+
+    model: str | None = Field(
+        default=None, description="Served model name; default: the first one /v1/models lists."
     )
-    sync: SyncMode = field(
-        default="filesystem",
-        metadata={
-            "help": "Weight sync: 'filesystem' (safetensors + reload, any build) or "
-            "'nccl' (broadcast, GPU; server started with --sync nccl)."
-        },
+    timeout_s: float = Field(
+        default=600.0, gt=0, description="Seconds one generation request may take."
     )
-    sync_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "filesystem sync: directory the server can read (same machine or shared "
-            "disk; /dev/shm is fastest). Default: a new temporary directory."
-        },
+    max_retries: int = Field(
+        default=3, ge=0, description="Retries of a generation request on 429/5xx/connection errors."
     )
-    model: str | None = field(
-        default=None,
-        metadata={"help": "Served model name; default: the first one /v1/models lists."},
+    sync_timeout_s: float = Field(
+        default=600.0, gt=0, description="Seconds one weight-sync request may take."
     )
-    api_key_var: str | None = field(
-        default=None,
-        metadata={"help": "Name of the variable holding the server's --api-key, if it has one."},
-    )
-    timeout_s: float = field(
-        default=600.0, metadata={"help": "Seconds one generation request may take."}
-    )
-    max_retries: int = field(
-        default=3,
-        metadata={"help": "Retries of a generation request on 429/5xx/connection errors."},
-    )
-    sync_timeout_s: float = field(
-        default=600.0, metadata={"help": "Seconds one weight-sync request may take."}
-    )
-    nccl_master_address: str = field(
+    nccl_master_address: str = Field(
         default="127.0.0.1",
-        metadata={"help": "nccl sync: address of this (trainer) host that the server can reach."},
+        description="nccl sync: address of this (trainer) host that the server can reach.",
     )
-    nccl_master_port: int = field(
-        default=0, metadata={"help": "nccl sync: rendezvous port; 0 picks a free one."}
+    nccl_master_port: int = Field(
+        default=0, ge=0, le=65535, description="nccl sync: rendezvous port; 0 picks a free one."
     )
-    prompt_cache_size: int = field(
+    prompt_cache_size: int = Field(
         default=8192,
-        metadata={
-            "help": "Conversations remembered for multi-turn token continuation (LRU); at "
+        ge=1,
+        description=(
+            "Conversations remembered for multi-turn token continuation (LRU); at "
             "least the number of rollouts in flight."
-        },
+        ),
     )
-
-    def __post_init__(self) -> None:
-        if self.sync not in ("filesystem", "nccl"):
-            raise VLLMBackendError(
-                f"generation.sync must be 'filesystem' or 'nccl', got {self.sync!r}"
-            )
-        if not self.base_url.startswith(("http://", "https://")):
-            raise VLLMBackendError(
-                f"generation.base_url must start with http:// or https://, got {self.base_url!r}"
-            )
-        if self.timeout_s <= 0 or self.sync_timeout_s <= 0:
-            raise VLLMBackendError("generation timeouts must be > 0 seconds")
-        if self.max_retries < 0 or self.prompt_cache_size < 1:
-            raise VLLMBackendError("generation.max_retries must be >= 0 and prompt_cache_size >= 1")
 
     @staticmethod
     def help() -> dict[str, str]:
         """Field name -> help string."""
-        return {f.name: str(f.metadata.get("help", "")) for f in fields(VLLMGenerationConfig)}
+        return VLLMGenerationConfig.field_help()
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -711,7 +677,7 @@ class VLLMBackend:
     def _make_sync_dir(config: VLLMGenerationConfig) -> tuple[Path | None, bool]:
         if config.sync != "filesystem":
             return None, False
-        if config.sync_dir is None:
+        if not config.sync_dir:
             import tempfile
 
             return Path(tempfile.mkdtemp(prefix="vfops-vllm-sync-")), True

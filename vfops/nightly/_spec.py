@@ -1,0 +1,134 @@
+"""What the nightly sweep runs and when: ``nightly.toml``, checked before Prefect sees it.
+
+``nightly.toml``::
+
+    [schedule]
+    cron = "0 3 * * *"           # optional; `vfops deploy --nightly-cron` overrides it
+
+    [nightly]
+    environments = ["arithmetic", "guess_number"]   # evaluated at name@latest
+    endpoints = ["small", "models:/tiny@champion"]
+    num_examples = 100
+    rollouts_per_example = 4
+
+The ``[nightly]`` table is the ``nightly-eval`` flow's ``config`` parameter
+(:class:`NightlyConfig`). :func:`load_nightly` refuses a bad cron expression, N or R
+not positive, wrong types and unknown keys, every problem at once, before any
+deployment is registered.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field, ValidationError
+
+from vfops._config import ConfigModel, load_toml
+from vfops.nightly._nightly import nightly_tags
+from vfops.sweeps._spec import EndpointRefs, EnvRefs, SamplingConfig, Samplings, SweepSpec
+
+DEFAULT_NIGHTLY_CRON = "0 3 * * *"
+
+
+def _iso_date(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            dt.date.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"must be a date YYYY-MM-DD, got {value!r}") from None
+    return value
+
+
+def _cron(value: str) -> str:
+    # Prefect's own schedule model: exactly what the deployment would accept, checked
+    # here without a server (imported only when a cron expression is checked).
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:
+        CronSchedule(cron=value)
+    except ValidationError:
+        raise ValueError(
+            f"{value!r} is not a valid cron expression; use five fields: minute hour "
+            'day-of-month month day-of-week, e.g. "0 3 * * *"'
+        ) from None
+    return value
+
+
+class NightlyConfig(ConfigModel):
+    """What the nightly sweep runs (the deployment's default parameters)."""
+
+    environments: EnvRefs = Field(
+        description="Environment names; each is evaluated at its latest published version "
+        "(name@latest) unless a version is pinned (name@1.2.3)."
+    )
+    endpoints: EndpointRefs = Field(
+        description="Endpoint aliases from the endpoints file, or registry models run "
+        "in-process: models:/NAME@champion is whoever holds champion when the night starts."
+    )
+    endpoints_file: str | None = Field(
+        default=None, description="endpoints.toml (default: $VFOPS_ENDPOINTS or ./endpoints.toml)."
+    )
+    sampling: Samplings = Field(
+        default_factory=lambda: [SamplingConfig()], description="Sampling configurations."
+    )
+    num_examples: int = Field(default=50, gt=0, description="Examples per cell (N).")
+    rollouts_per_example: int = Field(default=4, gt=0, description="Rollouts per example (R).")
+    max_concurrent: int = Field(default=32, gt=0, description="Rollouts in flight per cell.")
+    alpha: float = Field(default=0.05, gt=0, lt=0.5, description="Significance level.")
+    pass_threshold: float | None = Field(
+        default=None, description="Mean reward at which an example passes (for McNemar)."
+    )
+    date: Annotated[str | None, AfterValidator(_iso_date)] = Field(
+        default=None, description="Night to run as (YYYY-MM-DD); default: today (UTC)."
+    )
+
+    def sweep(self) -> SweepSpec:
+        refs = [ref if "@" in ref else f"{ref}@latest" for ref in self.environments]
+        return SweepSpec(
+            environments=refs,
+            endpoints=self.endpoints,
+            endpoints_file=self.endpoints_file,
+            sampling=self.sampling,
+            num_examples=self.num_examples,
+            rollouts_per_example=self.rollouts_per_example,
+            max_concurrent=self.max_concurrent,
+            tags=nightly_tags(self.night()),
+        )
+
+    def night(self) -> dt.date:
+        return dt.date.fromisoformat(self.date) if self.date else dt.datetime.now(dt.UTC).date()
+
+
+class NightlySchedule(ConfigModel):
+    """When the nightly sweep runs."""
+
+    cron: Annotated[str, AfterValidator(_cron)] = Field(
+        default=DEFAULT_NIGHTLY_CRON,
+        description="Cron schedule of nightly-eval (minute hour day-of-month month day-of-week).",
+    )
+
+
+class NightlyFile(ConfigModel):
+    """``nightly.toml``: the schedule and the ``[nightly]`` sweep."""
+
+    schedule: NightlySchedule = Field(
+        default_factory=NightlySchedule, description="When the nightly sweep runs."
+    )
+    nightly: NightlyConfig = Field(description="What the nightly sweep runs.")
+
+    def deployment_parameters(self) -> dict[str, Any]:
+        """The ``nightly-eval`` deployment's parameters: what the file sets (the rest
+        stays the flow's defaults, defined once, in :class:`NightlyConfig`)."""
+        return {"config": self.nightly.model_dump(mode="json", exclude_unset=True)}
+
+
+def load_nightly(path: str | Path, *, cron: str | None = None) -> NightlyFile:
+    """Read ``nightly.toml``; ``cron`` (``--nightly-cron``) overrides ``[schedule] cron``."""
+    spec = load_toml(path, NightlyFile)
+    if cron is None:
+        return spec
+    # only the schedule is rebuilt: [nightly] keeps track of what the file set
+    schedule = spec.schedule.with_overrides({"cron": cron}, source="--nightly-cron")
+    return spec.model_copy(update={"schedule": schedule})
