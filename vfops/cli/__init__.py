@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+__all__ = ["main"]
+
 _NO_TRACKING_FLAGS = frozenset({"--no-tracking", "--no-registry", "--help", "-h"})
 
 

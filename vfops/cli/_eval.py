@@ -11,12 +11,11 @@ import typer
 
 from vfops._jsonarg import parse_json_object
 from vfops.cli._eval_display import EvalDisplay, print_summary
-from vfops.evaluation import EvalRequest, ModelOptions, evaluate_async
-from vfops.evaluation._evaluate import DEFAULT_OUTPUT_ROOT
-from vfops.evaluation._model import DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT_S
+from vfops.evaluation import DEFAULT_OUTPUT_ROOT, EvalRequest, ModelOptions, evaluate_async
 
-# The flags' defaults are the library's (defined once, on EvalRequest).
+# The flags' defaults are the library's (defined once, on EvalRequest and ModelOptions).
 _DEFAULTS = EvalRequest(env_name="", model="")
+_MODEL_DEFAULTS = ModelOptions()
 
 
 def eval_command(
@@ -83,10 +82,10 @@ def eval_command(
     ] = True,
     request_timeout: Annotated[
         float, typer.Option(help="Seconds before one model request times out (then retried).")
-    ] = DEFAULT_REQUEST_TIMEOUT_S,
+    ] = _MODEL_DEFAULTS.request_timeout_s,
     max_retries: Annotated[
         int, typer.Option(help="Retries per request on 429/5xx/timeouts/connection errors.")
-    ] = DEFAULT_MAX_RETRIES,
+    ] = _MODEL_DEFAULTS.max_retries,
     pass_threshold: Annotated[
         float, typer.Option(help="A rollout passes (for pass@k) when reward >= this.")
     ] = _DEFAULTS.pass_threshold,

@@ -2,8 +2,10 @@
 
 from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
 from vfops.clients._endpoints import (
+    DEFAULT_API_KEY_VAR,
     Endpoint,
     check_reachable,
+    is_loopback,
     load_endpoints,
     read_api_key,
     resolve_endpoint,
@@ -24,11 +26,13 @@ from vfops.clients._errors import (
     RequestTooLargeError,
     UnprocessableEntityError,
 )
+from vfops.clients._http import HTTPTransport
 from vfops.clients._openai import OpenAIClient, RequestLimiter
 from vfops.clients._retry import RetryPolicy
 from vfops.clients._scripted import ScriptedClient
 
 __all__ = [
+    "DEFAULT_API_KEY_VAR",
     "APIConnectionError",
     "APIError",
     "APIStatusError",
@@ -38,6 +42,7 @@ __all__ = [
     "ChatResponse",
     "ConflictError",
     "Endpoint",
+    "HTTPTransport",
     "InternalServerError",
     "MalformedResponseError",
     "ModelClient",
@@ -52,6 +57,7 @@ __all__ = [
     "ScriptedClient",
     "UnprocessableEntityError",
     "check_reachable",
+    "is_loopback",
     "load_endpoints",
     "read_api_key",
     "resolve_endpoint",

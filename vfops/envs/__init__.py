@@ -1,9 +1,9 @@
 """Environments: datasets, rollout procedures and rubrics."""
 
-from vfops.envs._dataset import Example, format_dataset
+from vfops.envs._dataset import Example, format_dataset, iter_examples, quiet_datasets
 from vfops.envs._env_group import EnvGroup
 from vfops.envs._environment import Environment, Scorer
-from vfops.envs._loading import installed_environments, load_environment
+from vfops.envs._loading import environment_version, installed_environments, load_environment
 from vfops.envs._multiturn import MultiTurnEnv, SingleTurnEnv
 from vfops.envs._tool import StatefulToolEnv, ToolEnv
 from vfops.envs._tool_schema import tool_schema
@@ -17,8 +17,11 @@ __all__ = [
     "SingleTurnEnv",
     "StatefulToolEnv",
     "ToolEnv",
+    "environment_version",
     "format_dataset",
     "installed_environments",
+    "iter_examples",
     "load_environment",
+    "quiet_datasets",
     "tool_schema",
 ]

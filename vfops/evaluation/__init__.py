@@ -4,7 +4,9 @@
 and nightly cells, promotion gates and tests all call it.
 """
 
+from vfops.evaluation._compare import compare_runs, per_example_rewards
 from vfops.evaluation._evaluate import (
+    DEFAULT_OUTPUT_ROOT,
     EvalProgress,
     EvalResult,
     OpenedRun,
@@ -12,7 +14,8 @@ from vfops.evaluation._evaluate import (
     evaluate_async,
     registry_summary,
 )
-from vfops.evaluation._model import ModelOptions
+from vfops.evaluation._export import export_run, run_metadata
+from vfops.evaluation._model import ModelOptions, resolve_model_name
 from vfops.evaluation._provenance import Provenance, config_fingerprint, resolve_provenance
 from vfops.evaluation._runner import EvalRequest
 from vfops.evaluation._sinks import SinkError
@@ -20,6 +23,7 @@ from vfops.evaluation._store import iter_records, load_results, read_metadata
 from vfops.evaluation._summary import EvalSummary, pass_at_k
 
 __all__ = [
+    "DEFAULT_OUTPUT_ROOT",
     "EvalProgress",
     "EvalRequest",
     "EvalResult",
@@ -28,13 +32,18 @@ __all__ = [
     "OpenedRun",
     "Provenance",
     "SinkError",
+    "compare_runs",
     "config_fingerprint",
     "evaluate",
     "evaluate_async",
+    "export_run",
     "iter_records",
     "load_results",
     "pass_at_k",
+    "per_example_rewards",
     "read_metadata",
     "registry_summary",
+    "resolve_model_name",
     "resolve_provenance",
+    "run_metadata",
 ]

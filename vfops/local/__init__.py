@@ -19,11 +19,17 @@ from vfops._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from vfops.local._client import LocalModelClient
-    from vfops.local._tiny import TinyModelConfig, build_tiny_model
+    from vfops.local._tiny import TinyModelConfig, build_tiny_model, parameter_count
 
-__all__ = ["LocalModelClient", "TinyModelConfig", "build_tiny_model"]
+__all__ = [
+    "LocalModelClient",
+    "TinyModelConfig",
+    "build_tiny_model",
+    "parameter_count",
+]
 
 _LAZY = {
+    "parameter_count": "vfops.local._tiny",
     "LocalModelClient": "vfops.local._client",
     "TinyModelConfig": "vfops.local._tiny",
     "build_tiny_model": "vfops.local._tiny",

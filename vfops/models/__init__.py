@@ -27,6 +27,7 @@ from vfops._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from vfops.models._checkpoints import ModelVersionInfo, load_model_dir, register_checkpoint
+    from vfops.models._inprocess import is_model_uri, open_model_version_async, pin_model_uri
     from vfops.models._promotion import (
         AliasEventInfo,
         EnvGateResult,
@@ -43,7 +44,10 @@ __all__ = [
     "ModelVersionInfo",
     "PromotionDecision",
     "PromotionRefusedError",
+    "is_model_uri",
     "load_model_dir",
+    "open_model_version_async",
+    "pin_model_uri",
     "promote",
     "promote_async",
     "promotion_history",
@@ -51,6 +55,9 @@ __all__ = [
 ]
 
 _LAZY = {
+    "is_model_uri": "vfops.models._inprocess",
+    "open_model_version_async": "vfops.models._inprocess",
+    "pin_model_uri": "vfops.models._inprocess",
     "ModelVersionInfo": "vfops.models._checkpoints",
     "load_model_dir": "vfops.models._checkpoints",
     "register_checkpoint": "vfops.models._checkpoints",

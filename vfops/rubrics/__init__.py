@@ -6,6 +6,7 @@ from vfops.rubrics._judge import (
     JudgeCache,
     JudgeRubric,
     judge_cache_key,
+    judge_says_yes,
 )
 from vfops.rubrics._math import MathRubric
 from vfops.rubrics._rubric import Rubric
@@ -24,4 +25,5 @@ __all__ = [
     "RubricGroup",
     "ToolMetricsRubric",
     "judge_cache_key",
+    "judge_says_yes",
 ]

@@ -15,8 +15,12 @@ from vfops.sweeps._run import (
     sweep_table,
 )
 from vfops.sweeps._spec import (
+    MODEL_REF_TAG,
     Cell,
+    EndpointRefs,
+    EnvRefs,
     SamplingConfig,
+    Samplings,
     SweepSpec,
     endpoints_path,
     load_sweep,
@@ -27,10 +31,14 @@ from vfops.sweeps._spec import (
 from vfops.sweeps._validate import validate_sweep
 
 __all__ = [
+    "MODEL_REF_TAG",
     "Cell",
     "CellResult",
+    "EndpointRefs",
+    "EnvRefs",
     "PreparedEnvironment",
     "SamplingConfig",
+    "Samplings",
     "SweepSpec",
     "endpoints_path",
     "load_sweep",

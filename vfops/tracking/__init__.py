@@ -32,7 +32,7 @@ from vfops.tracking._eval_runs import (
     tracking_enabled,
 )
 from vfops.tracking._params import flatten_params
-from vfops.tracking._tracker import Tracker
+from vfops.tracking._tracker import Tracker, prestart
 
 __all__ = [
     "EMBEDDED_DIR",
@@ -49,6 +49,7 @@ __all__ = [
     "log_eval_run",
     "mlflow_client",
     "prepare_experiment",
+    "prestart",
     "start_sweep_runs",
     "tracking_enabled",
     "tracking_uri",
