@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from tests.registry_fixtures import DIALECTS, database_url
 from vfops._errors import VfopsError
-from vfops.registry import EvalRun, count_rollouts, get_engine, iter_rollouts
+from vfops.registry import EvalRunRow, count_rollouts, get_engine, iter_rollouts
 from vfops.sweeps import (
     Cell,
     SamplingConfig,
@@ -101,7 +101,7 @@ def spec(endpoints_toml: Path, /, **overrides: Any) -> SweepSpec:
 
 def run_rows(url: str) -> int:
     with Session(get_engine(url)) as session:
-        return int(session.scalar(select(func.count()).select_from(EvalRun)) or 0)
+        return int(session.scalar(select(func.count()).select_from(EvalRunRow)) or 0)
 
 
 # --- the matrix -----------------------------------------------------------------------

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from vfops.clients import ModelClient
     from vfops.clients._openai import RequestLimiter
     from vfops.evaluation import EvalSummary
-    from vfops.registry import EvalRun
+    from vfops.registry import EvalRunRow
 
 Action = Literal["created", "resumed", "reused"]
 
@@ -184,21 +184,14 @@ def prepare_environment(
         )
 
 
-def _find_run(engine: Engine, fingerprint: str, *, reuse_completed: bool) -> EvalRun | None:
+def _find_run(engine: Engine, fingerprint: str, *, reuse_completed: bool) -> EvalRunRow | None:
     """The newest unfinished run with ``fingerprint``, else (if allowed) the newest completed."""
-    from sqlalchemy import select
-
-    from vfops.registry import EvalRun, find_resumable_run, session_scope
+    from vfops.registry import find_completed_run, find_resumable_run, session_scope
 
     with session_scope(engine, write=False) as session:
         run = find_resumable_run(session, fingerprint)
         if run is None and reuse_completed:
-            run = session.scalar(
-                select(EvalRun)
-                .where(EvalRun.config_fingerprint == fingerprint, EvalRun.status == "completed")
-                .order_by(EvalRun.started_at.desc(), EvalRun.id.desc())
-                .limit(1)
-            )
+            run = find_completed_run(session, fingerprint)
         if run is not None:
             session.expunge(run)
         return run
