@@ -46,7 +46,7 @@ from vfops.registry import (
     insert_rollouts,
     session_scope,
 )
-from vfops.registry._repository import _INSERT_COLUMNS
+from vfops.registry._rollouts import _INSERT_COLUMNS
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # The same columns, in the same order, as the registry's insert (so the raw baseline

@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from vfops.registry import EvalRun, count_rollouts, dispose_engines, get_engine
+from vfops.registry import EvalRunRow, count_rollouts, dispose_engines, get_engine
 from vfops.sweeps import SweepSpec
 from vfops.testing import StubConfig, StubServer
 
@@ -78,7 +78,7 @@ def sweep_params(endpoints_toml: Path, output: Path, /, **overrides: Any) -> dic
 
 def run_count(url: str) -> int:
     with Session(get_engine(url)) as session:
-        return int(session.scalar(select(func.count()).select_from(EvalRun)) or 0)
+        return int(session.scalar(select(func.count()).select_from(EvalRunRow)) or 0)
 
 
 async def flow_run_artifacts(flow_run_id: UUID) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from tests.registry_fixtures import DIALECTS, database_url
 from vfops.artifacts import open_store
-from vfops.registry import EnvironmentVersion, EvalRun, get_engine
+from vfops.registry import EnvironmentVersionRow, EvalRunRow, get_engine
 from vfops.testing import StubConfig, StubServer
 
 VFOPS = [sys.executable, "-m", "vfops"]
@@ -55,7 +55,7 @@ def cli(
 
 def count_versions(db: str) -> int:
     with Session(get_engine(db)) as session:
-        return int(session.scalar(select(func.count()).select_from(EnvironmentVersion)) or 0)
+        return int(session.scalar(select(func.count()).select_from(EnvironmentVersionRow)) or 0)
 
 
 def artifact_files(artifacts: str) -> set[str]:
@@ -145,8 +145,8 @@ def test_publish_install_and_eval_records_the_version(
         )
     assert result.returncode == 0, result.stderr
     with Session(get_engine(db_url)) as session:
-        (run,) = session.scalars(select(EvalRun))
-        version = session.get(EnvironmentVersion, run.environment_version_id)
+        (run,) = session.scalars(select(EvalRunRow))
+        version = session.get(EnvironmentVersionRow, run.environment_version_id)
         assert version is not None and version.version == "0.1.1"
         assert run.environment_version == "0.1.1"
         assert run.environment_content_hash == version.code_hash
@@ -181,16 +181,16 @@ def test_edited_installed_code_is_recorded_as_local(db_url: str, tmp_path: Path)
         )
     assert result.returncode == 0, result.stderr
     with Session(get_engine(db_url)) as session:
-        (run,) = session.scalars(select(EvalRun))
+        (run,) = session.scalars(select(EvalRunRow))
     assert run.environment_version.startswith("local+") and run.environment_version_id is None
 
 
-def _publish_one(db_url: str, artifacts: str, tmp_path: Path, name: str) -> EnvironmentVersion:
+def _publish_one(db_url: str, artifacts: str, tmp_path: Path, name: str) -> EnvironmentVersionRow:
     cli("env", "init", name, "--path", str(tmp_path), db=db_url, artifacts=artifacts)
     published = cli("env", "publish", str(tmp_path / name), db=db_url, artifacts=artifacts)
     assert published.returncode == 0, published.stderr
     with Session(get_engine(db_url), expire_on_commit=False) as session:
-        return session.scalars(select(EnvironmentVersion)).one()
+        return session.scalars(select(EnvironmentVersionRow)).one()
 
 
 def test_tampered_artifact_is_refused(db_url: str, artifacts: str, tmp_path: Path) -> None:
@@ -231,7 +231,7 @@ def test_wheel_with_escaping_path_is_refused(db_url: str, tmp_path: Path) -> Non
         archive.writestr("../../evil.py", "print('escaped')\n")
     ref = open_store(artifacts).put_bytes(evil.getvalue(), "escape_env-0.1.0-py3-none-any.whl")
     with Session(get_engine(db_url)) as session, session.begin():
-        row = session.get(EnvironmentVersion, version.id)
+        row = session.get(EnvironmentVersionRow, version.id)
         assert row is not None
         row.wheel_uri, row.wheel_sha256 = ref.uri, ref.sha256
     result = cli(

@@ -1,4 +1,4 @@
-"""Registry reads and writes: environments, runs, rollouts, judge cache.
+"""Registry reads and writes: environments, runs, rollouts, judge cache, alias events.
 
 Every test runs on SQLite (a temporary file) and on PostgreSQL (a fresh schema).
 """
@@ -14,27 +14,29 @@ from sqlalchemy import Engine
 
 from tests.registry_fixtures import DIALECTS, database_url, make_error_record, make_record
 from vfops._errors import VfopsError
-from vfops._rollout import RolloutRecord
+from vfops._rollout import ROLLOUT_COLUMNS, RolloutError, RolloutRecord
 from vfops.registry import (
-    EvalRun,
+    EvalRunRow,
     RegistryJudgeCache,
+    RolloutRow,
     add_environment_version,
     completed_keys,
     count_rollouts,
     create_run,
+    find_completed_run,
     find_resumable_run,
     find_version,
-    find_version_by_code_hash,
-    find_version_by_hash,
     finish_run,
     get_engine,
     get_or_create_environment,
     get_run,
     insert_rollouts,
     iter_rollouts,
+    list_alias_events,
     list_environments,
     list_runs,
     list_versions,
+    record_alias_event,
     rollouts_for_example,
     session_scope,
     set_run_status,
@@ -65,19 +67,24 @@ def _publish(engine: Engine, name: str, version: str, content: str = "") -> None
         )
 
 
-def _run(engine: Engine, fingerprint: str = "fp", env: str = "arith", **kwargs: object) -> EvalRun:
+def _run(
+    engine: Engine, fingerprint: str = "fp", env: str = "arith", **kwargs: object
+) -> EvalRunRow:
+    fields: dict[str, object] = {
+        "model": "test-model",
+        "sampling_args": {"temperature": 0.7, "max_tokens": 64},
+        **kwargs,
+    }
     with session_scope(engine) as session:
         return create_run(
             session,
             environment_name=env,
             environment_version="1.0.0",
             environment_content_hash="c" * 64,
-            model="test-model",
             num_examples=10,
             rollouts_per_example=2,
             config_fingerprint=fingerprint,
-            sampling_args={"temperature": 0.7, "max_tokens": 64},
-            **kwargs,  # type: ignore[arg-type]
+            **fields,  # type: ignore[arg-type]
         )
 
 
@@ -139,16 +146,22 @@ def test_latest_version_orders_by_semver(engine: Engine) -> None:
         assert [env.name for env in list_environments(session)] == ["arith", "other"]
 
 
-def test_find_version_by_hash(engine: Engine) -> None:
+def test_find_version_filters_by_hashes(engine: Engine) -> None:
     _publish(engine, "arith", "1.0.0", content="aaa")
     _publish(engine, "arith", "1.1.0", content="bbb")
-    _publish(engine, "other", "1.0.0", content="bbb")
+    _publish(engine, "arith", "1.2.0", content="bbb")
+    _publish(engine, "other", "1.3.0", content="bbb")
     with session_scope(engine, write=False) as session:
-        found = find_version_by_hash(session, "arith", "bbb")
-        assert found is not None and found.version == "1.1.0"
-        assert find_version_by_hash(session, "arith", "zzz") is None
-        by_code = find_version_by_code_hash(session, "arith", "code-1.0.0")
+        found = find_version(session, "arith", content_hash="bbb")
+        assert found is not None and found.version == "1.2.0"  # the highest match
+        assert find_version(session, "arith", content_hash="zzz") is None
+        by_code = find_version(session, "arith", code_hash="code-1.0.0")
         assert by_code is not None and by_code.version == "1.0.0"
+        # every filter given must match
+        exact = find_version(session, "arith", "1.1.0", content_hash="bbb")
+        assert exact is not None and exact.version == "1.1.0"
+        assert find_version(session, "arith", "1.0.0", content_hash="bbb") is None
+        assert find_version(session, "arith", code_hash="code-1.2.0", content_hash="aaa") is None
 
 
 def test_versions_are_immutable(engine: Engine) -> None:
@@ -216,6 +229,40 @@ def test_finish_run_and_list_runs(engine: Engine) -> None:
         first = get_run(session, ids[0])
         assert first is not None and first.summary == {"avg_reward": 0.5}
         assert first.status == "completed"
+
+
+def test_get_run_exact_ignores_prefixes(engine: Engine) -> None:
+    run = _run(engine, run_id="abcdef0123456789abcdef0123456789")
+    with session_scope(engine, write=False) as session:
+        found = get_run(session, run.id, exact=True)
+        assert found is not None and found.id == run.id
+        assert get_run(session, "abcdef", exact=True) is None
+
+
+def test_list_runs_filters(engine: Engine) -> None:
+    old = _run(engine, fingerprint="fp-a")
+    new = _run(engine, fingerprint="fp-a")
+    other_model = _run(engine, fingerprint="fp-b", model="other")  # type: ignore[arg-type]
+    with session_scope(engine) as session:
+        finish_run(session, old.id, "completed", {})
+        finish_run(session, new.id, "completed", {})
+        assert find_completed_run(session, "fp-b") is None  # running, not completed
+        completed = find_completed_run(session, "fp-a")
+        assert completed is not None and completed.id == new.id  # the newest
+        started = get_run(session, new.id)
+        assert started is not None
+
+        def ids(**filters: object) -> list[str]:
+            return [run.id for run in list_runs(session, **filters)]  # type: ignore[arg-type]
+
+        assert ids(status="completed") == [new.id, old.id]
+        assert ids(model="other") == [other_model.id]
+        assert ids(config_fingerprint="fp-a", limit=None) == [new.id, old.id]
+        assert ids(num_examples=10, rollouts_per_example=2, limit=1) == [other_model.id]
+        assert ids(num_examples=11) == []
+        assert ids(environment_content_hash="c" * 64, status="running") == [other_model.id]
+        assert ids(started_before=started.started_at) == [old.id]
+        assert ids(status="completed", exclude_run_id=new.id) == [old.id]
 
 
 # --- rollouts ---------------------------------------------------------------------------
@@ -319,6 +366,31 @@ def test_nul_characters_do_not_fail_a_batch(engine: Engine) -> None:
         assert stored == record
 
 
+def test_rollouts_table_is_the_rollout_schema() -> None:
+    # the table is built from the declaration: every per-rollout column, same nullability
+    table = RolloutRow.__table__
+    stored = [c for c in ROLLOUT_COLUMNS if not c.per_run]
+    assert [c.name for c in table.columns] == ["id", "run_id", *(c.name for c in stored)]
+    for spec in stored:
+        column = table.c[spec.name]
+        assert column.nullable == spec.nullable, spec.name
+        assert getattr(column.type, "length", None) == spec.max_length or spec.kind != "str"
+    assert {c.name for c in ROLLOUT_COLUMNS if c.per_run} == {"model", "sampling_args"}
+
+
+def test_nul_in_error_text_does_not_fail_a_batch(engine: Engine) -> None:
+    run = _run(engine)
+    error = RolloutError(type="ValueError", message="bad \x00 byte", stage="scoring")
+    record = make_error_record(0, 0)
+    record.error = error
+    assert insert_rollouts(engine, run.id, [record, make_record(1, 0)]) == 2
+    stored, clean = iter_rollouts(engine, run.id)
+    assert stored.error is not None
+    expected = "bad \ufffd byte" if engine.dialect.name == "postgresql" else "bad \x00 byte"
+    assert stored.error.message == expected
+    assert clean == make_record(1, 0, trace_id=clean.trace_id)
+
+
 def test_rollouts_need_an_existing_run(engine: Engine) -> None:
     from sqlalchemy.exc import IntegrityError
 
@@ -347,6 +419,42 @@ async def test_judge_cache_get_set(engine: Engine) -> None:
     assert other is not None and (other.score, other.judge_model) == (0.0, "judge-2")
     # another cache object (another process, in practice) sees the same entries
     assert await RegistryJudgeCache(engine).get("k2") == "no"
+
+
+# --- alias events -------------------------------------------------------------------------
+
+
+def _decide(engine: Engine, alias: str, to_version: str, outcome: str) -> int:
+    with session_scope(engine) as session:
+        row = record_alias_event(
+            session,
+            actor="ci",
+            model_name="policy",
+            alias=alias,
+            from_version=None,
+            to_version=to_version,
+            outcome=outcome,
+            forced=False,
+            metric="reward",
+            evidence={"envs": {"arith": {"delta": 0.1}}},
+            reason=f"{outcome} v{to_version}",
+        )
+        return int(row.id)
+
+
+def test_alias_events_append_and_list_oldest_first(engine: Engine) -> None:
+    first = _decide(engine, "champion", "1", "promoted")
+    second = _decide(engine, "staging", "2", "refused")
+    third = _decide(engine, "champion", "3", "refused")
+    with session_scope(engine, write=False) as session:
+        assert [e.id for e in list_alias_events(session, "policy")] == [first, second, third]
+        champion = list_alias_events(session, "policy", alias="champion")
+        assert [(e.to_version, e.outcome) for e in champion] == [
+            ("1", "promoted"),
+            ("3", "refused"),
+        ]
+        assert champion[0].evidence == {"envs": {"arith": {"delta": 0.1}}}
+        assert list_alias_events(session, "unknown") == []
 
 
 def test_records_compare_by_value() -> None:

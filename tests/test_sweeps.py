@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from tests.registry_fixtures import DIALECTS, database_url
 from vfops._config import ConfigError
 from vfops._errors import VfopsError
-from vfops.registry import EvalRun, count_rollouts, get_engine, iter_rollouts
+from vfops.registry import EvalRunRow, count_rollouts, get_engine, iter_rollouts
 from vfops.sweeps import (
     Cell,
     SamplingConfig,
@@ -113,7 +113,7 @@ def spec_data(endpoints_toml: Path, /, **overrides: Any) -> dict[str, Any]:
 
 def run_rows(url: str) -> int:
     with Session(get_engine(url)) as session:
-        return int(session.scalar(select(func.count()).select_from(EvalRun)) or 0)
+        return int(session.scalar(select(func.count()).select_from(EvalRunRow)) or 0)
 
 
 # --- the matrix -----------------------------------------------------------------------

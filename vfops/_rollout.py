@@ -9,7 +9,9 @@ across rows and invent ``None`` fields that were never there.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -105,155 +107,385 @@ class RolloutRecord:
         """Identity of the rollout inside a run: (example_id, rollout_index)."""
         return (self.example_id, self.rollout_index)
 
-    # --- JSON -----------------------------------------------------------------
+    # --- JSON -----------------------------------------------------------------------
+    # The converters are generated from ROLLOUT_COLUMNS (below). to_dict, to_json and
+    # to_row are replaced by the generated functions themselves: they are hot paths,
+    # and a wrapper's extra call cost 5-10 % there.
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "trace_id": self.trace_id,
-            "example_id": self.example_id,
-            "rollout_index": self.rollout_index,
-            "task": self.task,
-            "prompt": self.prompt,
-            "completion": self.completion,
-            "answer": self.answer,
-            "info": self.info,
-            "reward": self.reward,
-            "metrics": self.metrics,
-            "stop_reason": self.stop_reason,
-            "error": None if self.error is None else self.error.to_dict(),
-            "timing": {
-                "generation_ms": self.timing.generation_ms,
-                "scoring_ms": self.timing.scoring_ms,
-            },
-            "usage": {
-                "prompt_tokens": self.usage.prompt_tokens,
-                "completion_tokens": self.usage.completion_tokens,
-            },
-            "turns": self.turns,
-            "model": self.model,
-            "sampling_args": self.sampling_args,
-        }
+        """The JSON record: every column, each part's columns nested under the part."""
+        return _to_dict(self)
 
     def to_json(self) -> bytes:
         """One JSON line (no trailing newline). Non-JSON values in info become strings."""
-        return orjson.dumps(self.to_dict(), default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+        return _to_json(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutRecord:
-        error = data.get("error")
-        timing = data.get("timing") or {}
-        usage = data.get("usage") or {}
-        return cls(
-            trace_id=data["trace_id"],
-            example_id=int(data["example_id"]),
-            rollout_index=int(data["rollout_index"]),
-            task=data.get("task", "default"),
-            prompt=data["prompt"],
-            completion=data["completion"],
-            answer=data.get("answer", ""),
-            info=data.get("info") or {},
-            reward=data.get("reward"),
-            metrics=data.get("metrics") or {},
-            stop_reason=data.get("stop_reason", "completed"),
-            error=None if not error else RolloutError(**error),
-            timing=Timing(**timing),
-            usage=TokenUsage(**usage),
-            turns=int(data.get("turns", 0)),
-            model=data.get("model", ""),
-            sampling_args=data.get("sampling_args") or {},
-        )
+        """Read a JSON record; a field missing from an older file takes its default."""
+        return _from_dict(data)
 
     @classmethod
     def from_json(cls, line: bytes | str) -> RolloutRecord:
-        return cls.from_dict(orjson.loads(line))
+        return _from_dict(orjson.loads(line))
 
-    # --- datasets rows ----------------------------------------------------------
+    # --- flat rows (datasets, Arrow) ------------------------------------------------
     def to_row(self) -> dict[str, Any]:
         """A flat row whose columns match :func:`rollout_features`."""
-        return {
-            "trace_id": self.trace_id,
-            "example_id": self.example_id,
-            "rollout_index": self.rollout_index,
-            "task": self.task,
-            "prompt": _dumps(self.prompt),
-            "completion": _dumps(self.completion),
-            "answer": self.answer,
-            "info": _dumps(self.info),
-            "reward": self.reward,
-            "metrics": _dumps(self.metrics),
-            "stop_reason": self.stop_reason,
-            "error_type": None if self.error is None else self.error.type,
-            "error_message": None if self.error is None else self.error.message,
-            "error_stage": None if self.error is None else self.error.stage,
-            "generation_ms": self.timing.generation_ms,
-            "scoring_ms": self.timing.scoring_ms,
-            "prompt_tokens": self.usage.prompt_tokens,
-            "completion_tokens": self.usage.completion_tokens,
-            "turns": self.turns,
-            "model": self.model,
-            "sampling_args": _dumps(self.sampling_args),
-        }
+        return _to_row(self)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> RolloutRecord:
-        error = None
-        if row.get("error_type") is not None:
-            error = RolloutError(
-                type=row["error_type"], message=row["error_message"], stage=row["error_stage"]
-            )
-        return cls(
-            trace_id=row["trace_id"],
-            example_id=int(row["example_id"]),
-            rollout_index=int(row["rollout_index"]),
-            task=row["task"],
-            prompt=orjson.loads(row["prompt"]),
-            completion=orjson.loads(row["completion"]),
-            answer=row["answer"],
-            info=orjson.loads(row["info"]),
-            reward=row["reward"],
-            metrics=orjson.loads(row["metrics"]),
-            stop_reason=row["stop_reason"],
-            error=error,
-            timing=Timing(generation_ms=row["generation_ms"], scoring_ms=row["scoring_ms"]),
-            usage=TokenUsage(
-                prompt_tokens=row["prompt_tokens"], completion_tokens=row["completion_tokens"]
-            ),
-            turns=int(row["turns"]),
-            model=row["model"],
-            sampling_args=orjson.loads(row["sampling_args"]),
-        )
+        return _from_row(row)
 
 
 def _dumps(value: Any) -> str:
     return orjson.dumps(value, default=str).decode()
 
 
+# --- the schema, declared once -------------------------------------------------------
+
+ColumnKind = Literal["int", "float", "str", "json"]
+PartName = Literal["error", "timing", "usage"]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutColumn:
+    """One flat column of the rollout schema (see :data:`ROLLOUT_COLUMNS`)."""
+
+    name: str
+    # "json": a free-form value; a JSON string in flat rows (see the module docstring)
+    kind: ColumnKind
+    nullable: bool = False
+    # A field of a sub-record, ``record.<part>.<key>``; the JSON record nests a part's
+    # columns in one object under the part's name. A part whose columns are all
+    # nullable is optional: ``None`` on the record, every column null in a flat row.
+    part: PartName | None = None
+    key: str = ""  # the sub-record's field; "" means the column's name
+    # from_dict refuses a record without it; any other missing field takes its default
+    required: bool = False
+    # storage hints for the registry: VARCHAR length (None: unbounded text), 64-bit int
+    max_length: int | None = None
+    big: bool = False
+    # the same for every rollout of a run: the registry stores it once, on the run
+    per_run: bool = False
+
+    @property
+    def attr(self) -> str:
+        """The attribute holding the value, on the record or on its part."""
+        return self.key or self.name
+
+
+ROLLOUT_COLUMNS: tuple[RolloutColumn, ...] = (
+    RolloutColumn("trace_id", "str", required=True, max_length=32),
+    RolloutColumn("example_id", "int", required=True, big=True),
+    RolloutColumn("rollout_index", "int", required=True),
+    RolloutColumn("task", "str", max_length=200),
+    RolloutColumn("prompt", "json", required=True),
+    RolloutColumn("completion", "json", required=True),
+    RolloutColumn("answer", "str"),
+    RolloutColumn("info", "json"),
+    RolloutColumn("reward", "float", nullable=True),
+    RolloutColumn("metrics", "json"),
+    RolloutColumn("stop_reason", "str", max_length=32),
+    RolloutColumn("error_type", "str", nullable=True, part="error", key="type", max_length=200),
+    RolloutColumn("error_message", "str", nullable=True, part="error", key="message"),
+    RolloutColumn("error_stage", "str", nullable=True, part="error", key="stage", max_length=20),
+    RolloutColumn("generation_ms", "float", part="timing"),
+    RolloutColumn("scoring_ms", "float", part="timing"),
+    RolloutColumn("prompt_tokens", "int", part="usage"),
+    RolloutColumn("completion_tokens", "int", part="usage"),
+    RolloutColumn("turns", "int"),
+    RolloutColumn("model", "str", per_run=True),
+    RolloutColumn("sampling_args", "json", per_run=True),
+)
+"""The rollout schema in column order. Derived from it: the JSON record
+(``to_dict``/``from_dict``), the flat row (``to_row``/``from_row``), the ``datasets``
+features, the Arrow schema, and the registry's ``rollouts`` table and bulk insert."""
+
+PART_TYPES: dict[str, type[Any]] = {"error": RolloutError, "timing": Timing, "usage": TokenUsage}
+"""The sub-record class of each part (``RolloutRecord.<part>``)."""
+
+# Arrow type names (also the ``datasets.Value`` dtypes); JSON travels as a string.
+_ARROW_TYPE_NAMES: dict[str, str] = {
+    "int": "int64",
+    "float": "float64",
+    "str": "string",
+    "json": "string",
+}
+
+
 def rollout_features() -> Any:
     """The ``datasets.Features`` of a rollout row (imported lazily: datasets is heavy)."""
     from datasets import Features, Value
 
-    string, i64, f64 = Value("string"), Value("int64"), Value("float64")
-    return Features(
-        {
-            "trace_id": string,
-            "example_id": i64,
-            "rollout_index": i64,
-            "task": string,
-            "prompt": string,
-            "completion": string,
-            "answer": string,
-            "info": string,
-            "reward": f64,
-            "metrics": string,
-            "stop_reason": string,
-            "error_type": string,
-            "error_message": string,
-            "error_stage": string,
-            "generation_ms": f64,
-            "scoring_ms": f64,
-            "prompt_tokens": i64,
-            "completion_tokens": i64,
-            "turns": i64,
-            "model": string,
-            "sampling_args": string,
-        }
+    return Features({c.name: Value(_ARROW_TYPE_NAMES[c.kind]) for c in ROLLOUT_COLUMNS})
+
+
+def rollout_arrow_schema() -> Any:
+    """The ``pyarrow.Schema`` of a rollout row (pyarrow is imported on first use)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field(c.name, pa.type_for_alias(_ARROW_TYPE_NAMES[c.kind]), nullable=c.nullable)
+            for c in ROLLOUT_COLUMNS
+        ]
     )
+
+
+# --- converters, generated from the schema --------------------------------------------
+#
+# Each converter is compiled once, at import, from ROLLOUT_COLUMNS into the
+# straight-line code one would write by hand (as ``dataclasses`` does for
+# ``__init__``): to_json and the registry's row building run thousands of times a
+# second, and interpreting the column specs per record would be several times slower.
+# Parts are read once per record into ``p_<part>`` locals.
+
+
+def part_columns(part: str) -> list[RolloutColumn]:
+    """The columns of one part, in schema order."""
+    return [c for c in ROLLOUT_COLUMNS if c.part == part]
+
+
+def optional_part(part: str) -> bool:
+    """Whether the part may be ``None`` on a record (all its columns are nullable)."""
+    return all(c.nullable for c in part_columns(part))
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+class _Generated:
+    """The namespace of one generated function: the objects its source refers to."""
+
+    def __init__(self, dumps: Callable[[Any], str] = _dumps) -> None:
+        self.namespace: dict[str, Any] = {
+            "Record": RolloutRecord,
+            "dumps": dumps,
+            "loads": orjson.loads,
+            "opt_int": _opt_int,
+        }
+        self.namespace.update({f"Part_{name}": cls for name, cls in PART_TYPES.items()})
+
+    def constant(self, name: str, value: Any) -> str:
+        self.namespace[name] = value
+        return name
+
+    def compile(self, name: str, lines: Sequence[str]) -> Any:
+        code = compile("\n".join(lines) + "\n", f"<rollout schema: {name}>", "exec")
+        exec(code, self.namespace)  # the source is built from ROLLOUT_COLUMNS only
+        return self.namespace[name]
+
+
+def _read(column: RolloutColumn, seen: set[str], *, dumps: bool) -> str:
+    """The expression of ``column``'s value on record ``r`` (JSON text when ``dumps``).
+
+    A part is bound to ``p_<part>`` at its first column (a walrus, so the
+    expression also works inside a comprehension).
+    """
+    if column.part is None:
+        value = f"r.{column.name}"
+    else:
+        local = f"p_{column.part}"
+        ref = local if column.part in seen else f"({local} := r.{column.part})"
+        seen.add(column.part)
+        if optional_part(column.part):
+            value = f"None if {ref} is None else {local}.{column.attr}"
+        else:
+            value = f"{ref}.{column.attr}"
+    return f"dumps({value})" if dumps and column.kind == "json" else value
+
+
+def _nested_part(part: str) -> str:
+    local, members = f"p_{part}", part_columns(part)
+    if optional_part(part):
+        fields = ", ".join(f"{c.attr!r}: {local}.{c.attr}" for c in members)
+        return f"None if ({local} := r.{part}) is None else {{{fields}}}"
+    refs = [f"({local} := r.{part})"] + [local] * (len(members) - 1)
+    fields = ", ".join(f"{c.attr!r}: {ref}.{c.attr}" for c, ref in zip(members, refs, strict=True))
+    return f"{{{fields}}}"
+
+
+def _json_record_items() -> list[str]:
+    """The items of the JSON record's dict display, read from record ``r``."""
+    items: list[str] = []
+    for column in ROLLOUT_COLUMNS:
+        if column.part is None:
+            items.append(f"{column.name!r}: r.{column.name}")
+        elif column is part_columns(column.part)[0]:  # one nested object per part
+            items.append(f"{column.part!r}: {_nested_part(column.part)}")
+    return items
+
+
+def _build_to_dict() -> Callable[[RolloutRecord], dict[str, Any]]:
+    items = _json_record_items()
+    lines = ["def to_dict(r):", "    return {", *(f"        {item}," for item in items), "    }"]
+    built: Callable[[RolloutRecord], dict[str, Any]] = _Generated().compile("to_dict", lines)
+    return built
+
+
+def _build_to_json() -> Callable[[RolloutRecord], bytes]:
+    # the dict display inlined into the orjson call: one Python call per record
+    generated = _Generated()
+    generated.constant("json_dumps", orjson.dumps)
+    generated.constant("OPTIONS", orjson.OPT_SERIALIZE_NUMPY)
+    items = _json_record_items()
+    lines = [
+        "def to_json(r):",
+        "    return json_dumps({",
+        *(f"        {item}," for item in items),
+        "    }, default=str, option=OPTIONS)",
+    ]
+    built: Callable[[RolloutRecord], bytes] = generated.compile("to_json", lines)
+    return built
+
+
+def _build_to_row() -> Callable[[RolloutRecord], dict[str, Any]]:
+    seen: set[str] = set()
+    items = [f"{c.name!r}: {_read(c, seen, dumps=True)}" for c in ROLLOUT_COLUMNS]
+    lines = ["def to_row(r):", "    return {", *(f"        {item}," for item in items), "    }"]
+    built: Callable[[RolloutRecord], dict[str, Any]] = _Generated().compile("to_row", lines)
+    return built
+
+
+RowsBuilder = Callable[[Sequence[RolloutRecord], Any], list[tuple[Any, ...]]]
+
+
+def row_tuples_builder(
+    columns: Sequence[RolloutColumn], dumps: Callable[[Any], str]
+) -> RowsBuilder:
+    """A function ``(records, key) -> [(key, <columns[0]>, <columns[1]>, ...), ...]``.
+
+    For a bulk insert (the registry: ``key`` is the run id); JSON values are
+    serialised by ``dumps``. One list comprehension: CPython's fastest loop.
+    """
+    seen: set[str] = set()
+    values = ", ".join(_read(c, seen, dumps=True) for c in columns)
+    lines = ["def rows(records, key):", f"    return [(key, {values}) for r in records]"]
+    built: RowsBuilder = _Generated(dumps).compile("rows", lines)
+    return built
+
+
+def _convert(column: RolloutColumn, value: str, *, decode_json: bool) -> str:
+    if column.kind == "int":
+        return f"opt_int({value})" if column.nullable else f"int({value})"
+    if column.kind == "json" and decode_json:
+        return f"loads({value})"
+    return value
+
+
+def _default(generated: _Generated, owner: type[Any], name: str) -> str | None:
+    """The expression of the dataclass default of ``owner.name``; None: it has none."""
+    spec = next(f for f in dataclasses.fields(owner) if f.name == name)
+    label = f"default_{owner.__name__}_{name}"
+    if spec.default is not dataclasses.MISSING:
+        return generated.constant(label, spec.default)
+    if spec.default_factory is not dataclasses.MISSING:
+        return f"{generated.constant(label, spec.default_factory)}()"
+    return None
+
+
+def _json_field(
+    generated: _Generated, column: RolloutColumn, mapping: str, owner: type[Any]
+) -> str:
+    default = _default(generated, owner, column.attr)
+    if column.required or default is None:
+        value = f"{mapping}[{column.attr!r}]"
+    elif column.kind == "json":
+        value = f"({mapping}.get({column.attr!r}) or {default})"  # null reads as empty
+    else:
+        value = f"{mapping}.get({column.attr!r}, {default})"
+    return _convert(column, value, decode_json=False)
+
+
+def _build_from_dict() -> Callable[[dict[str, Any]], RolloutRecord]:
+    generated = _Generated()
+    lines, arguments = ["def from_dict(d):"], []
+    for column in ROLLOUT_COLUMNS:
+        if column.part is None:
+            value = _json_field(generated, column, "d", RolloutRecord)
+            arguments.append(f"{column.name}={value}")
+            continue
+        if column is not part_columns(column.part)[0]:
+            continue
+        part, local, cls = column.part, f"p_{column.part}", PART_TYPES[column.part]
+        fields = ", ".join(
+            f"{c.attr}={_json_field(generated, c, local, cls)}" for c in part_columns(part)
+        )
+        if optional_part(part):
+            lines.append(f"    {local} = d.get({part!r})")
+            arguments.append(f"{part}=None if not {local} else Part_{part}({fields})")
+        else:
+            lines.append(f"    {local} = d.get({part!r}) or {{}}")
+            arguments.append(f"{part}=Part_{part}({fields})")
+    lines += ["    return Record(", *(f"        {a}," for a in arguments), "    )"]
+    built: Callable[[dict[str, Any]], RolloutRecord] = generated.compile("from_dict", lines)
+    return built
+
+
+def record_builder(
+    columns: Sequence[RolloutColumn], *, by_name: bool, decode_json: bool
+) -> Callable[..., RolloutRecord]:
+    """A function ``(values, *others) -> RolloutRecord`` reading a flat row.
+
+    ``values`` holds ``columns``: a mapping by column name when ``by_name``, else a
+    sequence in the order of ``columns``. The schema's other columns (e.g. the
+    registry's per-run ``model``, ``sampling_args``) follow as arguments, in schema
+    order. ``decode_json``: JSON columns hold text (else already decoded values).
+    """
+    position = {c.name: i for i, c in enumerate(columns)}
+    others = [c.name for c in ROLLOUT_COLUMNS if c.name not in position]
+
+    def raw(column: RolloutColumn) -> str:
+        if column.name not in position:
+            return column.name
+        return f"v[{column.name!r}]" if by_name else f"v[{position[column.name]}]"
+
+    def cell(column: RolloutColumn) -> str:
+        if column.name not in position:
+            return column.name
+        return _convert(column, raw(column), decode_json=decode_json)
+
+    arguments: list[str] = []
+    for column in ROLLOUT_COLUMNS:
+        if column.part is None:
+            arguments.append(f"{column.name}={cell(column)}")
+            continue
+        members = part_columns(column.part)
+        if column is not members[0]:
+            continue
+        built_part = f"Part_{column.part}({', '.join(f'{c.attr}={cell(c)}' for c in members)})"
+        if optional_part(column.part):  # present when its first column is not null
+            built_part = f"None if {raw(members[0])} is None else {built_part}"
+        arguments.append(f"{column.part}={built_part}")
+    lines = [
+        f"def build(v{''.join(', ' + name for name in others)}):",
+        "    return Record(",
+        *(f"        {a}," for a in arguments),
+        "    )",
+    ]
+    built: Callable[..., RolloutRecord] = _Generated().compile("build", lines)
+    return built
+
+
+_to_dict = _build_to_dict()
+_to_json = _build_to_json()
+_to_row = _build_to_row()
+_from_dict = _build_from_dict()
+_from_row: Callable[[dict[str, Any]], RolloutRecord] = record_builder(
+    ROLLOUT_COLUMNS, by_name=True, decode_json=True
+)
+
+
+def _install(name: str, generated: Callable[..., Any]) -> None:
+    """Make ``generated`` the method ``name`` itself, with the stub's name and docstring."""
+    stub = getattr(RolloutRecord, name)
+    for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
+        setattr(generated, attribute, getattr(stub, attribute))
+    setattr(RolloutRecord, name, generated)
+
+
+_install("to_dict", _to_dict)
+_install("to_json", _to_json)
+_install("to_row", _to_row)

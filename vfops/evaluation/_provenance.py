@@ -34,11 +34,11 @@ def resolve_provenance(engine: Engine, env_name: str) -> Provenance:
     from sqlalchemy.orm import Session
 
     from vfops.publishing._provenance import inspect_installed
-    from vfops.registry import find_version_by_code_hash
+    from vfops.registry import find_version
 
     installed = inspect_installed(env_name)
     with Session(engine) as session:
-        row = find_version_by_code_hash(session, installed.env_name, installed.code_hash)
+        row = find_version(session, installed.env_name, code_hash=installed.code_hash)
         if row is not None:
             return Provenance(installed.env_name, row.version, installed.code_hash, row.id)
     return Provenance(installed.env_name, installed.local_label, installed.code_hash, None)

@@ -216,24 +216,20 @@ def find_reusable_run(engine: Engine, request: GateRequest, model_uri: str) -> s
     ``vfops eval -m models:/NAME/VERSION``) as long as the environment code, N, R,
     sampling and environment arguments are the ones this gate would use.
     """
-    from sqlalchemy import select
-
     from vfops.evaluation import resolve_provenance
-    from vfops.registry import EvalRun, session_scope
+    from vfops.registry import list_runs, session_scope
 
     code_hash = resolve_provenance(engine, request.env).code_hash
     with session_scope(engine, write=False) as session:
-        runs = session.scalars(
-            select(EvalRun)
-            .where(
-                EvalRun.environment_name == request.env,
-                EvalRun.model == model_uri,
-                EvalRun.status == "completed",
-                EvalRun.num_examples == request.num_examples,
-                EvalRun.rollouts_per_example == request.rollouts_per_example,
-                EvalRun.environment_content_hash == code_hash,
-            )
-            .order_by(EvalRun.started_at.desc(), EvalRun.id.desc())
+        runs = list_runs(
+            session,
+            env_name=request.env,
+            model=model_uri,
+            status="completed",
+            num_examples=request.num_examples,
+            rollouts_per_example=request.rollouts_per_example,
+            environment_content_hash=code_hash,
+            limit=None,
         )
         for run in runs:
             if run.sampling_args == request.sampling_args and run.env_args == request.env_args:
@@ -322,8 +318,7 @@ async def promote_async(
     """
     from mlflow.exceptions import MlflowException
 
-    from vfops.registry import get_engine, session_scope
-    from vfops.registry._models import AliasEvent
+    from vfops.registry import get_engine, record_alias_event, session_scope
     from vfops.stats import compare_runs_statistically
 
     version = str(version)
@@ -470,7 +465,8 @@ async def promote_async(
     }
     # One transaction: the row is committed only if the alias move succeeded.
     with session_scope(engine) as session:
-        row = AliasEvent(
+        row = record_alias_event(
+            session,
             actor=actor,
             model_name=name,
             alias=alias,
@@ -482,8 +478,6 @@ async def promote_async(
             evidence=evidence_doc,
             reason=reason,
         )
-        session.add(row)
-        session.flush()
         event_id = int(row.id)
         if outcome == "promoted":
             await asyncio.to_thread(
@@ -524,17 +518,11 @@ def promotion_history(
     name: str, *, alias: str | None = None, engine: Engine | None = None
 ) -> list[AliasEventInfo]:
     """Every recorded decision on model ``name`` (optionally one alias), oldest first."""
-    from sqlalchemy import select
-
-    from vfops.registry import get_engine, session_scope
-    from vfops.registry._models import AliasEvent
+    from vfops.registry import get_engine, list_alias_events, session_scope
 
     engine = engine or get_engine()
-    query = select(AliasEvent).where(AliasEvent.model_name == name)
-    if alias is not None:
-        query = query.where(AliasEvent.alias == alias)
     with session_scope(engine, write=False) as session:
-        rows = session.scalars(query.order_by(AliasEvent.id)).all()
+        rows = list_alias_events(session, name, alias=alias)
         return [
             AliasEventInfo(
                 id=int(r.id),

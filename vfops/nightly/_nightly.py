@@ -12,15 +12,15 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
-
 from vfops.evaluation._compare import per_example_rewards
-from vfops.registry._models import EvalRun
+from vfops.registry import get_run, list_runs
 from vfops.sweeps._spec import MODEL_REF_TAG
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlalchemy.orm import Session
+
+    from vfops.registry import EvalRunRow
 
 NIGHTLY_TAG = "nightly"
 
@@ -29,7 +29,7 @@ def nightly_tags(day: dt.date) -> list[str]:
     return [NIGHTLY_TAG, f"{NIGHTLY_TAG}:{day.isoformat()}"]
 
 
-def model_ref(run: EvalRun) -> str | None:
+def model_ref(run: EvalRunRow) -> str | None:
     """The registry alias (``models:/NAME@champion``) the run's model was pinned from."""
     for tag in run.tags or []:
         if tag.startswith(MODEL_REF_TAG):
@@ -37,14 +37,14 @@ def model_ref(run: EvalRun) -> str | None:
     return None
 
 
-def _same_model(a: EvalRun, b: EvalRun) -> bool:
+def _same_model(a: EvalRunRow, b: EvalRunRow) -> bool:
     # A cell of an alias follows the alias: tonight's champion is compared with
     # last night's champion, whichever versions they were.
     ref = model_ref(a)
     return ref == model_ref(b) if ref is not None else a.model == b.model
 
 
-def _same_cell(a: EvalRun, b: EvalRun) -> bool:
+def _same_cell(a: EvalRunRow, b: EvalRunRow) -> bool:
     return (
         a.environment_name == b.environment_name
         and _same_model(a, b)
@@ -55,20 +55,17 @@ def _same_cell(a: EvalRun, b: EvalRun) -> bool:
     )
 
 
-def previous_nightly_run(session: Session, run: EvalRun) -> EvalRun | None:
+def previous_nightly_run(session: Session, run: EvalRunRow) -> EvalRunRow | None:
     """The newest completed nightly run of the same cell that started before ``run``."""
-    same_model = [] if model_ref(run) is not None else [EvalRun.model == run.model]
-    candidates = session.scalars(
-        select(EvalRun)
-        .where(
-            EvalRun.environment_name == run.environment_name,
-            *same_model,
-            EvalRun.status == "completed",
-            EvalRun.started_at < run.started_at,
-            EvalRun.id != run.id,
-        )
-        .order_by(EvalRun.started_at.desc())
-        .limit(200)
+    candidates = list_runs(
+        session,
+        env_name=run.environment_name,
+        # a cell of an alias follows the alias, whichever model it resolved to
+        model=None if model_ref(run) is not None else run.model,
+        status="completed",
+        started_before=run.started_at,
+        exclude_run_id=run.id,
+        limit=200,
     )
     for candidate in candidates:
         if NIGHTLY_TAG in (candidate.tags or []) and _same_cell(candidate, run):
@@ -124,7 +121,7 @@ def compare_with_previous(
     from vfops.stats import compare_runs_statistically
 
     with Session(engine) as session:
-        run = session.get(EvalRun, run_id)
+        run = get_run(session, run_id, exact=True)
         if run is None:
             raise LookupError(f"no eval run {run_id}")
         previous = previous_nightly_run(session, run)
@@ -161,14 +158,7 @@ def nightly_history(
     from sqlalchemy.orm import Session
 
     with Session(engine) as session:
-        runs = list(
-            session.scalars(
-                select(EvalRun)
-                .where(EvalRun.environment_name == env_name, EvalRun.status == "completed")
-                .order_by(EvalRun.started_at.desc())
-                .limit(limit * 10)
-            )
-        )
+        runs = list_runs(session, env_name=env_name, status="completed", limit=limit * 10)
     history: dict[str, list[tuple[str, float, float]]] = {}
     for run in reversed(runs):
         if NIGHTLY_TAG not in (run.tags or []) or not run.summary:

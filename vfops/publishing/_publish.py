@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,7 +29,7 @@ from vfops.publishing._project import (
     read_project,
     write_version,
 )
-from vfops.registry._models import EnvironmentRow, EnvironmentVersion
+from vfops.registry import EnvironmentVersionRow, list_versions
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -65,7 +64,7 @@ def publish_environment(
     digest = content_hash(path)
     engine = get_engine(database_url)
     with Session(engine) as session:
-        versions = _versions(session, project.env_name)
+        versions = list_versions(session, project.env_name)
         unchanged = [v for v in versions if v.content_hash == digest]
         if unchanged:  # identical content: report the version that has it
             return _result(max(unchanged, key=_semver_key), "unchanged")
@@ -99,21 +98,13 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-def _versions(session: Session, env_name: str) -> list[EnvironmentVersion]:
-    return list(
-        session.scalars(
-            select(EnvironmentVersion).join(EnvironmentRow).where(EnvironmentRow.name == env_name)
-        )
-    )
-
-
-def _semver_key(version: EnvironmentVersion) -> tuple[int, int, int]:
+def _semver_key(version: EnvironmentVersionRow) -> tuple[int, int, int]:
     return (version.version_major, version.version_minor, version.version_patch)
 
 
 def _choose_version(
     declared: str,
-    versions: list[EnvironmentVersion],
+    versions: list[EnvironmentVersionRow],
     bump: Bump | None,
     path: Path,
     env_name: str,
@@ -141,7 +132,7 @@ def _register(
     wheel_ref: ArtifactRef,
     sdist_ref: ArtifactRef,
     datasets: dict[str, Any],
-) -> EnvironmentVersion:
+) -> EnvironmentVersionRow:
     """Write the version row (one transaction; a concurrent identical publish wins once)."""
     from vfops.registry import add_environment_version, session_scope
 
@@ -171,7 +162,7 @@ def _register(
     return row
 
 
-def _result(row: EnvironmentVersion, status: Literal["published", "unchanged"]) -> PublishResult:
+def _result(row: EnvironmentVersionRow, status: Literal["published", "unchanged"]) -> PublishResult:
     return PublishResult(
         env_name=row.environment.name,
         version=row.version,
@@ -192,8 +183,8 @@ def parse_ref(ref: str) -> tuple[str, str]:
     return name, version or "latest"
 
 
-def find_published(session: Session, name: str, version: str = "latest") -> EnvironmentVersion:
-    versions = _versions(session, name)
+def find_published(session: Session, name: str, version: str = "latest") -> EnvironmentVersionRow:
+    versions = list_versions(session, name)
     if not versions:
         raise VfopsError(
             f"environment '{name}' has no published version; publish it with: "
@@ -215,7 +206,7 @@ def install_published(
     python: str = sys.executable,
     target: Path | None = None,
     no_deps: bool = False,
-) -> EnvironmentVersion:
+) -> EnvironmentVersionRow:
     """Download a published wheel, verify its hash and archive paths, pip-install it."""
     from vfops.artifacts import open_uri, safe_extract
     from vfops.registry import get_engine

@@ -1,11 +1,22 @@
-"""The registry: environments, published versions, eval runs, rollouts, judge cache.
+"""The registry: environments, published versions, eval runs, rollouts, judge cache,
+alias events.
 
 SQLite under ``$VFOPS_HOME`` by default, PostgreSQL via ``VFOPS_DATABASE_URL``.
 The schema is created on first use and migrated with ``vfops db upgrade``.
+Every query on the registry's tables lives in this package, one private module
+per entity; other packages call these functions and never build a statement on
+the ORM classes (a test checks it).
+
+Metadata functions take a :class:`~sqlalchemy.orm.Session`, so a caller can group
+several into one transaction (``with session_scope() as session: ...``). Rollout
+and judge-cache functions take an :class:`~sqlalchemy.Engine`: they are the hot
+paths, use Core statements instead of ORM objects, and each call is its own
+transaction.
 """
 
 from __future__ import annotations
 
+from vfops.registry._alias_events import list_alias_events, record_alias_event
 from vfops.registry._db import (
     current_revision,
     dispose_engines,
@@ -13,51 +24,55 @@ from vfops.registry._db import (
     ensure_schema,
     get_engine,
     head_revision,
+    is_known_revision,
     mask_url,
     session_scope,
     transaction,
     upgrade,
 )
+from vfops.registry._environments import (
+    add_environment_version,
+    find_version,
+    get_or_create_environment,
+    list_environments,
+    list_versions,
+    parse_version,
+)
+from vfops.registry._judge_cache import JudgeCacheEntry, RegistryJudgeCache
 from vfops.registry._models import (
+    AliasEventRow,
     Base,
     EnvironmentRow,
-    EnvironmentVersion,
-    EvalRun,
+    EnvironmentVersionRow,
+    EvalRunRow,
     JudgeCacheRow,
     RolloutRow,
 )
-from vfops.registry._repository import (
-    RUN_STATUSES,
-    JudgeCacheEntry,
-    RegistryJudgeCache,
-    add_environment_version,
+from vfops.registry._rollouts import (
     completed_keys,
     count_rollouts,
+    insert_rollouts,
+    iter_rollouts,
+    rollouts_for_example,
+)
+from vfops.registry._runs import (
+    RUN_STATUSES,
     create_run,
     find_completed_run,
     find_resumable_run,
-    find_version,
-    find_version_by_code_hash,
-    find_version_by_hash,
     finish_run,
-    get_or_create_environment,
     get_run,
-    insert_rollouts,
-    iter_rollouts,
-    list_environments,
     list_runs,
-    list_versions,
-    parse_version,
-    rollouts_for_example,
     set_run_status,
 )
 
 __all__ = [
     "RUN_STATUSES",
+    "AliasEventRow",
     "Base",
     "EnvironmentRow",
-    "EnvironmentVersion",
-    "EvalRun",
+    "EnvironmentVersionRow",
+    "EvalRunRow",
     "JudgeCacheEntry",
     "JudgeCacheRow",
     "RegistryJudgeCache",
@@ -73,20 +88,21 @@ __all__ = [
     "find_completed_run",
     "find_resumable_run",
     "find_version",
-    "find_version_by_code_hash",
-    "find_version_by_hash",
     "finish_run",
     "get_engine",
     "get_or_create_environment",
     "get_run",
     "head_revision",
+    "is_known_revision",
     "insert_rollouts",
     "iter_rollouts",
+    "list_alias_events",
     "list_environments",
     "list_runs",
     "list_versions",
     "mask_url",
     "parse_version",
+    "record_alias_event",
     "rollouts_for_example",
     "session_scope",
     "set_run_status",

@@ -27,14 +27,10 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from vfops._errors import VfopsError
 from vfops._settings import database_url
+from vfops.registry._models import Base
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
-# Tables created by the migrations; used to tell an empty database from one that
-# holds vfops tables without a migration history.
-_REGISTRY_TABLES = frozenset(
-    {"environments", "environment_versions", "eval_runs", "rollouts", "judge_cache"}
-)
 # Serialises concurrent first-use migrations of one PostgreSQL database.
 _PG_MIGRATION_LOCK = zlib.crc32(b"vfops.registry.migrate")
 # SQLite: how long a writer waits for another writer's lock before failing.
@@ -279,9 +275,14 @@ def downgrade(url: str | None, revision: str) -> None:
         _checked.discard(url)
 
 
+def registry_tables() -> frozenset[str]:
+    """The tables of the registry's models: what tells a vfops database from an empty one."""
+    return frozenset(Base.metadata.tables)
+
+
 def _refuse_unversioned(connection: Connection) -> None:
     # Migrating would fail on "table exists" halfway, or adopt unknown tables.
-    existing = _REGISTRY_TABLES & set(inspect(connection).get_table_names())
+    existing = registry_tables() & set(inspect(connection).get_table_names())
     if existing:
         raise VfopsError(
             f"the registry database {connection.engine.url} has vfops tables "

@@ -13,6 +13,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Column,
     DateTime,
     Float,
     ForeignKey,
@@ -20,12 +21,15 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
     func,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from vfops._rollout import ROLLOUT_COLUMNS, RolloutColumn
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_N_label)s",
@@ -63,10 +67,10 @@ class EnvironmentRow(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=func.now())
 
-    versions: Mapped[list[EnvironmentVersion]] = relationship(back_populates="environment")
+    versions: Mapped[list[EnvironmentVersionRow]] = relationship(back_populates="environment")
 
 
-class EnvironmentVersion(Base):
+class EnvironmentVersionRow(Base):
     """One published version: what was built, hashed, snapshotted and uploaded."""
 
     __tablename__ = "environment_versions"
@@ -108,7 +112,7 @@ class EnvironmentVersion(Base):
     environment: Mapped[EnvironmentRow] = relationship(back_populates="versions")
 
 
-class EvalRun(Base):
+class EvalRunRow(Base):
     """One evaluation of one environment version against one model configuration."""
 
     __tablename__ = "eval_runs"
@@ -143,36 +147,50 @@ class EvalRun(Base):
     tags: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
 
 
-class RolloutRow(Base):
-    """One rollout of a run; (run, example_id, rollout_index) is written exactly once."""
+# The per-rollout columns come from the one declaration of the rollout schema.
+ROLLOUT_RECORD_COLUMNS: tuple[RolloutColumn, ...] = tuple(
+    column for column in ROLLOUT_COLUMNS if not column.per_run
+)
+"""The rollout schema's columns stored per rollout (``model`` and ``sampling_args``
+are the run's, stored once on :class:`EvalRunRow`)."""
 
-    __tablename__ = "rollouts"
-    __table_args__ = (
+
+def _sql_type(column: RolloutColumn) -> Any:
+    if column.kind == "int":
+        return BigInteger() if column.big else Integer()
+    if column.kind == "float":
+        return Float()
+    if column.kind == "json":
+        return JSONType
+    return String(column.max_length) if column.max_length is not None else Text()
+
+
+def _rollouts_table() -> Table:
+    return Table(
+        "rollouts",
+        Base.metadata,
+        Column("id", BigIntPK, primary_key=True, autoincrement=True),
+        Column(
+            "run_id", String(32), ForeignKey("eval_runs.id", ondelete="CASCADE"), nullable=False
+        ),
+        *(
+            Column(column.name, _sql_type(column), nullable=column.nullable)
+            for column in ROLLOUT_RECORD_COLUMNS
+        ),
         # also serves "rollouts of a run by example_id"
         UniqueConstraint("run_id", "example_id", "rollout_index"),
+        Index("ix_rollouts_trace_id", "trace_id"),
     )
 
-    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("eval_runs.id", ondelete="CASCADE"))
-    example_id: Mapped[int] = mapped_column(BigInteger)
-    rollout_index: Mapped[int]
-    trace_id: Mapped[str] = mapped_column(String(32), index=True)
-    task: Mapped[str] = mapped_column(String(200))
-    prompt: Mapped[list[Any]]
-    completion: Mapped[list[Any]]
-    answer: Mapped[str] = mapped_column(Text)
-    info: Mapped[dict[str, Any]]
-    reward: Mapped[float | None] = mapped_column(Float)
-    metrics: Mapped[dict[str, Any]]
-    stop_reason: Mapped[str] = mapped_column(String(32))
-    error_type: Mapped[str | None] = mapped_column(String(200))
-    error_message: Mapped[str | None] = mapped_column(Text)
-    error_stage: Mapped[str | None] = mapped_column(String(20))
-    generation_ms: Mapped[float] = mapped_column(Float)
-    scoring_ms: Mapped[float] = mapped_column(Float)
-    prompt_tokens: Mapped[int]
-    completion_tokens: Mapped[int]
-    turns: Mapped[int]
+
+class RolloutRow(Base):
+    """One rollout of a run; (run, example_id, rollout_index) is written exactly once.
+
+    Its columns are ``id``, ``run_id`` and :data:`ROLLOUT_RECORD_COLUMNS`, mapped from
+    a table built from the declaration (read them through ``RolloutRow.__table__.c``).
+    """
+
+    __table__ = _rollouts_table()
 
 
 class JudgeCacheRow(Base):
@@ -187,7 +205,7 @@ class JudgeCacheRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, server_default=func.now())
 
 
-class AliasEvent(Base):
+class AliasEventRow(Base):
     """One promotion decision on a model alias: append-only, never updated or deleted.
 
     Refusals are recorded too, so "who was champion when, and on what evidence"

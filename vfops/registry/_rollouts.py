@@ -1,0 +1,195 @@
+"""Rollouts of eval runs: the hot path (Core statements, pre-serialised JSON).
+
+Each function takes an :class:`Engine` and is its own transaction. The columns,
+their order and the row building all come from the rollout schema's declaration
+(:data:`vfops._rollout.ROLLOUT_COLUMNS`, via ``ROLLOUT_RECORD_COLUMNS``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from operator import itemgetter
+from typing import Any, Final
+
+import orjson
+from sqlalchemy import Engine, Text, bindparam, cast, func, select, tuple_
+from sqlalchemy.dialects import postgresql
+
+from vfops._rollout import RolloutRecord, record_builder, row_tuples_builder
+from vfops.registry._db import transaction
+from vfops.registry._models import ROLLOUT_RECORD_COLUMNS, Base
+from vfops.registry._runs import run_model
+from vfops.registry._sql import on_conflict_insert
+
+_ROLLOUTS: Final = Base.metadata.tables["rollouts"]
+_KEY_COLUMNS: Final = ("run_id", "example_id", "rollout_index")
+# The order of the row tuples that insert_rollouts builds (all columns but ``id``).
+_INSERT_COLUMNS: Final = ("run_id", *(column.name for column in ROLLOUT_RECORD_COLUMNS))
+_JSON_COLUMNS: Final = frozenset(c.name for c in ROLLOUT_RECORD_COLUMNS if c.kind == "json")
+# the text columns PostgreSQL must not receive a NUL in (JSON escapes it as \u0000)
+_TEXT_POSITIONS: Final = tuple(
+    _INSERT_COLUMNS.index(c.name) for c in ROLLOUT_RECORD_COLUMNS if c.kind == "str"
+)
+_texts_of: Final = itemgetter(*_TEXT_POSITIONS)
+_RECORD_SELECT: Final = tuple(_ROLLOUTS.c[column.name] for column in ROLLOUT_RECORD_COLUMNS)
+_insert_sql: dict[str, str] = {}
+
+
+def _rollout_insert_sql(engine: Engine) -> str:
+    """The INSERT ... ON CONFLICT DO NOTHING of a rollout row, compiled once per dialect.
+
+    Executed with ``exec_driver_sql`` and positional tuples: SQLAlchemy's per-row
+    parameter processing for an ``executemany`` of a compiled statement cost as
+    much as SQLite's own work (profiled), and no column here needs a bind
+    processor once JSON is serialised by orjson up front.
+    """
+    dialect_name = engine.dialect.name
+    sql = _insert_sql.get(dialect_name)
+    if sql is not None:
+        return sql
+    values: dict[str, Any] = {}
+    for name in _INSERT_COLUMNS:
+        if name in _JSON_COLUMNS:
+            param = bindparam(name, type_=Text())
+            values[name] = cast(param, postgresql.JSONB) if dialect_name == "postgresql" else param
+        else:
+            values[name] = bindparam(name, type_=_ROLLOUTS.c[name].type)
+    statement = (
+        on_conflict_insert(dialect_name, _ROLLOUTS)
+        .values(values)
+        .on_conflict_do_nothing(index_elements=list(_KEY_COLUMNS))
+    )
+    # compile for positional parameters ("?" on SQLite, "%s" on psycopg)
+    dialect_class: Any = type(engine.dialect)
+    dialect = dialect_class(paramstyle="qmark" if dialect_name == "sqlite" else "format")
+    compiled = statement.compile(dialect=dialect)
+    if list(compiled.positiontup or ()) != list(_INSERT_COLUMNS):  # pragma: no cover
+        raise RuntimeError(f"unexpected parameter order {compiled.positiontup}")
+    _insert_sql[dialect_name] = sql = compiled.string
+    return sql
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value, default=str).decode()
+
+
+def _strip_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_strip_nul(k): _strip_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strip_nul(item) for item in value]
+    return value
+
+
+def _dumps_pg(value: Any) -> str:
+    text = _dumps(value)
+    # PostgreSQL refuses NUL in jsonb and text; one stray byte in a model's output
+    # must not fail a whole batch, so it becomes U+FFFD (checked on the cheap text).
+    if "\\u0000" in text:
+        text = _dumps(_strip_nul(value))
+    return text
+
+
+_sqlite_rows = row_tuples_builder(ROLLOUT_RECORD_COLUMNS, _dumps)
+_pg_rows = row_tuples_builder(ROLLOUT_RECORD_COLUMNS, _dumps_pg)
+
+
+def _without_nul(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(
+        value.replace("\x00", "\ufffd") if i in _TEXT_POSITIONS and value is not None else value
+        for i, value in enumerate(row)
+    )
+
+
+def _rollout_rows(run_id: str, records: Sequence[RolloutRecord], pg: bool) -> list[tuple[Any, ...]]:
+    if not pg:
+        return _sqlite_rows(records, run_id)
+    rows = _pg_rows(records, run_id)
+    for number, row in enumerate(rows):
+        # one C-level join of the row's texts (None and "" dropped) beats a generator
+        if "\x00" in "".join(filter(None, _texts_of(row))):
+            rows[number] = _without_nul(row)
+    return rows
+
+
+def insert_rollouts(engine: Engine, run_id: str, records: Sequence[RolloutRecord]) -> int:
+    """Write a batch of rollouts of a run in one transaction; returns how many were new.
+
+    A rollout whose (run, example_id, rollout_index) is already stored is skipped,
+    so retrying a batch, resuming a run, or two writers racing never duplicate a row.
+    ``model`` and ``sampling_args`` are the run's, not stored per rollout.
+    """
+    if not records:
+        return 0
+    sql = _rollout_insert_sql(engine)
+    rows = _rollout_rows(run_id, records, pg=engine.dialect.name == "postgresql")
+    with transaction(engine) as connection:
+        # preserve_rowcount: psycopg's executemany rowcount is gone once SQLAlchemy
+        # closes the cursor, unless captured right after the call
+        result = connection.exec_driver_sql(
+            sql, rows, execution_options={"preserve_rowcount": True}
+        )
+        return max(result.rowcount, 0)
+
+
+def completed_keys(engine: Engine, run_id: str) -> set[tuple[int, int]]:
+    """The (example_id, rollout_index) of every stored rollout of a run."""
+    query = select(_ROLLOUTS.c.example_id, _ROLLOUTS.c.rollout_index).where(
+        _ROLLOUTS.c.run_id == run_id
+    )
+    with transaction(engine, write=False) as connection:
+        return {(int(example), int(index)) for example, index in connection.execute(query)}
+
+
+def count_rollouts(engine: Engine, run_id: str) -> int:
+    """How many rollouts of a run are stored."""
+    query = select(func.count()).select_from(_ROLLOUTS).where(_ROLLOUTS.c.run_id == run_id)
+    with transaction(engine, write=False) as connection:
+        return int(connection.execute(query).scalar_one())
+
+
+# (row of _RECORD_SELECT, model, sampling_args) -> RolloutRecord; JSON arrives decoded
+_to_record = record_builder(ROLLOUT_RECORD_COLUMNS, by_name=False, decode_json=False)
+
+
+def iter_rollouts(engine: Engine, run_id: str, batch_size: int = 1000) -> Iterator[RolloutRecord]:
+    """Stream a run's rollouts ordered by (example_id, rollout_index).
+
+    Keyset pages of ``batch_size`` rows, each its own short read: memory stays
+    bounded and no transaction or server-side cursor is held while the caller
+    works through a page. Rows written meanwhile after the cursor are included.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    model, sampling_args = run_model(engine, run_id)
+    key = tuple_(_ROLLOUTS.c.example_id, _ROLLOUTS.c.rollout_index)
+    base = (
+        select(*_RECORD_SELECT)
+        .where(_ROLLOUTS.c.run_id == run_id)
+        .order_by(_ROLLOUTS.c.example_id, _ROLLOUTS.c.rollout_index)
+        .limit(batch_size)
+    )
+    last: tuple[int, int] | None = None
+    while True:
+        query = base if last is None else base.where(key > tuple_(*last))
+        with transaction(engine, write=False) as connection:
+            rows = connection.execute(query).all()
+        for row in rows:
+            yield _to_record(row, model, dict(sampling_args))
+        if len(rows) < batch_size:
+            return
+        last = (rows[-1].example_id, rows[-1].rollout_index)
+
+
+def rollouts_for_example(engine: Engine, run_id: str, example_id: int) -> list[RolloutRecord]:
+    """The rollouts of one example of a run, by rollout_index."""
+    model, sampling_args = run_model(engine, run_id)
+    query = (
+        select(*_RECORD_SELECT)
+        .where(_ROLLOUTS.c.run_id == run_id, _ROLLOUTS.c.example_id == example_id)
+        .order_by(_ROLLOUTS.c.rollout_index)
+    )
+    with transaction(engine, write=False) as connection:
+        return [_to_record(row, model, dict(sampling_args)) for row in connection.execute(query)]
