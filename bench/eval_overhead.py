@@ -191,11 +191,13 @@ class RunResult:
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k not in ("log", "argv")}
         data["argv"] = shlex.join(self.argv)
+        if self.reward_mean != self.reward_mean:  # NaN (no rewards) is not JSON
+            data["reward_mean"] = None
         data.update(
             ok=self.ok,
             rollouts_per_s=self.rate,
             phase_rollouts_per_s=self.phase_rate,
-            cpu_ms_per_rollout=self.cpu_ms_per_rollout,
+            cpu_ms_per_rollout=self.cpu_ms_per_rollout if self.rollouts else None,
         )
         return data
 
@@ -529,7 +531,11 @@ class Bench:
 
 
 def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+    """``format(value, spec)``; a missing value is "-", right-aligned to the spec's width."""
+    if value is not None:
+        return format(value, spec)
+    width = spec.split(".")[0]
+    return "-".rjust(int(width) if width.isdigit() else 1)
 
 
 def _run_line(res: RunResult) -> str:
@@ -568,7 +574,8 @@ def part_throughput(
                 print(_run_line(full), flush=True)
                 rows.append(_throughput_row(tool, wl, start, full, bench))
             print(f"  stub served {stub.stats['ok']} ok / {stub.stats['requests']} requests")
-    return {"workload": w.__dict__ | {"latencies_ms": latencies}, "rows": rows}
+    workload = {k: v for k, v in w.__dict__.items() if k != "latency_ms"}
+    return {"workload": workload | {"latencies_ms": latencies}, "rows": rows}
 
 
 def _throughput_row(
@@ -677,7 +684,11 @@ def print_throughput(data: dict[str, Any]) -> list[Bar]:
     rows = data["rows"]
     w = data["workload"]
     print()
-    print(f"[1] throughput: {rows[0]['settings'] if rows else ''}".rstrip())
+    latencies = ", ".join(f"{x:g}" for x in w["latencies_ms"])
+    print(
+        f"[1] throughput: {w['n'] * w['r']:,} rollouts (-n {w['n']} -r {w['r']}), -c {w['c']}, "
+        f"max_tokens {MAX_TOKENS}, stub latency {latencies} ms"
+    )
     for row in rows:
         print(f"    {row['tool']:<8} @ {row['latency_ms']:g} ms: {row['command']}")
     header = (
@@ -695,7 +706,7 @@ def print_throughput(data: dict[str, Any]) -> list[Bar]:
             f"  {row['tool']:<8} {row['latency_ms']:>5g}ms {full['rollouts']:>6} "
             f"{full['wall_s']:>7.2f} {full['rollouts_per_s']:>7.1f} "
             f"{_fmt(full['phase_wall_s'], '7.2f')} {_fmt(full['phase_rollouts_per_s'], '7.1f')} "
-            f"{e2e_pct:>6} {phase_pct:>7} {full['cpu_ms_per_rollout']:>8.3f} "
+            f"{e2e_pct:>6} {phase_pct:>7} {_fmt(full['cpu_ms_per_rollout'], '8.3f')} "
             f"{_fmt(row['marginal_cpu_ms_per_rollout'], '9.3f')} "
             f"{_fmt(full['last_rollout_to_exit_s'], '6.2f')} {start['wall_s']:>7.2f} "
             f"{start['cpu_s']:>9.2f}"
@@ -712,15 +723,16 @@ def print_throughput(data: dict[str, Any]) -> list[Bar]:
     by = {(r["tool"], r["latency_ms"]): r for r in rows}
     for latency in w["latencies_ms"]:
         a, b = by.get(("vfops", latency)), by.get(("vf-eval", latency))
-        if a and b and b["full"]["rollouts_per_s"] and b["full"]["cpu_ms_per_rollout"]:
-            pa, pb = a["full"]["phase_rollouts_per_s"], b["full"]["phase_rollouts_per_s"]
-            print(
-                f"  ratio vfops/vf-eval @ {latency:g} ms: rollouts/s "
-                f"x{a['full']['rollouts_per_s'] / b['full']['rollouts_per_s']:.2f} end-to-end, "
-                f"x{_fmt(pa / pb if pa and pb else None, '.2f')} rollout phase; vf-eval uses "
-                f"x{b['full']['cpu_ms_per_rollout'] / a['full']['cpu_ms_per_rollout']:.2f} "
-                "the CPU per rollout"
-            )
+        if not (a and b and a["full"]["rollouts"] and b["full"]["rollouts"]):
+            continue
+        pa, pb = a["full"]["phase_rollouts_per_s"], b["full"]["phase_rollouts_per_s"]
+        print(
+            f"  ratio vfops/vf-eval @ {latency:g} ms: rollouts/s "
+            f"x{a['full']['rollouts_per_s'] / b['full']['rollouts_per_s']:.2f} end-to-end, "
+            f"x{_fmt(pa / pb if pa and pb else None, '.2f')} rollout phase; vf-eval uses "
+            f"x{b['full']['cpu_ms_per_rollout'] / a['full']['cpu_ms_per_rollout']:.2f} "
+            "the CPU per rollout"
+        )
     return _throughput_bars(by, w)
 
 
