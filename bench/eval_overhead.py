@@ -26,7 +26,7 @@ memory      bar 3: 100,000 rollouts (-n 50000 -r 2 -a '{"num_examples": 50000}')
             process tree's peak, tracker included, reported next to it) and
             <= 3 s from the last rollout to the process exit.
 
-    .venv/bin/python bench/eval_overhead.py                      # all parts (~5 min on 2 cores)
+    .venv/bin/python bench/eval_overhead.py                  # all parts: a few minutes on 2 cores
     .venv/bin/python bench/eval_overhead.py --quick              # smoke run: small sizes
     .venv/bin/python bench/eval_overhead.py --only short --json out.json
     .venv/bin/python bench/eval_overhead.py --skip-verifiers
@@ -913,7 +913,7 @@ def _versions(vf_eval: Path | None) -> dict[str, str]:
         **venv_versions(Path(sys.executable), ["vfops", "openai", "mlflow", "sqlalchemy"]),
         "vfops source": _vfops_source(),
         "cpus": str(os.cpu_count()),
-        "load average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
     if vf_eval is not None:
         vfv = venv_versions(VF_VENV / "bin" / "python", ["verifiers", "openai"])
