@@ -26,8 +26,8 @@ memory      bar 3: 100,000 rollouts (-n 50000 -r 2 -a '{"num_examples": 50000}')
             process tree's peak, tracker included, reported next to it) and
             <= 3 s from the last rollout to the process exit.
 
-    .venv/bin/python bench/eval_overhead.py                  # all parts: a few minutes on 2 cores
-    .venv/bin/python bench/eval_overhead.py --quick              # smoke run: small sizes
+    .venv/bin/python bench/eval_overhead.py          # all parts: a few minutes on 2 cores
+    .venv/bin/python bench/eval_overhead.py --quick  # smoke run: small sizes
     .venv/bin/python bench/eval_overhead.py --only short --json out.json
     .venv/bin/python bench/eval_overhead.py --skip-verifiers
 """
