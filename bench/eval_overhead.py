@@ -1,41 +1,47 @@
-"""Eval overhead benchmark: ``vfops eval`` vs ``vf-eval`` (verifiers) on the same stub.
+"""Eval overhead benchmark: the bars of "one evaluation path", measured as a user runs it.
 
-For each stub latency (0 ms and 200 ms) one stub server subprocess serves both
-clients, run one after the other as separate subprocesses: ``vfops eval
-arithmetic`` and ``vf-eval vf_arithmetic`` (``bench/vf_arithmetic``, the same
-questions, parser and rewards on ``verifiers``' legacy ``vf.SingleTurnEnv``),
-each with N examples x R rollouts at concurrency C and ``max_tokens`` 256.
-``verifiers`` lives in its own virtualenv, ``.bench/verifiers-venv``, created on
-first use (pinned: ``VERIFIERS_VERSION``).
+Every figure is of a whole ``vfops eval`` process, start to exit, with the
+defaults on (registry in SQLite under a bench-private ``VFOPS_HOME``, MLflow
+tracking in its SQLite store there, logged by the tracker child process), next
+to the rollout-phase figure that vfops records itself (``summary.wall_s`` in the
+run's ``metadata.json``). The model is the stub server
+(``vfops.testing.StubServer``, reply mode ``arithmetic``, one subprocess per
+latency); the environment is ``arithmetic``. ``vf-eval`` (verifiers
+``VERIFIERS_VERSION``, in ``.bench/verifiers-venv``, created on first use) runs
+``bench/vf_arithmetic`` (the same questions, parser and rewards on verifiers'
+legacy ``vf.SingleTurnEnv``) with the same N, R, concurrency and max_tokens
+against the same stub.
 
-Per run it measures the client's wall time, its CPU time (user+sys of the
-client's whole process tree, via ``getrusage(RUSAGE_CHILDREN)`` deltas, checked
-against psutil samples; the stub's CPU is not included) and the rollouts
-actually written to ``results.jsonl``. Rates are given end-to-end (process start
-to exit: imports, env load, rollouts, result files) and for the rollout phase
-alone (vfops: ``summary.wall_s`` in metadata.json; vf-eval: ``time`` in its
-metadata.json). Start-up is measured by a separate ``-n 1 -r 1`` run of each
-tool; "marginal" CPU per rollout is (CPU of the full run - CPU of that run) /
-(rollouts - 1). vfops always exports a ``datasets`` copy of the results at the
-end (there is no flag to turn it off); it is included in end-to-end numbers.
+Parts (``--only`` runs a subset):
 
-Then a memory check: ``vfops eval arithmetic -n 10000 -r 2 -c 128`` (20,000
-rollouts) against the 0 ms stub, sampling the vfops process RSS every 0.2 s.
+throughput  bar 1: 2,000 rollouts (-n 1000 -r 2), -c 128, stub latency 200 ms
+            (bound C/latency = 640/s): vfops end-to-end >= 75 % of the bound,
+            rollout phase >= 90 %, end-to-end >= 10x vf-eval's. Also CPU ms per
+            rollout (all-in and marginal) and a -n 1 -r 1 start-up run per tool.
+short       bar 2: a 15-rollout eval (-n 5 -r 3), 0 ms stub, <= 1.5 s wall
+            (median of --repeats runs after one warm-up run per variant), next
+            to the same with --no-tracking and vf-eval's figure.
+memory      bar 3: 100,000 rollouts (-n 50000 -r 2 -a '{"num_examples": 50000}'),
+            -c 256, 0 ms stub: peak RSS of the vfops process <= 300 MB (the whole
+            process tree's peak, tracker included, reported next to it) and
+            <= 3 s from the last rollout to the process exit.
 
-    .venv/bin/python bench/eval_overhead.py            # full run (~5 min)
-    .venv/bin/python bench/eval_overhead.py --quick    # smoke run
+    .venv/bin/python bench/eval_overhead.py          # all parts: a few minutes on 2 cores
+    .venv/bin/python bench/eval_overhead.py --quick  # smoke run: small sizes
+    .venv/bin/python bench/eval_overhead.py --only short --json out.json
     .venv/bin/python bench/eval_overhead.py --skip-verifiers
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import contextlib
 import json
 import os
 import platform
-import resource
+import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -62,13 +68,40 @@ VFOPS_BIN = Path(sys.executable).parent / "vfops"
 API_KEY_VAR = "BENCH_DUMMY_API_KEY"
 MODEL = "stub-model"
 MAX_TOKENS = 256
-SAMPLE_INTERVAL_S = 0.2
+SAMPLE_INTERVAL_S = 0.1
+PARTS = ("throughput", "short", "memory")
+
+# The bars, as the issue states them.
+BAR_LATENCY_MS = 200.0
+BAR_THROUGHPUT = {"n": 1000, "r": 2, "c": 128}
+BAR_E2E_FRACTION = 0.75
+BAR_PHASE_FRACTION = 0.90
+BAR_VS_VF_EVAL = 10.0
+BAR_SHORT = {"n": 5, "r": 3}
+BAR_SHORT_WALL_S = 1.5
+BAR_MEMORY = {"n": 50000, "r": 2, "c": 256}
+BAR_PEAK_RSS_MB = 300.0
+BAR_TAIL_S = 3.0
+SHORT_CONCURRENCY = 32
+"""``vfops eval``'s default -c, passed explicitly so both tools run with it."""
+
+# Variables that would move vfops off its defaults (or point it at the user's stores).
+_SCRUBBED_ENV = (
+    "MLFLOW_TRACKING_URI",
+    "VFOPS_DATABASE_URL",
+    "VFOPS_TRACKING",
+    "VFOPS_ARTIFACTS",
+)
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PROC_CHILDREN = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
 
 
 # ---------------------------------------------------------------- setup
 
 
 def _stamp() -> str:
+    import hashlib
+
     digest = hashlib.sha256(VERIFIERS_VERSION.encode())
     for path in sorted(VF_ENV_DIR.glob("*")):
         if path.is_file():
@@ -87,24 +120,61 @@ def ensure_verifiers_venv() -> Path:
     return VF_VENV / "bin" / "vf-eval"
 
 
+def _vfops_source() -> str:
+    """Where the ``vfops`` the CLI runs comes from, and its git commit (what was measured)."""
+    # cwd /: not this checkout, which `python -c` would put first on sys.path.
+    done = subprocess.run(
+        [str(VFOPS_BIN.parent / "python"), "-c", "import vfops; print(vfops.__file__)"],
+        capture_output=True, text=True, env=_client_env(BENCH_DIR, "vfops"), cwd="/",
+    )  # fmt: skip
+    if done.returncode != 0:
+        return "?"
+    package = Path(done.stdout.strip()).parent.parent
+    git = ["git", "-C", str(package)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return str(package)
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "vfops"], capture_output=True)
+    return f"{package} @ {head.stdout.strip()}{' (modified)' if dirty.stdout.strip() else ''}"
+
+
 # ---------------------------------------------------------------- measuring
 
 
 @dataclass
 class RunResult:
     tool: str
-    latency_ms: float
+    label: str
     planned: int
-    wall_s: float
-    cpu_s: float
+    argv: list[str]
+    wall_s: float = 0.0
+    """Process start to exit of the client (the process we started)."""
+    tree_wall_s: float = 0.0
+    """Start to the exit of the tree's last process (wall_s unless a child outlived the client)."""
+    cpu_s: float = 0.0
+    returncode: int = 0
     rollouts: int = 0
     errors: int = 0
     reward_mean: float = float("nan")
     phase_wall_s: float | None = None
-    returncode: int = 0
     peak_rss_mb: float = 0.0
-    rss_samples: list[tuple[float, float, str]] = field(default_factory=list)
+    """The client process's own peak RSS (kernel high-water mark VmHWM, last sample)."""
+    peak_rss_by_phase_mb: dict[str, float] = field(default_factory=dict)
+    tree_peak_rss_mb: float = 0.0
+    """Largest sum of the RSS of every process in the tree, sampled together."""
+    largest_process_maxrss_mb: float = 0.0
+    """``wait4`` ru_maxrss: the peak of the largest single process (client or a child it reaped)."""
+    max_tree_processes: int = 0
+    samples: int = 0
+    last_rollout_to_exit_s: float | None = None
+    """Exit time - mtime of results.jsonl (appended once per group, so: the last rollout)."""
+    last_rollout_to_metadata_s: float | None = None
+    """mtime of metadata.json (rewritten last, once the run is recorded) - the last rollout."""
     log: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.rollouts == self.planned
 
     @property
     def rate(self) -> float:
@@ -112,59 +182,126 @@ class RunResult:
 
     @property
     def phase_rate(self) -> float | None:
-        if not self.phase_wall_s:
-            return None
-        return self.rollouts / self.phase_wall_s
+        return self.rollouts / self.phase_wall_s if self.phase_wall_s else None
 
     @property
     def cpu_ms_per_rollout(self) -> float:
         return self.cpu_s / self.rollouts * 1000.0 if self.rollouts else float("nan")
 
+    def to_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if k not in ("log", "argv")}
+        data["argv"] = shlex.join(self.argv)
+        if self.reward_mean != self.reward_mean:  # NaN (no rewards) is not JSON
+            data["reward_mean"] = None
+        data.update(
+            ok=self.ok,
+            rollouts_per_s=self.rate,
+            phase_rollouts_per_s=self.phase_rate,
+            cpu_ms_per_rollout=self.cpu_ms_per_rollout if self.rollouts else None,
+        )
+        return data
 
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+
+def _children_of(pid: int) -> list[int]:
+    if not _PROC_CHILDREN:
+        try:
+            return [p.pid for p in psutil.Process(pid).children()]
+        except psutil.Error:
+            return []
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:  # a child belongs to the thread that forked it
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(x) for x in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def _proc_stats(pid: int) -> tuple[float, float, float] | None:
+    """(CPU s, RSS MB, peak RSS MB) of one process from /proc, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/status") as f:
+            status = f.read()
+    except (OSError, IndexError):
+        return None
+    cpu = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+    memory: dict[str, float] = {}
+    for line in status.splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            key, value = line.split(":", 1)
+            memory[key] = int(value.split()[0]) / 1024.0
+    if "VmRSS" not in memory:  # a zombie has no memory left
+        return None
+    return cpu, memory["VmRSS"], memory.get("VmHWM", memory["VmRSS"])
 
 
 class _TreeSampler(threading.Thread):
-    """Samples a process tree every SAMPLE_INTERVAL_S: CPU (last seen per pid) and RSS."""
+    """Samples a process tree every SAMPLE_INTERVAL_S: CPU per pid, the root's RSS and
+    high-water mark, the tree's total RSS, and (vfops) when results.jsonl got its first data."""
 
-    def __init__(self, pid: int, run_dir_glob: tuple[Path, str] | None) -> None:
+    def __init__(self, pid: int, results_glob: tuple[Path, str] | None) -> None:
         super().__init__(daemon=True)
-        self.root = psutil.Process(pid)
+        self.root = pid
         self.cpu_by_pid: dict[int, float] = {}
-        self.rss: list[tuple[float, float, str]] = []  # (t, root RSS MB, phase)
+        self.seen: dict[int, float] = {}  # pid -> create time, to find survivors
+        self.peak_rss = 0.0
+        self.root_rss: list[tuple[float, float]] = []  # (epoch, RSS MB)
+        self.first_results_epoch: float | None = None
+        self.tree_peak = 0.0
+        self.max_procs = 0
+        self.samples = 0
+        self._results_glob = results_glob
+        self._results: Path | None = None
         self._stop_event = threading.Event()
-        self._run_dir_glob = run_dir_glob
-        self._t0 = time.perf_counter()
 
-    def _phase(self) -> str:
-        if self._run_dir_glob is None:
-            return ""
-        base, pattern = self._run_dir_glob
-        results = next(iter(base.glob(pattern)), None)
-        if results is None or results.stat().st_size == 0:
-            return "startup"
+    def _watch_results(self) -> None:
+        if self._results_glob is None or self.first_results_epoch is not None:
+            return
+        if self._results is None:
+            base, pattern = self._results_glob
+            self._results = next(iter(base.glob(pattern)), None)
         try:
-            meta = json.loads((results.parent / "metadata.json").read_bytes())
-        except (OSError, ValueError):
-            return "rollouts"
-        return "rollouts" if meta.get("status") == "running" else "finish"
+            if self._results is not None and self._results.stat().st_size > 0:
+                self.first_results_epoch = time.time()
+        except OSError:
+            return
+
+    def _tree(self) -> list[int]:
+        pids, i = [self.root], 0
+        while i < len(pids):
+            pids.extend(_children_of(pids[i]))
+            i += 1
+        return pids
 
     def sample(self) -> None:
-        try:
-            procs = [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:
-            return
-        for proc in procs:
-            try:
-                times = proc.cpu_times()
-                self.cpu_by_pid[proc.pid] = times.user + times.system
-                if proc.pid == self.root.pid:
-                    rss = proc.memory_info().rss / 2**20
-                    self.rss.append((time.perf_counter() - self._t0, rss, self._phase()))
-            except psutil.Error:
+        self._watch_results()
+        now = time.time()
+        tree_rss, procs = 0.0, 0
+        for pid in self._tree():
+            stats = _proc_stats(pid)
+            if stats is None:
                 continue
+            cpu, rss, hwm = stats
+            procs += 1
+            tree_rss += rss
+            self.cpu_by_pid[pid] = cpu
+            if pid not in self.seen:
+                with contextlib.suppress(psutil.Error):
+                    self.seen[pid] = psutil.Process(pid).create_time()
+            if pid == self.root:
+                self.peak_rss = max(self.peak_rss, hwm, rss)
+                self.root_rss.append((now, rss))
+        if procs:
+            self.samples += 1
+            self.tree_peak = max(self.tree_peak, tree_rss)
+            self.max_procs = max(self.max_procs, procs)
 
     def run(self) -> None:
         while not self._stop_event.wait(SAMPLE_INTERVAL_S):
@@ -174,102 +311,140 @@ class _TreeSampler(threading.Thread):
         self._stop_event.set()
         self.join()
 
+    def wait_for_survivors(self, timeout_s: float = 60.0) -> bool:
+        """Wait until every process seen in the tree has exited (none should outlive the
+        root); returns whether one had."""
+        deadline = time.perf_counter() + timeout_s
+        survived = False
+        for pid, created in self.seen.items():
+            if pid == self.root:
+                continue
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() != created or proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                survived = True
+                proc.wait(max(0.0, deadline - time.perf_counter()))
+            except (psutil.Error, psutil.TimeoutExpired):
+                continue
+        return survived
+
+
+def _client_env(vfops_home: Path, tool: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+    env.update(
+        {
+            API_KEY_VAR: "dummy",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "NO_COLOR": "1",
+            "TERM": "dumb",
+            "VFOPS_HOME": str(vfops_home),
+        }
+    )
+    if tool != "vfops":
+        env.pop("PYTHONPATH", None)  # keep the verifiers venv clean of a vfops checkout
+    return env
+
 
 def run_client(
     tool: str,
+    label: str,
     argv: list[str],
     *,
     out_dir: Path,
-    latency_ms: float,
+    vfops_home: Path,
     planned: int,
-    results_glob: str,
 ) -> RunResult:
     """Run one client subprocess to completion and measure it."""
-    out_dir = out_dir.resolve()  # the client runs with cwd=out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        API_KEY_VAR: "dummy",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "NO_COLOR": "1",
-        "TERM": "dumb",
-        # vfops records runs in its registry (on by default): a private SQLite home
-        "VFOPS_HOME": str(out_dir / "vfops-home"),
-    }
+    results_glob = RESULTS_GLOB[tool]
     log_path = out_dir / "client.log"
+    result = RunResult(tool=tool, label=label, planned=planned, argv=argv)
     with log_path.open("w") as log:
-        cpu0 = _children_cpu()
         wall0 = time.perf_counter()
         proc = subprocess.Popen(
-            argv, cwd=out_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            argv, cwd=out_dir, env=_client_env(vfops_home, tool), stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
-        sampler = _TreeSampler(proc.pid, (out_dir, results_glob))
+        sampler = _TreeSampler(proc.pid, (out_dir, results_glob) if tool == "vfops" else None)
         sampler.start()
-        returncode = proc.wait()
-        wall = time.perf_counter() - wall0
+        # wait4, not wait: its rusage is the client's with every child it reaped
+        # (CPU, and ru_maxrss = the peak of the largest of those processes).
+        _, status, usage = os.wait4(proc.pid, 0)
+        exit_epoch = time.time()
+        result.wall_s = time.perf_counter() - wall0
+        proc.returncode = os.waitstatus_to_exitcode(status)
         sampler.stop()
-        cpu = _children_cpu() - cpu0
-    # A descendant its parent never reaped is missing from RUSAGE_CHILDREN; the
-    # psutil samples (a lower bound: up to 0.2 s late per process) cover it.
-    cpu = max(cpu, sum(sampler.cpu_by_pid.values()))
-    result = RunResult(
-        tool=tool,
-        latency_ms=latency_ms,
-        planned=planned,
-        wall_s=wall,
-        cpu_s=cpu,
-        returncode=returncode,
-        rss_samples=sampler.rss,
-        peak_rss_mb=max((s[1] for s in sampler.rss), default=0.0),
-        log=log_path.read_text(errors="replace")[-3000:],
+        survived = sampler.wait_for_survivors()
+        result.tree_wall_s = time.perf_counter() - wall0 if survived else result.wall_s
+    # A descendant its parent never reaped is missing from the rusage; the samples
+    # (a lower bound: up to one interval late per process) cover it.
+    result.cpu_s = max(usage.ru_utime + usage.ru_stime, sum(sampler.cpu_by_pid.values()))
+    result.returncode = proc.returncode
+    result.largest_process_maxrss_mb = usage.ru_maxrss / 1024.0  # KiB on Linux
+    result.peak_rss_mb = sampler.peak_rss
+    result.tree_peak_rss_mb = sampler.tree_peak
+    result.max_tree_processes = sampler.max_procs
+    result.samples = sampler.samples
+    result.log = log_path.read_text(errors="replace")[-3000:]
+    last_rollout = _read_results(result, out_dir, results_glob, exit_epoch)
+    result.peak_rss_by_phase_mb = _peaks_by_phase(
+        sampler.root_rss, sampler.first_results_epoch, last_rollout
     )
-    results_file = next(iter(out_dir.glob(results_glob)), None)
-    if results_file is not None:
-        rewards: list[float] = []
-        with results_file.open("rb") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                if row.get("error"):
-                    result.errors += 1
-                    continue
-                result.rollouts += 1
-                if row.get("reward") is not None:
-                    rewards.append(float(row["reward"]))
-        if rewards:
-            result.reward_mean = sum(rewards) / len(rewards)
-        meta_path = results_file.parent / "metadata.json"
-        if meta_path.exists():
-            meta = json.loads(meta_path.read_bytes())
-            if tool == "vfops":
-                result.phase_wall_s = (meta.get("summary") or {}).get("wall_s")
-            else:
-                result.phase_wall_s = meta.get("time")
-    if returncode != 0 or result.rollouts == 0:
-        print(f"  !! {tool} exited {returncode} with {result.rollouts} rollouts; log tail:")
+    if not result.ok:
+        print(f"  !! {tool} {label} exited {result.returncode} with "
+              f"{result.rollouts}/{planned} rollouts; log tail:")  # fmt: skip
         print("     " + result.log[-1500:].replace("\n", "\n     "))
     return result
 
 
-def vfops_argv(base_url: str, n: int, r: int, c: int, out: Path, extra: list[str]) -> list[str]:
-    return [
-        str(VFOPS_BIN), "eval", "arithmetic", "-m", MODEL, "-b", base_url, "-k", API_KEY_VAR,
-        "-n", str(n), "-r", str(r), "-c", str(c), "-t", str(MAX_TOKENS),
-        "-o", str(out / "outputs"), "--quiet", *extra,
-    ]  # fmt: skip
+def _peaks_by_phase(
+    samples: list[tuple[float, float]], first_results: float | None, last_rollout: float | None
+) -> dict[str, float]:
+    """The root's sampled RSS peak before its first results, up to its last rollout, after it."""
+    if first_results is None or last_rollout is None:
+        return {}
+    peaks: dict[str, float] = {}
+    for t, rss in samples:
+        phase = "start-up" if t < first_results else "rollouts" if t <= last_rollout else "finish"
+        peaks[phase] = max(peaks.get(phase, 0.0), rss)
+    return peaks
 
 
-def vf_eval_argv(vf_eval: Path, base_url: str, n: int, r: int, c: int, out: Path) -> list[str]:
-    # -s: save results.jsonl (what we count); -d: plain logging instead of the Rich
-    # live display (the cheaper of the two; vfops runs with --quiet).
-    return [
-        str(vf_eval), "vf_arithmetic", "-m", MODEL, "-b", base_url, "-k", API_KEY_VAR,
-        "-n", str(n), "-r", str(r), "-c", str(c), "-t", str(MAX_TOKENS),
-        "-o", str(out / "outputs"), "-s", "-d",
-    ]  # fmt: skip
+def _read_results(
+    result: RunResult, out_dir: Path, pattern: str, exit_epoch: float
+) -> float | None:
+    """Count the rollouts and read the run's metadata; returns the last rollout's time (vfops)."""
+    results_file = next(iter(out_dir.glob(pattern)), None)
+    if results_file is None:
+        return None
+    rewards: list[float] = []
+    with results_file.open("rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if row.get("error"):
+                result.errors += 1
+                continue
+            result.rollouts += 1
+            if row.get("reward") is not None:
+                rewards.append(float(row["reward"]))
+    if rewards:
+        result.reward_mean = sum(rewards) / len(rewards)
+    meta_path = results_file.parent / "metadata.json"
+    if not meta_path.exists():
+        return None
+    meta = json.loads(meta_path.read_bytes())
+    if result.tool != "vfops":
+        result.phase_wall_s = meta.get("time")
+        return None
+    result.phase_wall_s = (meta.get("summary") or {}).get("wall_s")
+    last_rollout = results_file.stat().st_mtime
+    result.last_rollout_to_exit_s = exit_epoch - last_rollout
+    result.last_rollout_to_metadata_s = meta_path.stat().st_mtime - last_rollout
+    return last_rollout
 
 
 RESULTS_GLOB = {
@@ -278,295 +453,532 @@ RESULTS_GLOB = {
 }
 
 
-def measure(
-    tool: str,
-    base_url: str,
-    latency_ms: float,
-    n: int,
-    r: int,
-    c: int,
-    work: Path,
-    vf_eval: Path | None,
-) -> tuple[RunResult, RunResult]:
-    """(start-up run with -n 1 -r 1, full run)."""
-    out: list[RunResult] = []
-    for label, nn, rr in (("startup", 1, 1), ("full", n, r)):
-        out_dir = work / f"{tool}-{latency_ms:g}ms-{label}"
+@dataclass(frozen=True)
+class Workload:
+    n: int
+    r: int
+    c: int
+    latency_ms: float
+    env_args: dict[str, Any] | None = None
+
+    @property
+    def rollouts(self) -> int:
+        return self.n * self.r
+
+    def describe(self) -> str:
+        args = f" -a '{json.dumps(self.env_args)}'" if self.env_args else ""
+        return (
+            f"{self.rollouts:,} rollouts (-n {self.n} -r {self.r}{args}), -c {self.c}, "
+            f"max_tokens {MAX_TOKENS}, stub latency {self.latency_ms:g} ms"
+        )
+
+
+class Bench:
+    """The shared state of one bench invocation: work folder, stores, tools."""
+
+    def __init__(self, work: Path, vf_eval: Path | None) -> None:
+        self.work = work
+        self.vf_eval = vf_eval
+        # One VFOPS_HOME for every vfops run, as a user has: the registry and the
+        # MLflow store are created once, by an unmeasured warm-up run.
+        self.vfops_home = work / "vfops-home"
+        self.stores_ready = False
+        self._runs = 0
+
+    def argv(self, tool: str, base_url: str, w: Workload, out: Path, extra: list[str]) -> list[str]:
+        common = [
+            "-m", MODEL, "-b", base_url, "-k", API_KEY_VAR, "-n", str(w.n), "-r", str(w.r),
+            "-c", str(w.c), "-t", str(MAX_TOKENS), "-o", str(out / "outputs"),
+        ]  # fmt: skip
+        if w.env_args:
+            common += ["-a", json.dumps(w.env_args)]
         if tool == "vfops":
-            argv = vfops_argv(base_url, nn, rr, c, out_dir, [])
-        else:
-            assert vf_eval is not None
-            argv = vf_eval_argv(vf_eval, base_url, nn, rr, c, out_dir)
-        res = run_client(
-            tool, argv, out_dir=out_dir, latency_ms=latency_ms, planned=nn * rr,
-            results_glob=RESULTS_GLOB[tool],
-        )  # fmt: skip
+            # No --quiet: the live display is off anyway (stderr is a log file, not a TTY).
+            return [str(VFOPS_BIN), "eval", "arithmetic", *common, *extra]
+        assert self.vf_eval is not None
+        # -s: save results.jsonl (what we count); -d: plain logging instead of the
+        # Rich live display (the cheaper of the two).
+        return [str(self.vf_eval), "vf_arithmetic", *common, "-s", "-d", *extra]
+
+    def run(
+        self, tool: str, label: str, base_url: str, w: Workload, extra: list[str] | None = None
+    ) -> RunResult:
+        if tool == "vfops" and not self.stores_ready:
+            self._warm_stores(base_url)
+        self._runs += 1
+        out_dir = self.work / f"{self._runs:03d}-{tool}-{label}"
+        argv = self.argv(tool, base_url, w, out_dir, extra or [])
+        return run_client(
+            tool, label, argv, out_dir=out_dir, vfops_home=self.vfops_home, planned=w.rollouts
+        )
+
+    def _warm_stores(self, base_url: str) -> None:
+        self.stores_ready = True
+        res = self.run("vfops", "store-warm-up", base_url, Workload(1, 1, 1, 0.0))
         print(
-            f"  {tool:<8} {label:<8} {res.rollouts:>6}/{nn * rr} rollouts  "
-            f"wall {res.wall_s:6.2f} s  phase {_fmt(res.phase_wall_s, '6.2f')} s  "
-            f"CPU {res.cpu_s:6.2f} s  reward {res.reward_mean:.3f}",
+            f"  store warm-up (creates the registry and MLflow store in VFOPS_HOME, not "
+            f"counted): {res.wall_s:.2f} s",
             flush=True,
         )
-        out.append(res)
-    return out[0], out[1]
+        if not res.ok:
+            raise SystemExit("the vfops warm-up run failed; see the log above")
+
+    def describe_argv(self, argv: list[str]) -> str:
+        text = shlex.join(argv).replace(str(self.work), "$WORK")
+        if self.vf_eval is not None:
+            text = text.replace(str(self.vf_eval), "vf-eval")
+        return text.replace(str(VFOPS_BIN), "vfops")
 
 
-def memory_check(base_url: str, n: int, r: int, c: int, work: Path) -> dict[str, Any]:
-    out_dir = work / "vfops-memory"
-    argv = vfops_argv(base_url, n, r, c, out_dir, ["-a", json.dumps({"num_examples": n})])
-    res = run_client(
-        "vfops", argv, out_dir=out_dir, latency_ms=0.0, planned=n * r,
-        results_glob=RESULTS_GLOB["vfops"],
-    )  # fmt: skip
-    samples = res.rss_samples
-    rollout_samples = [s for s in samples if s[2] == "rollouts"]
-    baseline = rollout_samples[0][1] if rollout_samples else (samples[0][1] if samples else 0.0)
-    peak_rollouts = max((s[1] for s in rollout_samples), default=baseline)
-    peak_all = max((s[1] for s in samples), default=baseline)
+def _fmt(value: float | None, spec: str) -> str:
+    """``format(value, spec)``; a missing value is "-", right-aligned to the spec's width."""
+    if value is not None:
+        return format(value, spec)
+    width = spec.split(".")[0]
+    return "-".rjust(int(width) if width.isdigit() else 1)
+
+
+def _run_line(res: RunResult) -> str:
+    survivor = (
+        f" (a child outlived it: tree {res.tree_wall_s:.2f} s)"
+        if res.tree_wall_s > res.wall_s
+        else ""
+    )
+    return (
+        f"  {res.tool:<8} {res.label:<16} {res.rollouts:>7}/{res.planned} rollouts  "
+        f"wall {res.wall_s:7.2f} s  phase {_fmt(res.phase_wall_s, '7.2f')} s  "
+        f"CPU {res.cpu_s:7.2f} s  reward {res.reward_mean:.3f}{survivor}"
+    )
+
+
+# ---------------------------------------------------------------- the parts
+
+
+def _stub(latency_ms: float) -> StubServer:
+    return StubServer(StubConfig(latency_ms=latency_ms, reply_mode="arithmetic"), subprocess=True)
+
+
+def part_throughput(
+    bench: Bench, tools: list[str], w: Workload, *, latencies: list[float]
+) -> dict[str, Any]:
+    """Bar 1: full run and -n 1 -r 1 start-up run of each tool at each latency."""
+    rows: list[dict[str, Any]] = []
+    for latency in latencies:
+        wl = Workload(w.n, w.r, w.c, latency)
+        with _stub(latency) as stub:
+            print(f"[throughput] stub latency {latency:g} ms at {stub.base_url}", flush=True)
+            for tool in tools:
+                start = bench.run(tool, "start-up", stub.base_url, Workload(1, 1, w.c, latency))
+                print(_run_line(start), flush=True)
+                full = bench.run(tool, "full", stub.base_url, wl)
+                print(_run_line(full), flush=True)
+                rows.append(_throughput_row(tool, wl, start, full, bench))
+            print(f"  stub served {stub.stats['ok']} ok / {stub.stats['requests']} requests")
+    workload = {k: v for k, v in w.__dict__.items() if k != "latency_ms"}
+    return {"workload": workload | {"latencies_ms": latencies}, "rows": rows}
+
+
+def _throughput_row(
+    tool: str, w: Workload, start: RunResult, full: RunResult, bench: Bench
+) -> dict[str, Any]:
+    bound = w.c / (w.latency_ms / 1000.0) if w.latency_ms > 0 else None
+    marginal = (
+        (full.cpu_s - start.cpu_s) / (full.rollouts - 1) * 1000.0 if full.rollouts > 1 else None
+    )
     return {
-        "rollouts": res.rollouts,
-        "planned": n * r,
-        "wall_s": res.wall_s,
-        "phase_wall_s": res.phase_wall_s,
-        "first_rss_mb": samples[0][1] if samples else 0.0,
-        "baseline_rss_mb": baseline,
-        "peak_rss_rollouts_mb": peak_rollouts,
-        "peak_rss_mb": peak_all,
-        "growth_rollouts_mb": peak_rollouts - baseline,
-        "growth_mb": peak_all - baseline,
-        "samples": len(samples),
-        "returncode": res.returncode,
+        "tool": tool,
+        "latency_ms": w.latency_ms,
+        "settings": w.describe(),
+        "command": bench.describe_argv(full.argv),
+        "bound_per_s": bound,
+        "e2e_fraction_of_bound": full.rate / bound if bound else None,
+        "phase_fraction_of_bound": (full.phase_rate or 0.0) / bound if bound else None,
+        "marginal_cpu_ms_per_rollout": marginal,
+        "full": full.to_json(),
+        "startup": start.to_json(),
+    }
+
+
+def part_short(bench: Bench, tools: list[str], w: Workload, *, repeats: int) -> dict[str, Any]:
+    """Bar 2: a warm-up and ``repeats`` runs of each variant, interleaved (so load drifts
+    hit every variant alike)."""
+    variants: list[tuple[str, str, list[str]]] = [("vfops", "defaults", [])]
+    variants.append(("vfops", "no-tracking", ["--no-tracking"]))
+    if "vf-eval" in tools:
+        variants.append(("vf-eval", "vf-eval", []))
+    runs: dict[str, list[RunResult]] = {label: [] for _, label, _ in variants}
+    warm: dict[str, RunResult] = {}
+    with _stub(w.latency_ms) as stub:
+        print(f"[short] stub latency {w.latency_ms:g} ms at {stub.base_url}", flush=True)
+        for tool, label, extra in variants:
+            warm[label] = bench.run(tool, f"{label}-warm", stub.base_url, w, extra)
+            print(_run_line(warm[label]), flush=True)
+        for i in range(repeats):
+            for tool, label, extra in variants:
+                res = bench.run(tool, f"{label}-{i + 1}", stub.base_url, w, extra)
+                print(_run_line(res), flush=True)
+                runs[label].append(res)
+    out: dict[str, Any] = {"workload": w.__dict__, "repeats": repeats, "variants": []}
+    for tool, label, _ in variants:
+        walls = [r.wall_s for r in runs[label]]
+        out["variants"].append(
+            {
+                "variant": label,
+                "tool": tool,
+                "command": bench.describe_argv(runs[label][0].argv) if runs[label] else "",
+                "median_wall_s": statistics.median(walls) if walls else None,
+                "min_wall_s": min(walls, default=None),
+                "max_wall_s": max(walls, default=None),
+                "median_cpu_s": statistics.median(r.cpu_s for r in runs[label]) if walls else None,
+                "median_phase_s": _median_opt([r.phase_wall_s for r in runs[label]]),
+                "median_tail_s": _median_opt([r.last_rollout_to_exit_s for r in runs[label]]),
+                "warm_up_wall_s": warm[label].wall_s,
+                "all_ok": all(r.ok for r in runs[label]) and warm[label].ok,
+                "walls_s": walls,
+            }
+        )
+    return out
+
+
+def _median_opt(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def part_memory(bench: Bench, w: Workload) -> dict[str, Any]:
+    """Bar 3: one big vfops run; peak RSS (process and tree) and the last-rollout-to-exit tail."""
+    with _stub(w.latency_ms) as stub:
+        print(f"[memory] stub latency {w.latency_ms:g} ms at {stub.base_url}", flush=True)
+        res = bench.run("vfops", "memory", stub.base_url, w)
+        print(_run_line(res), flush=True)
+        print(f"  stub served {stub.stats['ok']} ok / {stub.stats['requests']} requests")
+    return {
+        "workload": w.__dict__,
+        "settings": w.describe(),
+        "command": bench.describe_argv(res.argv),
+        "run": res.to_json(),
     }
 
 
 # ---------------------------------------------------------------- report
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+@dataclass
+class Bar:
+    name: str
+    what: str
+    measured: str
+    target: str
+    ok: bool | None
+    """None: not measured (a part was skipped or failed to produce the figure)."""
+    bar_workload: bool
+    """False when the sizes differ from the bar's (--quick, -n ...): indicative only."""
+
+    def verdict(self) -> str:
+        if self.ok is None:
+            return "n/a"
+        return ("PASS" if self.ok else "FAIL") + ("" if self.bar_workload else "*")
 
 
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
-
-
-def report(
-    rows: dict[tuple[str, float], tuple[RunResult, RunResult]],
-    latencies: list[float],
-    c: int,
-    memory: dict[str, Any] | None,
-    versions: dict[str, str],
-    n: int,
-    r: int,
-) -> dict[str, Any]:
-    tools = [t for t in ("vfops", "vf-eval") if any((t, lat) in rows for lat in latencies)]
+def print_throughput(data: dict[str, Any]) -> list[Bar]:
+    rows = data["rows"]
+    w = data["workload"]
     print()
+    latencies = ", ".join(f"{x:g}" for x in w["latencies_ms"])
     print(
-        f"eval overhead: {n} examples x {r} rollouts = {n * r} rollouts, -c {c}, "
-        f"max_tokens {MAX_TOKENS}, single-turn arithmetic, stub reply-mode arithmetic"
+        f"[1] throughput: {w['n'] * w['r']:,} rollouts (-n {w['n']} -r {w['r']}), -c {w['c']}, "
+        f"max_tokens {MAX_TOKENS}, stub latency {latencies} ms"
     )
+    for row in rows:
+        print(f"    {row['tool']:<8} @ {row['latency_ms']:g} ms: {row['command']}")
     header = (
-        f"{'tool':<8} {'latency':>7} {'done':>6} {'e2e/s':>8} {'phase/s':>8} "
-        f"{'%bound':>11} {'CPU ms/r':>9} {'marg ms/r':>9} {'start s':>8} {'startCPU':>8}"
+        f"  {'tool':<8} {'latency':>7} {'done':>6} {'wall s':>7} {'e2e/s':>7} {'phase s':>7} "
+        f"{'phase/s':>7} {'e2e %':>6} {'phase %':>7} {'CPU ms/r':>8} {'marg ms/r':>9} "
+        f"{'tail s':>6} {'start s':>7} {'start CPU':>9}"
     )
     print(header)
-    print("-" * len(header))
-    summary: dict[str, Any] = {"rows": [], "bars": []}
-    for latency in latencies:
-        for tool in tools:
-            if (tool, latency) not in rows:
-                continue
-            start, full = rows[(tool, latency)]
-            bound = c / (latency / 1000.0) if latency > 0 else None
-            pct = (
-                f"{full.rate / bound * 100:4.0f}/{(full.phase_rate or 0) / bound * 100:4.0f}%"
-                if bound
-                else "-"
-            )
-            marginal = (
-                (full.cpu_s - start.cpu_s) / (full.rollouts - 1) * 1000.0
-                if full.rollouts > 1
-                else float("nan")
-            )
-            print(
-                f"{tool:<8} {latency:>5.0f}ms {full.rollouts:>6} {full.rate:>8.1f} "
-                f"{_fmt(full.phase_rate, '8.1f')} {pct:>11} {full.cpu_ms_per_rollout:>9.3f} "
-                f"{marginal:>9.3f} {start.wall_s:>8.2f} {start.cpu_s:>8.2f}"
-            )
-            summary["rows"].append(
-                {
-                    "tool": tool,
-                    "latency_ms": latency,
-                    "rollouts": full.rollouts,
-                    "errors": full.errors,
-                    "planned": full.planned,
-                    "wall_s": full.wall_s,
-                    "phase_wall_s": full.phase_wall_s,
-                    "rollouts_per_s": full.rate,
-                    "phase_rollouts_per_s": full.phase_rate,
-                    "cpu_s": full.cpu_s,
-                    "cpu_ms_per_rollout": full.cpu_ms_per_rollout,
-                    "marginal_cpu_ms_per_rollout": marginal,
-                    "startup_wall_s": start.wall_s,
-                    "startup_cpu_s": start.cpu_s,
-                    "reward_mean": full.reward_mean,
-                    "bound_per_s": bound,
-                }
-            )
-    print(
-        "e2e/s: rollouts / process wall time; phase/s: rollouts / rollout-phase wall time; "
-        "%bound: e2e/phase vs C/latency;\nCPU ms/r: client process-tree CPU / rollouts "
-        "(start-up included); marg ms/r: (CPU - start-up run CPU) / (rollouts - 1); "
-        "start s / startCPU: wall and CPU of a -n 1 -r 1 run."
-    )
-    if "vf-eval" in tools:
-        print()
-        for latency in latencies:
-            if ("vfops", latency) in rows and ("vf-eval", latency) in rows:
-                a, b = rows[("vfops", latency)][1], rows[("vf-eval", latency)][1]
-                phase = a.phase_rate / b.phase_rate if a.phase_rate and b.phase_rate else None
-                cpu = b.cpu_ms_per_rollout / a.cpu_ms_per_rollout
-                print(
-                    f"ratio vfops/vf-eval @ {latency:.0f} ms: rollouts/s x{a.rate / b.rate:.2f} "
-                    f"end-to-end, x{_fmt(phase, '.2f')} rollout phase; "
-                    f"vf-eval uses x{cpu:.2f} the CPU per rollout"
-                )
-                summary.setdefault("ratios", []).append(
-                    {"latency_ms": latency, "e2e": a.rate / b.rate, "phase": phase, "cpu": cpu}
-                )
-
-    # Bars.
-    bars: list[tuple[str, bool]] = []
-    hi = max(latencies)
-    if ("vfops", hi) in rows and hi > 0:
-        start, full = rows[("vfops", hi)]
-        bound = c / (hi / 1000.0)
-        bars.append(
-            (f"vfops @ {hi:.0f} ms >= 85% of C/latency ({bound:.0f}/s), rollout phase: "
-             f"{(full.phase_rate or 0) / bound * 100:.1f}%",
-             (full.phase_rate or 0) >= 0.85 * bound)
-        )  # fmt: skip
-        bars.append(
-            (f"vfops @ {hi:.0f} ms >= 85% of C/latency ({bound:.0f}/s), end-to-end: "
-             f"{full.rate / bound * 100:.1f}%",
-             full.rate >= 0.85 * bound)
-        )  # fmt: skip
-        if ("vf-eval", hi) in rows:
-            other = rows[("vf-eval", hi)][1]
-            if full.phase_rate and other.phase_rate:
-                bars.append(
-                    (f"vfops @ {hi:.0f} ms >= 10x vf-eval rollouts/s, rollout phase: "
-                     f"x{full.phase_rate / other.phase_rate:.2f}",
-                     full.phase_rate >= 10 * other.phase_rate)
-                )  # fmt: skip
-            bars.append(
-                (f"vfops @ {hi:.0f} ms >= 10x vf-eval rollouts/s, end-to-end: "
-                 f"x{full.rate / other.rate:.2f}",
-                 full.rate >= 10 * other.rate)
-            )  # fmt: skip
-    for latency in latencies:
-        if ("vfops", latency) in rows:
-            start, full = rows[("vfops", latency)]
-            marginal = (full.cpu_s - start.cpu_s) / max(1, full.rollouts - 1) * 1000.0
-            bars.append(
-                (f"vfops @ {latency:.0f} ms <= 2 ms client CPU/rollout, all-in: "
-                 f"{full.cpu_ms_per_rollout:.3f} ms", full.cpu_ms_per_rollout <= 2.0)
-            )  # fmt: skip
-            bars.append(
-                (f"vfops @ {latency:.0f} ms <= 2 ms client CPU/rollout, marginal: "
-                 f"{marginal:.3f} ms", marginal <= 2.0)
-            )  # fmt: skip
-    if memory is not None:
-        print()
+    print("  " + "-" * (len(header) - 2))
+    for row in rows:
+        full, start = row["full"], row["startup"]
+        e2e_pct = _fmt(_pct(row["e2e_fraction_of_bound"]), ".1f")
+        phase_pct = _fmt(_pct(row["phase_fraction_of_bound"]), ".1f")
         print(
-            f"memory: vfops, {memory['rollouts']}/{memory['planned']} rollouts @ 0 ms, "
-            f"-c {c}, {memory['wall_s']:.1f} s: RSS {memory['first_rss_mb']:.0f} MB at the first "
-            f"sample, baseline {memory['baseline_rss_mb']:.0f} MB (first results), "
-            f"peak {memory['peak_rss_rollouts_mb']:.0f} MB during rollouts "
-            f"(+{memory['growth_rollouts_mb']:.0f} MB), {memory['peak_rss_mb']:.0f} MB "
-            f"incl. the final dataset export (+{memory['growth_mb']:.0f} MB); "
-            f"{memory['samples']} samples every {SAMPLE_INTERVAL_S} s"
+            f"  {row['tool']:<8} {row['latency_ms']:>5g}ms {full['rollouts']:>6} "
+            f"{full['wall_s']:>7.2f} {full['rollouts_per_s']:>7.1f} "
+            f"{_fmt(full['phase_wall_s'], '7.2f')} {_fmt(full['phase_rollouts_per_s'], '7.1f')} "
+            f"{e2e_pct:>6} {phase_pct:>7} {_fmt(full['cpu_ms_per_rollout'], '8.3f')} "
+            f"{_fmt(row['marginal_cpu_ms_per_rollout'], '9.3f')} "
+            f"{_fmt(full['last_rollout_to_exit_s'], '6.2f')} {start['wall_s']:>7.2f} "
+            f"{start['cpu_s']:>9.2f}"
         )
+    print(
+        "  e2e/s: rollouts / process wall time (start to exit: imports, env load, rollouts,\n"
+        "  registry + MLflow, result files); phase/s: rollouts / rollout-phase wall time\n"
+        "  (vfops: summary.wall_s in metadata.json; vf-eval: `time` in its metadata.json);\n"
+        "  e2e % / phase %: of the bound C / latency; CPU ms/r: CPU of the client's process\n"
+        "  tree (vfops: + tracker child) / rollouts; marg ms/r: (CPU - start-up run CPU) /\n"
+        "  (rollouts - 1); tail s: last rollout (mtime of results.jsonl) to process exit;\n"
+        "  start s / start CPU: wall and CPU s of a -n 1 -r 1 run."
+    )
+    by = {(r["tool"], r["latency_ms"]): r for r in rows}
+    for latency in w["latencies_ms"]:
+        a, b = by.get(("vfops", latency)), by.get(("vf-eval", latency))
+        if not (a and b and a["full"]["rollouts"] and b["full"]["rollouts"]):
+            continue
+        pa, pb = a["full"]["phase_rollouts_per_s"], b["full"]["phase_rollouts_per_s"]
+        print(
+            f"  ratio vfops/vf-eval @ {latency:g} ms: rollouts/s "
+            f"x{a['full']['rollouts_per_s'] / b['full']['rollouts_per_s']:.2f} end-to-end, "
+            f"x{_fmt(pa / pb if pa and pb else None, '.2f')} rollout phase; vf-eval uses "
+            f"x{b['full']['cpu_ms_per_rollout'] / a['full']['cpu_ms_per_rollout']:.2f} "
+            "the CPU per rollout"
+        )
+    return _throughput_bars(by, w)
+
+
+def _pct(fraction: float | None) -> float | None:
+    return None if fraction is None else fraction * 100.0
+
+
+def _throughput_bars(by: dict[tuple[str, float], dict[str, Any]], w: dict[str, Any]) -> list[Bar]:
+    row = by.get(("vfops", BAR_LATENCY_MS))
+    exact = {k: w[k] for k in ("n", "r", "c")} == BAR_THROUGHPUT
+    bound = BAR_THROUGHPUT["c"] / (BAR_LATENCY_MS / 1000.0)
+    target_e2e = f">= {BAR_E2E_FRACTION * bound:.0f}/s ({BAR_E2E_FRACTION:.0%})"
+    target_phase = f">= {BAR_PHASE_FRACTION * bound:.0f}/s ({BAR_PHASE_FRACTION:.0%})"
+    target_vs = f">= x{BAR_VS_VF_EVAL:g}"
+    what = (
+        f"{BAR_THROUGHPUT['n'] * BAR_THROUGHPUT['r']:,} rollouts, -c {BAR_THROUGHPUT['c']}, "
+        f"{BAR_LATENCY_MS:g} ms"
+    )
+    if row is None:
+        return [
+            Bar("1a", f"end-to-end rate, {what}", "-", target_e2e, None, exact),
+            Bar("1b", f"rollout-phase rate, {what}", "-", target_phase, None, exact),
+            Bar("1c", "end-to-end rate vs vf-eval's", "-", target_vs, None, exact),
+        ]
+    full = row["full"]
+    bound = row["bound_per_s"]
+    e2e, phase = full["rollouts_per_s"], full["phase_rollouts_per_s"] or 0.0
+    bars = [
+        Bar("1a", f"end-to-end rate, {what}",
+            f"{e2e:.0f}/s ({e2e / bound:.1%})", target_e2e,
+            full["ok"] and e2e >= BAR_E2E_FRACTION * bound, exact),
+        Bar("1b", f"rollout-phase rate, {what}",
+            f"{phase:.0f}/s ({phase / bound:.1%})", target_phase,
+            full["ok"] and phase >= BAR_PHASE_FRACTION * bound, exact),
+    ]  # fmt: skip
+    other = by.get(("vf-eval", BAR_LATENCY_MS))
+    if other is None or not other["full"]["rollouts_per_s"]:
+        bars.append(Bar("1c", "end-to-end rate vs vf-eval's", "-", target_vs, None, exact))
+    else:
+        ratio = e2e / other["full"]["rollouts_per_s"]
         bars.append(
-            (f"vfops RSS growth < 200 MB over {memory['planned']} rollouts: "
-             f"+{memory['growth_mb']:.0f} MB", memory["growth_mb"] < 200.0
-             and memory["rollouts"] == memory["planned"])
+            Bar("1c", "end-to-end rate vs vf-eval's (same workload)",
+                f"x{ratio:.2f} ({e2e:.0f} vs {other['full']['rollouts_per_s']:.0f}/s)", target_vs,
+                full["ok"] and other["full"]["ok"] and ratio >= BAR_VS_VF_EVAL, exact)
         )  # fmt: skip
+    return bars
+
+
+def print_short(data: dict[str, Any]) -> list[Bar]:
+    w = data["workload"]
+    print()
+    print(
+        f"[2] short eval: {w['n'] * w['r']} rollouts (-n {w['n']} -r {w['r']}), -c {w['c']}, "
+        f"max_tokens {MAX_TOKENS}, stub latency {w['latency_ms']:g} ms; one warm-up run per "
+        f"variant, then {data['repeats']} measured runs of each, interleaved"
+    )
+    for v in data["variants"]:
+        print(f"    {v['variant']:<12} {v['command']}")
+    header = (
+        f"  {'variant':<12} {'median s':>8} {'min s':>7} {'max s':>7} {'phase s':>7} "
+        f"{'tail s':>6} {'CPU s':>6} {'warm-up s':>9} {'ok':>3}"
+    )
+    print(header)
+    print("  " + "-" * (len(header) - 2))
+    for v in data["variants"]:
+        print(
+            f"  {v['variant']:<12} {_fmt(v['median_wall_s'], '8.2f')} "
+            f"{_fmt(v['min_wall_s'], '7.2f')} {_fmt(v['max_wall_s'], '7.2f')} "
+            f"{_fmt(v['median_phase_s'], '7.2f')} {_fmt(v['median_tail_s'], '6.2f')} "
+            f"{_fmt(v['median_cpu_s'], '6.2f')} {v['warm_up_wall_s']:>9.2f} "
+            f"{'yes' if v['all_ok'] else 'NO':>3}"
+        )
+    print(
+        "  wall: process start to exit; phase: rollout phase; tail: last rollout to exit;\n"
+        "  CPU: the process tree's (vfops: + tracker child), all medians; warm-up: the\n"
+        "  first run of each variant (not counted)."
+    )
+    exact = w["n"] == BAR_SHORT["n"] and w["r"] == BAR_SHORT["r"] and w["latency_ms"] == 0
+    defaults = next(v for v in data["variants"] if v["variant"] == "defaults")
+    median = defaults["median_wall_s"]
+    ok = None if median is None else defaults["all_ok"] and median <= BAR_SHORT_WALL_S
+    return [
+        Bar("2", f"{BAR_SHORT['n'] * BAR_SHORT['r']}-rollout eval, 0 ms, defaults on: "
+            f"median wall of {data['repeats']}",
+            f"{_fmt(median, '.2f')} s (min {_fmt(defaults['min_wall_s'], '.2f')})",
+            f"<= {BAR_SHORT_WALL_S:g} s", ok, exact)
+    ]  # fmt: skip
+
+
+def print_memory(data: dict[str, Any]) -> list[Bar]:
+    run = data["run"]
+    w = data["workload"]
+    print()
+    print(f"[3] memory: {data['settings']}")
+    print(f"    vfops: {data['command']}")
+    phases = ", ".join(f"{k} {v:.0f} MB" for k, v in run["peak_rss_by_phase_mb"].items())
+    print(
+        f"  {run['rollouts']:,}/{run['planned']:,} rollouts in {run['wall_s']:.1f} s "
+        f"(rollout phase {_fmt(run['phase_wall_s'], '.1f')} s)\n"
+        f"  peak RSS, vfops process (kernel high-water mark VmHWM):   "
+        f"{run['peak_rss_mb']:7.1f} MB\n"
+        f"     its RSS peak by phase (sampled):                       {phases or '-'}\n"
+        f"  peak RSS, whole process tree (vfops + tracker, sampled together): "
+        f"{run['tree_peak_rss_mb']:.1f} MB ({run['max_tree_processes']} processes at most)\n"
+        f"  largest single process' peak (wait4 ru_maxrss):            "
+        f"{run['largest_process_maxrss_mb']:7.1f} MB\n"
+        f"  last rollout -> process exit:                              "
+        f"{_fmt(run['last_rollout_to_exit_s'], '7.2f')} s "
+        f"(-> metadata.json written: {_fmt(run['last_rollout_to_metadata_s'], '.2f')} s)\n"
+        f"  the time of the last rollout = the last modification time of results.jsonl\n"
+        f"  (appended once per group; stat-ed after the process exited); the exit time is\n"
+        f"  when the bench's wait4 on the vfops process returned. {run['samples']} samples,\n"
+        f"  one every {SAMPLE_INTERVAL_S:g} s."
+    )
+    exact = {k: w[k] for k in ("n", "r", "c")} == BAR_MEMORY and w["latency_ms"] == 0
+    tail = run["last_rollout_to_exit_s"]
+    what = f"{BAR_MEMORY['n'] * BAR_MEMORY['r']:,} rollouts, -c {BAR_MEMORY['c']}, 0 ms"
+    return [
+        Bar("3a", f"peak RSS of the vfops process, {what}",
+            f"{run['peak_rss_mb']:.0f} MB (tree {run['tree_peak_rss_mb']:.0f} MB)",
+            f"<= {BAR_PEAK_RSS_MB:g} MB", run["ok"] and run["peak_rss_mb"] <= BAR_PEAK_RSS_MB,
+            exact),
+        Bar("3b", "last rollout -> process exit", f"{_fmt(tail, '.2f')} s",
+            f"<= {BAR_TAIL_S:g} s",
+            None if tail is None else run["ok"] and tail <= BAR_TAIL_S, exact),
+    ]  # fmt: skip
+
+
+def print_bars(bars: list[Bar]) -> None:
     print()
     print("bars:")
-    for text, ok in bars:
-        print(f"  [{_verdict(ok)}] {text}")
-        summary["bars"].append({"bar": text, "pass": ok})
-    print()
-    print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    summary["memory"] = memory
-    summary["versions"] = versions
-    return summary
+    width = max(len(b.what) for b in bars)
+    mwidth = max(len(b.measured) for b in bars)
+    twidth = max(len(b.target) for b in bars)
+    for b in bars:
+        print(
+            f"  {b.name:<3} {b.what:<{width}}  {b.measured:>{mwidth}}  {b.target:<{twidth}}  "
+            f"{b.verdict()}"
+        )
+    if not all(b.bar_workload for b in bars):
+        print("  * not the bar's workload (--quick or changed sizes): indicative only")
 
 
 # ---------------------------------------------------------------- main
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: small n")
+    parser.add_argument("--quick", action="store_true", help="smoke run: small sizes, 2 repeats")
     parser.add_argument("--skip-verifiers", action="store_true", help="vfops only")
-    parser.add_argument("--skip-memory", action="store_true", help="no 20,000-rollout check")
-    parser.add_argument("-n", "--num-examples", type=int, default=None)
-    parser.add_argument("-r", "--rollouts-per-example", type=int, default=2)
-    parser.add_argument("-c", "--max-concurrent", type=int, default=128)
-    parser.add_argument("--latencies", default="0,200", help="stub latency in ms, comma-separated")
-    parser.add_argument("--memory-examples", type=int, default=None, help="memory check -n")
-    parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument(
+        "--only", default=",".join(PARTS),
+        help=f"comma-separated parts to run: {', '.join(PARTS)} (default: all)",
+    )  # fmt: skip
+    parser.add_argument("-n", "--num-examples", type=int, default=None, help="throughput -n")
+    parser.add_argument("-r", "--rollouts-per-example", type=int, default=BAR_THROUGHPUT["r"])
+    parser.add_argument("-c", "--max-concurrent", type=int, default=BAR_THROUGHPUT["c"])
+    parser.add_argument(
+        "--latencies", default=f"{BAR_LATENCY_MS:g}",
+        help="throughput stub latencies in ms, comma-separated (bar 1 is judged at 200)",
+    )  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=None, help="short-eval runs (default 5)")
+    parser.add_argument("--memory-examples", type=int, default=None, help="memory -n")
+    parser.add_argument("--memory-concurrency", type=int, default=BAR_MEMORY["c"])
+    parser.add_argument("--json", default=None, help="also write every figure to this file")
     parser.add_argument("--keep", action="store_true", help="keep run folders under .bench/")
     args = parser.parse_args()
+    args.parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown or not args.parts:
+        parser.error(f"--only: unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    return args
 
-    n = args.num_examples or (50 if args.quick else 1000)
-    r, c = args.rollouts_per_example, args.max_concurrent
-    memory_n = args.memory_examples or (500 if args.quick else 10000)
-    latencies = [float(x) for x in args.latencies.split(",") if x]
 
-    vf_eval = None if args.skip_verifiers else ensure_verifiers_venv()
+def _versions(vf_eval: Path | None) -> dict[str, str]:
     versions = {
         "python": platform.python_version(),
-        **{k: v for k, v in venv_versions(Path(sys.executable), ["vfops", "openai"]).items()},
+        **venv_versions(Path(sys.executable), ["vfops", "openai", "mlflow", "sqlalchemy"]),
+        "vfops source": _vfops_source(),
         "cpus": str(os.cpu_count()),
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
     if vf_eval is not None:
         vfv = venv_versions(VF_VENV / "bin" / "python", ["verifiers", "openai"])
         versions["verifiers"] = vfv["verifiers"]
         versions["openai (verifiers venv)"] = vfv["openai"]
+    return versions
+
+
+def main() -> None:
+    args = _parse_args()
+    throughput = Workload(
+        args.num_examples or (50 if args.quick else BAR_THROUGHPUT["n"]),
+        args.rollouts_per_example,
+        args.max_concurrent,
+        BAR_LATENCY_MS,
+    )
+    short = Workload(BAR_SHORT["n"], BAR_SHORT["r"], SHORT_CONCURRENCY, 0.0)
+    repeats = args.repeats or (2 if args.quick else 5)
+    memory_n = args.memory_examples or (1000 if args.quick else BAR_MEMORY["n"])
+    memory = Workload(
+        memory_n, BAR_MEMORY["r"], args.memory_concurrency, 0.0, {"num_examples": memory_n}
+    )
+    latencies = [float(x) for x in args.latencies.split(",") if x]
+
+    needs_vf = {"throughput", "short"} & set(args.parts)
+    vf_eval = None if args.skip_verifiers or not needs_vf else ensure_verifiers_venv()
+    tools = ["vfops"] + (["vf-eval"] if vf_eval is not None else [])
+    versions = _versions(vf_eval)
 
     BENCH_DIR.mkdir(exist_ok=True)
     work = BENCH_DIR / "eval_overhead" / time.strftime("%Y%m%dT%H%M%S")
     work.mkdir(parents=True)
-    rows: dict[tuple[str, float], tuple[RunResult, RunResult]] = {}
-    memory: dict[str, Any] | None = None
+    bench = Bench(work, vf_eval)
+    summary: dict[str, Any] = {"quick": args.quick, "parts": args.parts}
+    bars: list[Bar] = []
     try:
-        for latency in latencies:
-            config = StubConfig(latency_ms=latency, reply_mode="arithmetic")
-            with StubServer(config, subprocess=True) as stub:
-                print(f"stub latency {latency:.0f} ms at {stub.base_url}", flush=True)
-                for tool in ("vfops", "vf-eval"):
-                    if tool == "vf-eval" and vf_eval is None:
-                        continue
-                    rows[(tool, latency)] = measure(
-                        tool, stub.base_url, latency, n, r, c, work, vf_eval
-                    )
-                if latency == 0 and not args.skip_memory:
-                    print(f"  memory check: vfops {memory_n} x {r} rollouts ...", flush=True)
-                    memory = memory_check(stub.base_url, memory_n, r, c, work)
-                stats = stub.stats
-                print(f"  stub served {stats['ok']} ok / {stats['requests']} requests")
-        if not args.skip_memory and memory is None:
-            with StubServer(StubConfig(reply_mode="arithmetic"), subprocess=True) as stub:
-                print(f"  memory check: vfops {memory_n} x {r} rollouts ...", flush=True)
-                memory = memory_check(stub.base_url, memory_n, r, c, work)
-        summary = report(rows, latencies, c, memory, versions, n, r)
+        if "throughput" in args.parts:
+            summary["throughput"] = part_throughput(bench, tools, throughput, latencies=latencies)
+        if "short" in args.parts:
+            summary["short"] = part_short(bench, tools, short, repeats=repeats)
+        if "memory" in args.parts:
+            summary["memory"] = part_memory(bench, memory)
+        print()
+        print(
+            f"vfops eval overhead — measured as a user runs it: every figure is the whole "
+            f"process, start to exit,\nwith the defaults on (registry + MLflow tracking in "
+            f"a bench-private VFOPS_HOME{', vf-eval ' + VERIFIERS_VERSION if vf_eval else ''})."
+        )
+        if "throughput" in summary:
+            bars += print_throughput(summary["throughput"])
+        if "short" in summary:
+            bars += print_short(summary["short"])
+        if "memory" in summary:
+            bars += print_memory(summary["memory"])
+        print_bars(bars)
+        print()
+        print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+        summary["bars"] = [b.__dict__ | {"verdict": b.verdict()} for b in bars]
+        summary["versions"] = versions
         if args.json:
             Path(args.json).write_text(json.dumps(summary, indent=2))
     finally:
-        if not args.keep:
+        if args.keep:
+            print(f"run folders kept in {work}")
+        else:
             shutil.rmtree(work, ignore_errors=True)
 
 
