@@ -159,7 +159,7 @@ async def evaluate_async(
         read_metadata(Path(resume))  # a clear one-line error on a wrong folder, now
     track = registry and _tracking_on(tracking)
     # first: MLflow's start-up in the tracker overlaps everything below
-    tracker = _start_tracker(engine, request.env_name) if track else None
+    tracker = _start_tracker(request.env_name) if track else None
     env = environment
     connection_client: ModelClient | None = None
     try:
@@ -213,12 +213,10 @@ def _tracking_on(tracking: bool | None) -> bool:
     return tracking_enabled() if tracking is None else tracking and tracking_enabled()
 
 
-def _start_tracker(engine: Engine | None, env_name: str) -> Tracker:
-    from vfops._settings import database_url
+def _start_tracker(env_name: str) -> Tracker:
     from vfops.tracking import Tracker
 
-    url = database_url() if engine is None else engine.url.render_as_string(hide_password=False)
-    return Tracker.for_run(database_url=url, env_name=env_name)
+    return Tracker.for_run(env_name=env_name)
 
 
 def _check_tracking_server() -> None:
@@ -412,8 +410,10 @@ async def _run(
     if engine is not None and plan.run_id is not None:
         sinks.append(RegistrySink(engine, plan.run_id))
     tracking_sink = None
-    if tracker is not None and plan.run_id is not None:
-        tracking_sink = TrackingSink(tracker, plan.run_id, parent_run_id=mlflow_parent_run_id)
+    if tracker is not None and engine is not None and plan.run_id is not None:
+        tracking_sink = TrackingSink(
+            tracker, engine, plan.run_id, parent_run_id=mlflow_parent_run_id
+        )
     summary = EvalSummary(pass_threshold=request.pass_threshold)
     done: set[tuple[int, int]] = set()
     status, error = "interrupted", None

@@ -211,28 +211,40 @@ class TrackingSink:
 
     The tracker is started before anything else of the evaluation, so its
     imports and the opening of the tracking store overlap the environment, the
-    model and the rollouts; at the end it logs the registry run (params, metrics,
-    the rollouts as an artifact) and links both ways.
+    model and the rollouts; at the end it logs the finished run (params,
+    metrics, the rollouts as an artifact) and the registry run is linked to it.
     """
 
     name = "MLflow"
 
-    def __init__(self, tracker: Any, run_id: str, *, parent_run_id: str | None = None) -> None:
+    def __init__(
+        self, tracker: Any, engine: Engine, run_id: str, *, parent_run_id: str | None = None
+    ) -> None:
         self._tracker = tracker
+        self._engine = engine
         self._run_id = run_id
         self._parent_run_id = parent_run_id
         self.mlflow_run_id: str | None = None
 
     async def write_group(self, records: list[RolloutRecord]) -> None:
-        return None  # the rollouts reach MLflow through the registry and the export
+        return None  # the rollouts reach MLflow through the export at the end
 
     async def close(self, finish: RunFinish) -> None:
+        from vfops.tracking import link_mlflow_run, log_eval_run, read_run_info
+
         try:
+            rollouts_file = finish.extra.get("rollouts_file")
+            if rollouts_file is None:
+                # the export misses rollouts (another worker's folder): the registry has all
+                self.mlflow_run_id = await asyncio.to_thread(
+                    log_eval_run, self._engine, self._run_id, parent_run_id=self._parent_run_id
+                )
+                return
+            info = await asyncio.to_thread(read_run_info, self._engine, self._run_id)
             self.mlflow_run_id = await self._tracker.log_run(
-                self._run_id,
-                parent_run_id=self._parent_run_id,
-                rollouts_file=finish.extra.get("rollouts_file"),
+                info, rollouts_file=rollouts_file, parent_run_id=self._parent_run_id
             )
+            await asyncio.to_thread(link_mlflow_run, self._engine, self._run_id, self.mlflow_run_id)
         except VfopsError as exc:
             raise SinkError(
                 self.name,

@@ -63,6 +63,7 @@ from vfops.registry._runs import (
     finish_run,
     get_run,
     list_runs,
+    set_mlflow_run_id,
     set_run_status,
 )
 
@@ -105,6 +106,7 @@ __all__ = [
     "record_alias_event",
     "rollouts_for_example",
     "session_scope",
+    "set_mlflow_run_id",
     "set_run_status",
     "transaction",
     "upgrade",

@@ -182,3 +182,12 @@ def run_model(engine: Engine, run_id: str) -> tuple[str, dict[str, Any]]:
     if row is None:
         raise VfopsError(f"no eval run with id {run_id!r}")
     return row[0], row[1]
+
+
+def set_mlflow_run_id(engine: Engine, run_id: str, mlflow_run_id: str) -> None:
+    """Link a registry run to its MLflow run (one short write transaction)."""
+    from vfops.registry._db import session_scope
+
+    with session_scope(engine) as session:
+        run = _require_run(session, run_id)
+        run.mlflow_run_id = mlflow_run_id

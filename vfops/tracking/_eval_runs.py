@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import re
@@ -75,6 +76,22 @@ class _RunInfo:
     tags: list[Any]
     mlflow_run_id: str | None
 
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON values (datetimes as ISO strings), for the tracker process."""
+        data = dataclasses.asdict(self)
+        for key in ("started_at", "finished_at"):
+            if data[key] is not None:
+                data[key] = data[key].isoformat()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> _RunInfo:
+        moments = {
+            key: None if data.get(key) is None else dt.datetime.fromisoformat(data[key])
+            for key in ("started_at", "finished_at")
+        }
+        return cls(**{**data, **moments})
+
     def params(self) -> dict[str, str]:
         params = {
             "environment": self.env_name,
@@ -147,34 +164,6 @@ def _write_parquet(engine: Engine, run_id: str, path: Path, pass_threshold: floa
         if batch or summary.rollouts == 0:
             writer.write_table(pa.Table.from_pylist(batch, schema=schema))
     return summary
-
-
-def _metrics(summary: EvalSummary, stored: dict[str, Any]) -> dict[str, float]:
-    rollouts = summary.rollouts
-    scored = summary.reward.count
-    metrics: dict[str, float] = {
-        "rollouts": float(rollouts),
-        "scored_rollouts": float(scored),
-        "errors": float(summary.error_count),
-        "error_rate": summary.error_count / rollouts if rollouts else 0.0,
-        "truncated": float(summary.truncated_count),
-        "prompt_tokens": float(summary.prompt_tokens),
-        "completion_tokens": float(summary.completion_tokens),
-        "total_tokens": float(summary.prompt_tokens + summary.completion_tokens),
-    }
-    if scored:
-        metrics["reward_mean"] = summary.reward.mean
-        metrics["reward_std"] = summary.reward.std
-        metrics["reward_stderr"] = summary.reward.stderr
-    for name, mean in sorted(summary.metrics.items()):
-        metrics[f"metric/{_metric_name(name)}"] = mean.mean
-    for k, value in summary.pass_at().items():
-        metrics[f"pass_at_{k}"] = value
-    for key in ("rollouts_per_s", "wall_s"):
-        stored_value = stored.get(key)
-        if isinstance(stored_value, int | float):
-            metrics[key] = float(stored_value)
-    return metrics
 
 
 def _metrics_from_stored(stored: dict[str, Any]) -> dict[str, float]:
@@ -267,8 +256,50 @@ def log_eval_run(
     of the whole run; the artifact is then converted from it, and the metrics taken
     from the run's stored summary, instead of reading every rollout back.
     """
+    info = _read_run(engine, run_id)
+    with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
+        if rollouts_file is None:
+            # no export of the whole run: stream it back from the registry
+            rollouts_file = Path(folder) / ARTIFACT_NAME
+            pass_threshold = float(info.summary.get("pass_threshold", 1.0) or 1.0)
+            counted = _write_parquet(engine, info.id, rollouts_file, pass_threshold).to_dict()
+            # statistics from every stored rollout; timings stay the evaluation's own
+            timings: dict[str, Any] = {
+                k: info.summary[k] for k in ("wall_s", "rollouts_per_s") if k in info.summary
+            }
+            info = dataclasses.replace(info, summary={**counted, **timings})
+        mlflow_id = log_run_info(
+            info.to_json(), parent_run_id=parent_run_id, client=client, rollouts_file=rollouts_file
+        )
+    if info.mlflow_run_id != mlflow_id:
+        link_mlflow_run(engine, info.id, mlflow_id)
+    return mlflow_id
+
+
+def read_run_info(engine: Engine, run_id: str) -> dict[str, Any]:
+    """What :func:`log_run_info` logs of registry run ``run_id`` (JSON values, no keys)."""
+    return _read_run(engine, run_id).to_json()
+
+
+def link_mlflow_run(engine: Engine, run_id: str, mlflow_run_id: str) -> None:
+    """Store the MLflow run id on the registry run (the link back is the MLflow tag)."""
+    from vfops.registry import set_mlflow_run_id
+
+    set_mlflow_run_id(engine, run_id, mlflow_run_id)
+
+
+def log_run_info(
+    info: dict[str, Any],
+    *,
+    parent_run_id: str | None = None,
+    client: MlflowClient | None = None,
+    rollouts_file: str | Path,
+) -> str:
+    """Log a run described by :func:`read_run_info` and its rollouts file (Arrow or
+    parquet); MLflow only, so the tracker process needs no registry. Returns the
+    MLflow run id (the caller links it: :func:`link_mlflow_run`)."""
     with _lock, quiet():
-        return _log_eval_run(engine, run_id, parent_run_id, client, rollouts_file)
+        return _log_run_info(_RunInfo.from_json(info), parent_run_id, client, Path(rollouts_file))
 
 
 def prepare_experiment(env_name: str, client: MlflowClient | None = None) -> str:
@@ -277,18 +308,11 @@ def prepare_experiment(env_name: str, client: MlflowClient | None = None) -> str
         return _experiment_id(client or mlflow_client(), env_name)
 
 
-def _log_eval_run(
-    engine: Engine,
-    run_id: str,
-    parent_run_id: str | None,
-    client: MlflowClient | None,
-    rollouts_file: str | Path | None = None,
+def _log_run_info(
+    info: _RunInfo, parent_run_id: str | None, client: MlflowClient | None, rollouts: Path
 ) -> str:
     from mlflow.entities import Metric, Param, RunTag
 
-    from vfops.registry import get_run, session_scope
-
-    info = _read_run(engine, run_id)
     client = client or mlflow_client()
     experiment_id = _experiment_id(client, info.env_name)
     run = _find_mlflow_run(client, experiment_id, info)
@@ -316,17 +340,15 @@ def _log_eval_run(
     mlflow_id: str = run.info.run_id
     logged = run.data.params
     params = [Param(k, v) for k, v in info.params().items() if k not in logged]
-    pass_threshold = float(info.summary.get("pass_threshold", 1.0) or 1.0)
-    with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
-        path = Path(folder) / ARTIFACT_NAME
-        if rollouts_file is not None:
-            _arrow_to_parquet(Path(rollouts_file), path)
-            values = _metrics_from_stored(info.summary)
-        else:
-            values = _metrics(_write_parquet(engine, info.id, path, pass_threshold), info.summary)
-        client.log_artifact(mlflow_id, str(path))
+    if rollouts.name.endswith(".parquet"):
+        client.log_artifact(mlflow_id, str(rollouts))
+    else:
+        with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
+            path = Path(folder) / ARTIFACT_NAME
+            _arrow_to_parquet(rollouts, path)
+            client.log_artifact(mlflow_id, str(path))
     now = _ms(dt.datetime.now(dt.UTC)) or 0
-    metrics = [Metric(k, v, now, 0) for k, v in values.items()]
+    metrics = [Metric(k, v, now, 0) for k, v in _metrics_from_stored(info.summary).items()]
     run_tags = [RunTag(k, v) for k, v in tags.items()]
     client.log_batch(
         mlflow_id, metrics=metrics[:_BATCH_METRICS], params=params[:_BATCH_PARAMS], tags=run_tags
@@ -338,11 +360,6 @@ def _log_eval_run(
     status = _MLFLOW_STATUS.get(info.status)
     if status is not None:
         client.set_terminated(mlflow_id, status=status, end_time=_ms(info.finished_at))
-    if info.mlflow_run_id != mlflow_id:
-        with session_scope(engine) as session:
-            row = get_run(session, info.id)
-            if row is not None:
-                row.mlflow_run_id = mlflow_id
     return mlflow_id
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import subprocess
 import sys
 import threading
@@ -30,7 +29,6 @@ import orjson
 
 from vfops._errors import VfopsError
 
-_DATABASE_URL_VAR = "VFOPS_DATABASE_URL"
 _READY_TIMEOUT_S = 120.0
 
 _prestarted: Tracker | None = None
@@ -40,37 +38,37 @@ _prestarted_lock = threading.Lock()
 class Tracker:
     """Parent side of the tracker process; see the module docstring."""
 
-    def __init__(self, process: subprocess.Popen[bytes], *, database_url: str, env_name: str):
+    def __init__(self, process: subprocess.Popen[bytes], *, env_name: str):
         self._process = process
-        self.database_url = database_url
         self.env_name = env_name
         self._ready: dict[str, Any] | None = None
         self._lock = asyncio.Lock()
 
     @classmethod
-    def spawn(cls, *, database_url: str, env_name: str) -> Tracker:
-        """Start the tracker process; returns at once (it gets ready in the background)."""
-        # The child opens the same registry; the URL travels only in its environment.
-        env = {**os.environ, _DATABASE_URL_VAR: database_url}
+    def spawn(cls, *, env_name: str) -> Tracker:
+        """Start the tracker process; returns at once (it gets ready in the background).
+
+        It talks to MLflow only (never to the registry: the evaluation reads the run
+        and stores the link), so it imports nothing else heavy.
+        """
         process = subprocess.Popen(
             [sys.executable, "-m", "vfops.tracking._tracker_main", env_name],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=env,
         )
-        return cls(process, database_url=database_url, env_name=env_name)
+        return cls(process, env_name=env_name)
 
     @classmethod
-    def for_run(cls, *, database_url: str, env_name: str) -> Tracker:
+    def for_run(cls, *, env_name: str) -> Tracker:
         """The tracker started early for this evaluation (:func:`prestart`), else a new one."""
         global _prestarted
         with _prestarted_lock:
             early, _prestarted = _prestarted, None
         if early is not None:
-            if (early.database_url, early.env_name) == (database_url, env_name):
+            if early.env_name == env_name:
                 return early
             early.kill()
-        return cls.spawn(database_url=database_url, env_name=env_name)
+        return cls.spawn(env_name=env_name)
 
     def _read_line(self) -> dict[str, Any]:
         stdout: IO[bytes] | None = self._process.stdout
@@ -93,19 +91,20 @@ class Tracker:
 
     async def log_run(
         self,
-        run_id: str,
+        info: dict[str, Any],
         *,
+        rollouts_file: str | Path,
         parent_run_id: str | None = None,
-        rollouts_file: str | Path | None = None,
     ) -> str:
-        """Log registry run ``run_id`` (finished) to MLflow; return the MLflow run id."""
+        """Log a finished run (:func:`vfops.tracking.read_run_info`) and its rollouts
+        file to MLflow; return the MLflow run id."""
         async with self._lock:
             await self.wait_ready()
             command = {
                 "op": "log",
-                "run_id": run_id,
+                "info": info,
                 "parent_run_id": parent_run_id,
-                "rollouts_file": None if rollouts_file is None else str(rollouts_file),
+                "rollouts_file": str(rollouts_file),
             }
             answer = await asyncio.to_thread(self._send, command)
         if not answer.get("ok"):
@@ -162,9 +161,7 @@ def prestart(env_name: str) -> None:
     close when this process exits, and exits too.
     """
     global _prestarted
-    from vfops._settings import database_url
-
-    tracker = Tracker.spawn(database_url=database_url(), env_name=env_name)
+    tracker = Tracker.spawn(env_name=env_name)
     with _prestarted_lock:
         previous, _prestarted = _prestarted, tracker
     if previous is not None:

@@ -27,8 +27,7 @@ def _one_line(exc: BaseException) -> str:
 
 def main(argv: list[str]) -> None:
     """Child side: open the store, then log runs until end of input."""
-    from vfops.registry import get_engine
-    from vfops.tracking import check_tracking, log_eval_run, prepare_experiment
+    from vfops.tracking import check_tracking, log_run_info, prepare_experiment
 
     try:
         check_tracking()
@@ -38,15 +37,13 @@ def main(argv: list[str]) -> None:
         _answer({"error": _one_line(exc)})
         return
     _answer({"ready": True})
-    engine = get_engine()
     for line in sys.stdin.buffer:
         command = orjson.loads(line)
         try:
-            mlflow_run_id = log_eval_run(
-                engine,
-                command["run_id"],
+            mlflow_run_id = log_run_info(
+                command["info"],
                 parent_run_id=command.get("parent_run_id"),
-                rollouts_file=command.get("rollouts_file"),
+                rollouts_file=command["rollouts_file"],
             )
         except Exception as exc:
             _answer({"ok": False, "error": _one_line(exc)})
