@@ -78,7 +78,8 @@ def test_public_api() -> None:
          "APIError", "APIStatusError", "APITimeoutError", "APIConnectionError",
          "MalformedResponseError", "BadRequestError", "AuthenticationError",
          "PermissionDeniedError", "NotFoundError", "ConflictError", "RequestTooLargeError",
-         "UnprocessableEntityError", "RateLimitError", "InternalServerError"]
+         "UnprocessableEntityError", "RateLimitError", "InternalServerError",
+         "DEFAULT_API_KEY_VAR", "HTTPTransport", "is_loopback"]
     )  # fmt: skip
     assert isinstance(OpenAIClient("http://127.0.0.1:1/v1"), ModelClient)
 
