@@ -29,7 +29,7 @@ from vfops._errors import VfopsError
 from vfops.cli._model import app, serve_command, serve_env
 from vfops.clients._base import ModelClient, PromptTooLongError
 from vfops.local import LocalModelClient, TinyModelConfig, build_tiny_model
-from vfops.local._client import _parse_tool_calls
+from vfops.local._batched import parse_tool_calls
 
 pytestmark = pytest.mark.train
 
@@ -217,7 +217,7 @@ def test_local_client_missing_dir(tmp_path: Path) -> None:
 
 
 def test_parse_tool_calls() -> None:
-    calls = _parse_tool_calls(
+    calls = parse_tool_calls(
         'ok <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
         " <tool_call>bad</tool_call>"
     )

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 import torch
 
 from vfops.training import TOKENS_KEY, HFBackend, prefix_breaks, rollout_sequences
-from vfops.training._generation_hf import _CONVERSATION, _Conversation
+from vfops.training._continuation import Turn
 from vfops.training._loss import LossNorm, group_advantages, policy_loss, token_logprobs
 from vfops.training._recipe import _pad
 from vfops.training._tokens import Sequence, encode, prompt_ids, render
@@ -244,18 +244,16 @@ def _second_turn(backend: HFBackend, tokenizer: Any) -> tuple[Any, list[int], li
     messages, assistant, p1, c1 = _conversation(tokenizer)
     follow = [*messages, assistant, {"role": "user", "content": "Again?"}]
 
+    # Turn 1 as the backend remembers it (its sampled text is fixed here so that it
+    # contains a <think> block); turn 2 goes through the real client.
+    backend.client.memory.remember(messages, None, assistant, Turn.of(p1, c1))  # type: ignore[attr-defined]
+
     async def rollout() -> Any:
-        # Turn 1 as the backend records it (its sampled text is fixed here so that it
-        # contains a <think> block); turn 2 goes through the real client.
-        _CONVERSATION.set(_Conversation(messages, assistant, p1, c1, True, 0, 1, 1))  # type: ignore[arg-type]
         return await backend.client.chat(
             model="m", messages=follow, sampling_args={"max_tokens": 3, "seed": 1}
         )
 
-    async def main() -> Any:
-        return await asyncio.create_task(rollout())
-
-    return asyncio.run(main()), p1, c1
+    return asyncio.run(rollout()), p1, c1
 
 
 def test_continue_mode_trains_on_exactly_the_sampled_tokens(
