@@ -4,6 +4,10 @@ Importing this package loads no torch: the config (:class:`GRPOConfig`,
 :func:`load_config`) is light, and the recipe, the generation backends and the
 token utilities load torch/transformers only when first used.
 
+- :func:`train` / :func:`train_async`: the whole run (validate, launch under
+  accelerate for several processes or DeepSpeed, train, register) returning a
+  :class:`TrainResult`; ``vfops train`` and the ``train-grpo`` flow call it.
+  :func:`resolve_config` applies a run's overrides and validates.
 - :class:`GRPORecipe`: ``setup()``, ``train_step() -> dict[str, float]``,
   ``evaluate()``, ``train()``, ``save(dir)``, ``resume(dir)``, ``close()``.
 - :class:`GRPOConfig` and its sections; :func:`load_config` reads TOML with
@@ -31,6 +35,13 @@ if TYPE_CHECKING:
     )
     from vfops.training._generation_hf import HFBackend
     from vfops.training._recipe import GRPORecipe
+    from vfops.training._run import (
+        TrainingProcessError,
+        TrainResult,
+        resolve_config,
+        train,
+        train_async,
+    )
     from vfops.training._tokens import prefix_breaks, rollout_sequences, suffix_ids
 
 __all__ = [
@@ -40,13 +51,18 @@ __all__ = [
     "GRPORecipe",
     "GenerationBackend",
     "HFBackend",
+    "TrainResult",
+    "TrainingProcessError",
     "TurnTokens",
     "config_from_dict",
     "config_help",
     "load_config",
     "prefix_breaks",
+    "resolve_config",
     "rollout_sequences",
     "suffix_ids",
+    "train",
+    "train_async",
 ]
 
 _LAZY = {
@@ -60,6 +76,11 @@ _LAZY = {
     "load_config": "vfops.training._config",
     "HFBackend": "vfops.training._generation_hf",
     "GRPORecipe": "vfops.training._recipe",
+    "TrainResult": "vfops.training._run",
+    "TrainingProcessError": "vfops.training._run",
+    "resolve_config": "vfops.training._run",
+    "train": "vfops.training._run",
+    "train_async": "vfops.training._run",
     "prefix_breaks": "vfops.training._tokens",
     "rollout_sequences": "vfops.training._tokens",
     "suffix_ids": "vfops.training._tokens",

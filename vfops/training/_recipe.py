@@ -47,6 +47,7 @@ from vfops.rubrics import RolloutScore
 from vfops.training._backend import TOKENS_KEY, GenerationBackend, TurnTokens
 from vfops.training._config import GRPOConfig
 from vfops.training._loss import LossNorm, group_advantages, policy_loss, token_logprobs
+from vfops.training._run import Progress
 from vfops.training._tokens import Sequence, rollout_sequences
 from vfops.training._tracking import TrainingTracker
 from vfops.training._weights import unwrap
@@ -294,6 +295,7 @@ class GRPORecipe:
                     sync=cfg.sync,
                     sync_dir=cfg.sync_dir or str(Path(self.config.run.output_dir) / "weights"),
                     api_key_var=cfg.api_key_var or None,
+                    multiturn_tokens=cfg.multiturn_tokens,
                 )
                 self.backend = vllm.VLLMBackend.from_config(vllm_config, self.tokenizer)
         # No initial sync: the hf backend copies the weights it is built from, and a
@@ -804,10 +806,6 @@ class MainThreadCompute:
             except BaseException as exc:  # handed to the awaiting coroutine
                 done.set_exception(exc)
         return future.result()
-
-
-Progress = Callable[[str, int, dict[str, float]], None]
-"""``progress(kind, step, metrics)``: ``kind`` is ``"step"`` or ``"eval"``."""
 
 
 def _no_progress(kind: str, step: int, metrics: dict[str, float]) -> None:
