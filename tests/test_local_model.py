@@ -271,6 +271,8 @@ async def test_local_client_batches_rows_with_different_settings(
         {"temperature": 0.0, "max_tokens": 3},
         {"temperature": 0.7, "max_tokens": 5, "top_p": 0.9},
         {"temperature": 1.3, "max_tokens": 2, "top_k": 20, "repetition_penalty": 1.2},
+        {"temperature": 1.5, "max_tokens": 3, "top_k": 1},
+        {"temperature": 1.5, "max_tokens": 3, "min_p": 1.0, "top_p": 0.5},
     ]
     results = await asyncio.gather(
         *(
@@ -280,8 +282,33 @@ async def test_local_client_batches_rows_with_different_settings(
     )
     assert client.batches_run - before == 1  # one batch, each row with its own settings
     for resp, args in zip(results, settings, strict=True):
-        assert resp.raw is not None and resp.raw["batch_size"] == 3
+        assert resp.raw is not None and resp.raw["batch_size"] == len(settings)
         assert 1 <= resp.completion_tokens <= args["max_tokens"]
+    # the rows cut to their best token sample greedily; the others' cut-offs do not leak
+    greedy = results[0].raw["completion_ids"]  # type: ignore[index]
+    assert [r.raw["completion_ids"] for r in results[3:]] == [greedy, greedy]  # type: ignore[index]
+
+
+async def test_a_rows_cut_offs_do_not_change_its_batch_mates(client: LocalModelClient) -> None:
+    from vfops.local._batched import Sampling
+
+    generator = client.generator
+    prompt = client._encode([{"role": "user", "content": "x"}], None)
+    plain = Sampling(max_new_tokens=6, seed=11, temperature=1.0)
+
+    async def plain_row_with(other: Sampling) -> tuple[list[int], list[float]]:
+        rows = await asyncio.gather(
+            generator.generate(prompt, plain), generator.generate(prompt, other)
+        )
+        assert rows[0].batch_size == 2
+        return rows[0].token_ids, rows[0].logprobs
+
+    neutral = Sampling(max_new_tokens=6, seed=12, temperature=0.5)
+    cut = Sampling(
+        max_new_tokens=6, seed=12, temperature=0.5, top_k=2, top_p=0.5, min_p=0.2,
+        repetition_penalty=1.5,
+    )  # fmt: skip
+    assert await plain_row_with(neutral) == await plain_row_with(cut)
 
 
 async def test_local_client_rejects_too_long_prompt(client: LocalModelClient) -> None:

@@ -365,7 +365,6 @@ class _Processor:
 
     def __init__(self, torch: Any, rows: list[Sampling], batch: list[_Request], device: Any):
         self._torch = torch
-        self._rows = rows
         self._temps = torch.tensor(
             [s.temperature if not s.greedy else 1.0 for s in rows], device=device
         ).unsqueeze(1)
@@ -376,7 +375,12 @@ class _Processor:
             self._penalties = torch.tensor(
                 [s.repetition_penalty for s in rows], device=device
             ).unsqueeze(1)
-        self._truncating = [i for i, s in enumerate(rows) if s.truncates]
+        # per-row cut-offs, neutral where a row does not truncate (greedy ignores them)
+        cuts = [(s.top_k, s.top_p, s.min_p) if s.truncates else (0, 1.0, 0.0) for s in rows]
+        self._truncating = any(s.truncates for s in rows)
+        self._top_k = [k for k, _, _ in cuts]
+        self._top_p = torch.tensor([p for _, p, _ in cuts], device=device).unsqueeze(1)
+        self._min_p = torch.tensor([m for _, _, m in cuts], device=device).unsqueeze(1)
 
     def __call__(self, logits: Any) -> Any:
         torch = self._torch
@@ -403,30 +407,26 @@ class _Processor:
         return torch.where(self._seen, penalised, scores)
 
     def _truncate(self, scores: Any) -> Any:
+        """Top-k, then top-p, then min-p (transformers' warpers), all rows at once; the
+        best token of a row is never cut."""
         torch = self._torch
+        vocab = scores.shape[-1]
         removed = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
-        for row in self._truncating:
-            removed[row] = _removed(torch, scores[row], self._rows[row])
+        ks = [k if 0 < k < vocab else 0 for k in self._top_k]
+        if any(ks):
+            index = torch.tensor([[max(k, 1) - 1] for k in ks], device=scores.device)
+            kth = torch.topk(scores, max(ks)).values.gather(1, index)
+            limited = torch.tensor([k > 0 for k in ks], device=scores.device).unsqueeze(1)
+            removed |= limited & (scores < kth)
+        if bool((self._top_p < 1.0).any()):
+            ordered, order = torch.sort(scores.masked_fill(removed, float("-inf")))  # ascending
+            cut = ordered.softmax(-1).cumsum(-1) <= (1 - self._top_p)
+            cut[:, -1] = False
+            removed |= torch.zeros_like(removed).scatter(1, order, cut)
+        if bool((self._min_p > 0.0).any()):
+            probs = scores.masked_fill(removed, float("-inf")).softmax(-1)
+            removed |= probs < self._min_p * probs.amax(-1, keepdim=True)
         return scores.masked_fill(removed, float("-inf"))
-
-
-def _removed(torch: Any, scores: Any, s: Sampling) -> Any:
-    """Which tokens of one row top-k, then top-p, then min-p cut (never the best one)."""
-    removed = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
-    if 0 < s.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, s.top_k).values[-1]
-        removed |= scores < kth
-    if s.top_p < 1.0:
-        kept = scores.masked_fill(removed, float("-inf"))
-        ordered, order = torch.sort(kept)  # ascending, as transformers' TopPLogitsWarper
-        cumulative = ordered.softmax(-1).cumsum(-1)
-        cut = cumulative <= (1 - s.top_p)
-        cut[-1] = False
-        removed |= torch.zeros_like(removed).scatter(0, order, cut)
-    if s.min_p > 0.0:
-        probs = scores.masked_fill(removed, float("-inf")).softmax(-1)
-        removed |= probs < s.min_p * probs.max()
-    return removed
 
 
 def _with_cap(sampling: Sampling, max_new_tokens: int) -> Sampling:
