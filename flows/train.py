@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_markdown_artifact
 
 from vfops.training import resolve_config, train_async
+
+if TYPE_CHECKING:
+    from vfops.training._run import Progress
 
 REPORT_KEY = "train-grpo"
 LEASE_S = 600.0
@@ -99,7 +102,7 @@ async def _ensure_limit(name: str, gpus: int) -> None:
                 )
 
 
-def _log_progress(logger: Any) -> Any:
+def _log_progress(logger: Any) -> Progress:
     """The flow run's log in the UI shows the run advancing, step by step."""
 
     def progress(kind: str, step: int, metrics: dict[str, float]) -> None:
