@@ -375,12 +375,13 @@ class _Processor:
             self._penalties = torch.tensor(
                 [s.repetition_penalty for s in rows], device=device
             ).unsqueeze(1)
-        # per-row cut-offs, neutral where a row does not truncate (greedy ignores them)
-        cuts = [(s.top_k, s.top_p, s.min_p) if s.truncates else (0, 1.0, 0.0) for s in rows]
         self._truncating = any(s.truncates for s in rows)
-        self._top_k = [k for k, _, _ in cuts]
-        self._top_p = torch.tensor([p for _, p, _ in cuts], device=device).unsqueeze(1)
-        self._min_p = torch.tensor([m for _, _, m in cuts], device=device).unsqueeze(1)
+        if self._truncating:
+            # per-row cut-offs, neutral where a row does not truncate (greedy ignores them)
+            cuts = [(s.top_k, s.top_p, s.min_p) if s.truncates else (0, 1.0, 0.0) for s in rows]
+            self._top_k = [k for k, _, _ in cuts]
+            self._top_p = torch.tensor([p for _, p, _ in cuts], device=device).unsqueeze(1)
+            self._min_p = torch.tensor([m for _, _, m in cuts], device=device).unsqueeze(1)
 
     def __call__(self, logits: Any) -> Any:
         torch = self._torch
