@@ -347,6 +347,15 @@ def test_both_backends_continue_turns_the_same_way(
     asyncio.run(vllm.aclose())
     assert (hf_prompt.source, source) == ("continued", "continued")
     assert vllm_ids == hf_prompt.ids and vllm_ids[: len(p1) + len(c1)] == p1 + c1
+    # retokenize: both render the messages (what a stateless server sees)
+    hf = HFBackend(tiny[0], qwen_like, multiturn_tokens="retokenize")
+    vllm = VLLMBackend(config, qwen_like, multiturn_tokens="retokenize")
+    for memory in (hf.client.memory, vllm.vllm_client.memory):  # type: ignore[attr-defined]
+        memory.remember(follow[:2], None, assistant, Turn.of(p1, c1))
+    rendered = prompt_ids(qwen_like, follow)
+    assert hf.client.memory.prompt(follow, None).ids == rendered  # type: ignore[attr-defined]
+    assert vllm.vllm_client.prompt_ids(follow) == (rendered, "rendered")
+    asyncio.run(vllm.aclose())
 
 
 def test_a_turn_continues_whatever_task_or_loop_runs_it(tiny: tuple[Any, Any]) -> None:

@@ -295,9 +295,10 @@ class GRPORecipe:
                     sync=cfg.sync,
                     sync_dir=cfg.sync_dir or str(Path(self.config.run.output_dir) / "weights"),
                     api_key_var=cfg.api_key_var or None,
-                    multiturn_tokens=cfg.multiturn_tokens,
                 )
-                self.backend = vllm.VLLMBackend.from_config(vllm_config, self.tokenizer)
+                self.backend = vllm.VLLMBackend.from_config(
+                    vllm_config, self.tokenizer, multiturn_tokens=cfg.multiturn_tokens
+                )
         # No initial sync: the hf backend copies the weights it is built from, and a
         # vLLM server starts from the same base model; resume() syncs restored weights.
 

@@ -300,7 +300,7 @@ def _launch(
         files = LaunchFiles(Path(tmp))
         files.errors.mkdir()
         files.request.write_text(
-            json.dumps({"config": _config_data(cfg), "resume": str(resume) if resume else None})
+            json.dumps({"config": config_data(cfg), "resume": str(resume) if resume else None})
         )
         code = _run_child(
             _child_command(num_processes, files), _child_env(num_processes), files, progress
@@ -308,8 +308,9 @@ def _launch(
         return _collect(files, code)
 
 
-def _config_data(cfg: GRPOConfig) -> dict[str, Any]:
-    """The config as TOML-shaped data (``config_from_dict`` reads it back)."""
+def config_data(cfg: GRPOConfig) -> dict[str, Any]:
+    """The config as TOML-shaped data (``config_from_dict`` reads it back), whether the
+    config classes are dataclasses or pydantic models."""
     dump = getattr(cfg, "model_dump", None)
     if callable(dump):
         data: dict[str, Any] = dump(mode="json")

@@ -137,13 +137,6 @@ class VLLMGenerationConfig:
             "least the number of rollouts in flight."
         },
     )
-    multiturn_tokens: TokenMode = field(
-        default="continue",
-        metadata={
-            "help": "'continue': later turns extend the exact earlier tokens; 'retokenize': "
-            "render every turn from the messages ([generation] multiturn_tokens)."
-        },
-    )
 
     def __post_init__(self) -> None:
         if self.sync not in ("filesystem", "nccl"):
@@ -158,11 +151,6 @@ class VLLMGenerationConfig:
             raise VLLMBackendError("generation timeouts must be > 0 seconds")
         if self.max_retries < 0 or self.prompt_cache_size < 1:
             raise VLLMBackendError("generation.max_retries must be >= 0 and prompt_cache_size >= 1")
-        if self.multiturn_tokens not in ("continue", "retokenize"):
-            raise VLLMBackendError(
-                "generation.multiturn_tokens must be 'continue' or 'retokenize', "
-                f"got {self.multiturn_tokens!r}"
-            )
 
     @staticmethod
     def help() -> dict[str, str]:
@@ -568,9 +556,11 @@ def _free_port(address: str) -> int:
 class VLLMBackend:
     """A :class:`~vfops.training._backend.GenerationBackend` over a vLLM server.
 
-    ``tokenizer`` must be the served model's (the trainer's). ``prompt_ids_fn``,
-    if given, is asked first for each turn's prompt ids (``None`` = let the
-    backend build them). ``nccl_channel`` replaces the NCCL data plane (tests).
+    ``tokenizer`` must be the served model's (the trainer's). ``multiturn_tokens``:
+    how later turns' prompts are made (``[generation] multiturn_tokens``, see
+    :mod:`vfops.training._continuation`). ``prompt_ids_fn``, if given, is asked
+    first for each turn's prompt ids (``None`` = let the backend build them).
+    ``nccl_channel`` replaces the NCCL data plane (tests).
     Create, use and close it inside one event loop.
     """
 
@@ -579,6 +569,7 @@ class VLLMBackend:
         config: VLLMGenerationConfig,
         tokenizer: Any,
         *,
+        multiturn_tokens: TokenMode = "continue",
         prompt_ids_fn: Callable[[Messages, list[dict[str, Any]] | None], list[int] | None]
         | None = None,
         nccl_channel: ChannelFactory | None = None,
@@ -595,7 +586,7 @@ class VLLMBackend:
         self._served: str | None = config.model
         self._client = VLLMClient(
             self,
-            TurnMemory(tokenizer, mode=config.multiturn_tokens, capacity=config.prompt_cache_size),
+            TurnMemory(tokenizer, mode=multiturn_tokens, capacity=config.prompt_cache_size),
             prompt_ids_fn,
         )
         self._sync_dir, self._own_sync_dir = self._make_sync_dir(config)
