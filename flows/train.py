@@ -23,7 +23,7 @@ from prefect.artifacts import acreate_markdown_artifact
 from vfops.training import resolve_config, train_async
 
 if TYPE_CHECKING:
-    from vfops.training._run import Progress
+    from vfops.training import Progress
 
 REPORT_KEY = "train-grpo"
 LEASE_S = 600.0

@@ -75,6 +75,7 @@ def test_flow_and_cli_are_layers_over_the_one_entry_point(
 
     from typer.testing import CliRunner
 
+    import vfops.training
     from vfops.cli._app import app
     from vfops.training import TrainResult, _run
 
@@ -93,6 +94,9 @@ def test_flow_and_cli_are_layers_over_the_one_entry_point(
             registered=f"models:/{config.run.register_as}/4",
         )
 
+    # the one entry point, wherever it is reached from: the package (the CLI) and its
+    # module (train_async, which the flow awaits)
+    monkeypatch.setattr(vfops.training, "train", entry_point)
     monkeypatch.setattr(_run, "train", entry_point)
     cli = CliRunner().invoke(
         app, ["train", str(CPU_CONFIG), "--steps", "3", "--num-processes", "2",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from vfops.training._run import Progress
+    from vfops.training import Progress
 
 
 def train_command(
@@ -61,9 +61,9 @@ def train_command(
     check: Annotated[bool, typer.Option("--check", help="Validate the config and exit.")] = False,
 ) -> None:
     """Train a policy with GRPO on an environment (needs the [train] extra)."""
-    from vfops.training import _run
+    import vfops.training as training  # looked up per call: tests replace the entry point
 
-    cfg = _run.resolve_config(
+    cfg = training.resolve_config(
         config,
         steps=steps,
         output_dir=output_dir,
@@ -71,11 +71,11 @@ def train_command(
         register_as=register_as,
         tracking=False if no_tracking else None,
     )
-    _run.check_resume(resume)
+    training.check_resume(resume)
     if check:
         typer.echo(f"{config}: ok ({cfg.environment.id}, {cfg.run.steps} steps)")
         return
-    result = _run.train(
+    result = training.train(
         cfg,
         resume=resume,
         num_processes=num_processes,

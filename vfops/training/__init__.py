@@ -7,7 +7,8 @@ token utilities load torch/transformers only when first used.
 - :func:`train` / :func:`train_async`: the whole run (validate, launch under
   accelerate for several processes or DeepSpeed, train, register) returning a
   :class:`TrainResult`; ``vfops train`` and the ``train-grpo`` flow call it.
-  :func:`resolve_config` applies a run's overrides and validates.
+  :func:`resolve_config` applies a run's overrides and validates; :func:`check_resume`
+  checks a checkpoint folder; :data:`Progress` is the progress callback's type.
 - :class:`GRPORecipe`: ``setup()``, ``train_step() -> dict[str, float]``,
   ``evaluate()``, ``train()``, ``save(dir)``, ``resume(dir)``, ``close()``.
 - :class:`GRPOConfig` and its sections; :func:`load_config` reads TOML with
@@ -36,8 +37,10 @@ if TYPE_CHECKING:
     from vfops.training._generation_hf import HFBackend
     from vfops.training._recipe import GRPORecipe
     from vfops.training._run import (
+        Progress,
         TrainingProcessError,
         TrainResult,
+        check_resume,
         resolve_config,
         train,
         train_async,
@@ -51,9 +54,11 @@ __all__ = [
     "GRPORecipe",
     "GenerationBackend",
     "HFBackend",
+    "Progress",
     "TrainResult",
     "TrainingProcessError",
     "TurnTokens",
+    "check_resume",
     "config_from_dict",
     "config_help",
     "load_config",
@@ -76,7 +81,9 @@ _LAZY = {
     "load_config": "vfops.training._config",
     "HFBackend": "vfops.training._generation_hf",
     "GRPORecipe": "vfops.training._recipe",
+    "Progress": "vfops.training._run",
     "TrainResult": "vfops.training._run",
+    "check_resume": "vfops.training._run",
     "TrainingProcessError": "vfops.training._run",
     "resolve_config": "vfops.training._run",
     "train": "vfops.training._run",
