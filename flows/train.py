@@ -1,30 +1,29 @@
-"""``train-grpo``: GRPO training as a Prefect flow, a thin layer over :mod:`vfops.training`.
+"""``train-grpo``: GRPO training as a Prefect flow, a thin layer over :func:`vfops.training.train`.
 
 The run holds ``occupy = gpus`` slots of a Prefect global concurrency limit
 (``gpu`` by default; created with ``limit = gpus`` when missing, otherwise left
 as the operator set it, e.g. ``prefect gcl create gpu --limit 8``), under a
 lease so a dead worker's slots come back (Prefect issue #17415). A CPU run
-(``gpus = 0``) takes no slot. One process trains in the flow's own process;
-``num_processes > 1`` or a DeepSpeed config runs ``vfops train`` under
-``accelerate launch``. The final checkpoint is registered in MLflow when the
-config (or ``register_as``) names a model, and a markdown artifact reports the
-baseline and final held-out reward.
+(``gpus = 0``) takes no slot. The entry point trains in the flow's own process,
+or launches ``num_processes > 1`` (or a DeepSpeed config) under ``accelerate
+launch``; either way each step and eval shows in the flow run's log. The final
+checkpoint is registered in MLflow when the config (or ``register_as``) names a
+model, and a markdown artifact reports the baseline and final held-out reward.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_markdown_artifact
 
-from vfops.training import load_config
+from vfops.training import resolve_config, train_async
+
+if TYPE_CHECKING:
+    from vfops.training import Progress
 
 REPORT_KEY = "train-grpo"
 LEASE_S = 600.0
@@ -53,17 +52,20 @@ async def train_grpo(
         num_processes: Training processes under accelerate launch (1: in-process).
         deepspeed: DeepSpeed JSON (configs/deepspeed/zero2.json or zero3.json).
     """
-    config = load_config(config_path)  # bad input fails the run before any slot is taken
-    overrides = {"run.steps": steps, "run.output_dir": output_dir, "run.register_as": register_as}
-    config = config.with_overrides({k: v for k, v in overrides.items() if v is not None})
+    # bad input fails the run before any slot is taken
+    config = resolve_config(
+        config_path,
+        steps=steps,
+        output_dir=output_dir,
+        register_as=register_as,
+        deepspeed=deepspeed,
+    )
     logger = get_run_logger()
     async with _gpu_slots(gpu_limit, gpus):
-        if num_processes > 1 or deepspeed:
-            summary = await asyncio.to_thread(
-                _launch, config_path, steps, output_dir, register_as, num_processes, deepspeed
-            )
-        else:
-            summary = await asyncio.to_thread(_train_in_process, config, logger)
+        result = await train_async(
+            config, num_processes=num_processes, progress=_log_progress(logger)
+        )
+    summary = result.summary()
     logger.info(
         "held-out reward %.4f -> %.4f",
         summary["baseline_eval_reward"],
@@ -100,11 +102,10 @@ async def _ensure_limit(name: str, gpus: int) -> None:
                 )
 
 
-def _train_in_process(config: Any, logger: Any) -> dict[str, Any]:
-    from vfops.training import GRPORecipe
+def _log_progress(logger: Any) -> Progress:
+    """The flow run's log in the UI shows the run advancing, step by step."""
 
     def progress(kind: str, step: int, metrics: dict[str, float]) -> None:
-        # the flow run's log in the UI shows the run advancing, step by step
         if kind == "eval":
             logger.info("step %d: held-out reward %.4f", step, metrics["eval_reward"])
         else:
@@ -116,34 +117,7 @@ def _train_in_process(config: Any, logger: Any) -> dict[str, Any]:
                 metrics["tokens_per_s"],
             )
 
-    with GRPORecipe(config) as recipe:
-        recipe.setup()
-        result = recipe.train(progress)
-    return {k: v for k, v in result.items() if k != "history"}
-
-
-def _launch(
-    config_path: str,
-    steps: int | None,
-    output_dir: str | None,
-    register_as: str | None,
-    num_processes: int,
-    deepspeed: str | None,
-) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "vfops", "train", config_path]
-    cmd += ["--num-processes", str(num_processes)]
-    if steps is not None:
-        cmd += ["--steps", str(steps)]
-    if output_dir is not None:
-        cmd += ["--output-dir", output_dir]
-    if register_as is not None:
-        cmd += ["--register-as", register_as]
-    if deepspeed:
-        cmd += ["--deepspeed", deepspeed]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"vfops train failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return progress
 
 
 def _report(config_path: str, summary: dict[str, Any]) -> str:

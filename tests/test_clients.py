@@ -50,7 +50,7 @@ from vfops.clients import (
     resolve_endpoint,
 )
 from vfops.clients._errors import error_from_response
-from vfops.clients._openai import _is_context_error, parse_chat_completion
+from vfops.clients._openai import is_context_error, parse_chat_completion
 from vfops.clients._retry import parse_retry_after, retry_after_of, status_of
 from vfops.testing import StubConfig, StubServer
 
@@ -79,7 +79,7 @@ def test_public_api() -> None:
          "MalformedResponseError", "BadRequestError", "AuthenticationError",
          "PermissionDeniedError", "NotFoundError", "ConflictError", "RequestTooLargeError",
          "UnprocessableEntityError", "RateLimitError", "InternalServerError",
-         "DEFAULT_API_KEY_VAR", "HTTPTransport", "is_loopback"]
+         "DEFAULT_API_KEY_VAR", "HTTPTransport", "is_context_error", "is_loopback"]
     )  # fmt: skip
     assert isinstance(OpenAIClient("http://127.0.0.1:1/v1"), ModelClient)
 
@@ -365,12 +365,12 @@ def test_context_error_detection() -> None:
             "requested 5000 tokens", "type": "BadRequestError", "code": 400}  # fmt: skip
     openai_shape = {"message": "too long", "code": "context_length_exceeded"}
     other = {"message": "Invalid value for 'temperature'", "code": "invalid_value"}
-    assert _is_context_error(_status_error(400, vllm))
-    assert _is_context_error(_status_error(400, openai_shape))
-    assert not _is_context_error(_status_error(400, other))
-    assert not _is_context_error(_status_error(500, vllm))
+    assert is_context_error(_status_error(400, vllm))
+    assert is_context_error(_status_error(400, openai_shape))
+    assert not is_context_error(_status_error(400, other))
+    assert not is_context_error(_status_error(500, vllm))
     plain = error_from_response(413, b"Request prompt is too long for this deployment")
-    assert _is_context_error(plain)
+    assert is_context_error(plain)
 
 
 @pytest.mark.parametrize(

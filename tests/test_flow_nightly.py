@@ -151,7 +151,7 @@ async def test_three_nights(harness: None, published_env: str) -> None:
     from vfops.tracking import RUN_ID_TAG, mlflow_client
 
     with session_scope(get_engine(), write=False) as session:
-        links = [(run.id, run.mlflow_run_id) for run in list_runs(session, published_env)]
+        links = [(run.id, run.mlflow_run_id) for run in list_runs(session, "nightly_env")]
     assert len(links) == 3 and all(mlflow_id for _, mlflow_id in links)
     tracking = mlflow_client()
     for run_id, mlflow_id in links:

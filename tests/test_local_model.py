@@ -29,7 +29,7 @@ from vfops._errors import VfopsError
 from vfops.cli._model import app, serve_command, serve_env
 from vfops.clients._base import ModelClient, PromptTooLongError
 from vfops.local import LocalModelClient, TinyModelConfig, build_tiny_model
-from vfops.local._client import _parse_tool_calls
+from vfops.local._batched import parse_tool_calls
 
 pytestmark = pytest.mark.train
 
@@ -205,6 +205,112 @@ async def test_local_client_batches_concurrent_requests(client: LocalModelClient
     assert client.batches_run - before < 12  # some requests shared a generate() call
 
 
+def test_local_client_and_trainer_share_the_generator_and_its_draws(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LocalModelClient and the trainer's hf backend sample through the one
+    BatchedGenerator, and the same seed gives them the same tokens."""
+    import transformers
+
+    from vfops.local._batched import BatchedGenerator
+    from vfops.training import TOKENS_KEY, HFBackend
+
+    sampled_by: list[BatchedGenerator] = []
+    original = BatchedGenerator.sample
+
+    def recording(self: BatchedGenerator, batch: list[Any]) -> Any:
+        sampled_by.append(self)
+        return original(self, batch)
+
+    monkeypatch.setattr(BatchedGenerator, "sample", recording)
+    local = LocalModelClient(tiny_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_dir), local_files_only=True)
+    trainer = HFBackend(model, local.tokenizer)
+    messages = [{"role": "user", "content": "Say something."}]
+
+    async def both(seed: int) -> tuple[list[int], list[int]]:
+        args = {"temperature": 1.0, "max_tokens": 12, "seed": seed}
+        a = await local.chat(model="m", messages=messages, sampling_args=args)
+        b = await trainer.client.chat(model="m", messages=messages, sampling_args=args)
+        assert a.raw is not None and b.raw is not None
+        return a.raw["completion_ids"], b.raw[TOKENS_KEY]["completion_ids"]
+
+    local_ids, trainer_ids = asyncio.run(both(7))
+    assert sampled_by == [local.generator, trainer.generator]
+    assert len(local_ids) > 1 and local_ids == trainer_ids
+    other, _ = asyncio.run(both(8))
+    assert other != local_ids
+
+
+async def test_local_client_truncation_and_penalty(client: LocalModelClient) -> None:
+    """top-k 1, a tiny top-p and min-p 1 leave only the best token: greedy; a huge
+    repetition penalty never repeats a token the prompt or completion already has."""
+    messages = [{"role": "user", "content": "Count: 1 2 3 4 5 6 7 8 9"}]
+
+    async def ids(**args: Any) -> list[int]:
+        resp = await client.chat(
+            model="m", messages=messages, sampling_args={"max_tokens": 10, **args}
+        )
+        assert resp.raw is not None
+        return list(resp.raw["completion_ids"])
+
+    greedy = await ids(temperature=0.0)
+    for cut in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}):
+        assert await ids(temperature=1.5, seed=3, **cut) == greedy, cut
+    assert await ids(temperature=1.5, seed=3) != greedy
+    penalised = await ids(temperature=0.0, repetition_penalty=1e6)
+    prompt = client._encode(messages, None)
+    assert not set(penalised) & set(prompt) and len(set(penalised)) == len(penalised)
+
+
+async def test_local_client_batches_rows_with_different_settings(
+    client: LocalModelClient,
+) -> None:
+    before = client.batches_run
+    settings: list[dict[str, Any]] = [
+        {"temperature": 0.0, "max_tokens": 3},
+        {"temperature": 0.7, "max_tokens": 5, "top_p": 0.9},
+        {"temperature": 1.3, "max_tokens": 2, "top_k": 20, "repetition_penalty": 1.2},
+        {"temperature": 1.5, "max_tokens": 3, "top_k": 1},
+        {"temperature": 1.5, "max_tokens": 3, "min_p": 1.0, "top_p": 0.5},
+    ]
+    results = await asyncio.gather(
+        *(
+            client.chat(model="m", messages=[{"role": "user", "content": "x"}], sampling_args=a)
+            for a in settings
+        )
+    )
+    assert client.batches_run - before == 1  # one batch, each row with its own settings
+    for resp, args in zip(results, settings, strict=True):
+        assert resp.raw is not None and resp.raw["batch_size"] == len(settings)
+        assert 1 <= resp.completion_tokens <= args["max_tokens"]
+    # the rows cut to their best token sample greedily; the others' cut-offs do not leak
+    greedy = results[0].raw["completion_ids"]  # type: ignore[index]
+    assert [r.raw["completion_ids"] for r in results[3:]] == [greedy, greedy]  # type: ignore[index]
+
+
+async def test_a_rows_cut_offs_do_not_change_its_batch_mates(client: LocalModelClient) -> None:
+    from vfops.local._batched import Sampling
+
+    generator = client.generator
+    prompt = client._encode([{"role": "user", "content": "x"}], None)
+    plain = Sampling(max_new_tokens=6, seed=11, temperature=1.0)
+
+    async def plain_row_with(other: Sampling) -> tuple[list[int], list[float]]:
+        rows = await asyncio.gather(
+            generator.generate(prompt, plain), generator.generate(prompt, other)
+        )
+        assert rows[0].batch_size == 2
+        return rows[0].token_ids, rows[0].logprobs
+
+    neutral = Sampling(max_new_tokens=6, seed=12, temperature=0.5)
+    cut = Sampling(
+        max_new_tokens=6, seed=12, temperature=0.5, top_k=2, top_p=0.5, min_p=0.2,
+        repetition_penalty=1.5,
+    )  # fmt: skip
+    assert await plain_row_with(neutral) == await plain_row_with(cut)
+
+
 async def test_local_client_rejects_too_long_prompt(client: LocalModelClient) -> None:
     long_text = " ".join(str(i) for i in range(3000))
     with pytest.raises(PromptTooLongError):
@@ -217,7 +323,7 @@ def test_local_client_missing_dir(tmp_path: Path) -> None:
 
 
 def test_parse_tool_calls() -> None:
-    calls = _parse_tool_calls(
+    calls = parse_tool_calls(
         'ok <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
         " <tool_call>bad</tool_call>"
     )

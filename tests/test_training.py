@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 import torch
 
 from vfops.training import TOKENS_KEY, HFBackend, prefix_breaks, rollout_sequences
-from vfops.training._generation_hf import _CONVERSATION, _Conversation
+from vfops.training._continuation import Turn
 from vfops.training._loss import LossNorm, group_advantages, policy_loss, token_logprobs
 from vfops.training._recipe import _pad
 from vfops.training._tokens import Sequence, encode, prompt_ids, render
@@ -244,18 +244,16 @@ def _second_turn(backend: HFBackend, tokenizer: Any) -> tuple[Any, list[int], li
     messages, assistant, p1, c1 = _conversation(tokenizer)
     follow = [*messages, assistant, {"role": "user", "content": "Again?"}]
 
+    # Turn 1 as the backend remembers it (its sampled text is fixed here so that it
+    # contains a <think> block); turn 2 goes through the real client.
+    backend.client.memory.remember(messages, None, assistant, Turn.of(p1, c1))  # type: ignore[attr-defined]
+
     async def rollout() -> Any:
-        # Turn 1 as the backend records it (its sampled text is fixed here so that it
-        # contains a <think> block); turn 2 goes through the real client.
-        _CONVERSATION.set(_Conversation(messages, assistant, p1, c1, True, 0, 1, 1))  # type: ignore[arg-type]
         return await backend.client.chat(
             model="m", messages=follow, sampling_args={"max_tokens": 3, "seed": 1}
         )
 
-    async def main() -> Any:
-        return await asyncio.create_task(rollout())
-
-    return asyncio.run(main()), p1, c1
+    return asyncio.run(rollout()), p1, c1
 
 
 def test_continue_mode_trains_on_exactly_the_sampled_tokens(
@@ -320,6 +318,94 @@ def test_multiturn_env_rollouts_are_token_in_token_out(tiny: tuple[Any, Any]) ->
     assert backend.prefix_breaks == 0
     texts = {s["completion"][0]["content"] for s in states}
     assert len(texts) > 1  # rollouts of a group draw different samples
+
+
+def _follow_up(tokenizer: Any) -> tuple[list[dict[str, Any]], list[int], list[int], dict[str, Any]]:
+    """Turn 1 of a conversation (think block, fixed sampled ids) and the messages of turn 2."""
+    messages, assistant, p1, c1 = _conversation(tokenizer)
+    return [*messages, assistant, {"role": "user", "content": "Again?"}], p1, c1, assistant
+
+
+def test_both_backends_continue_turns_the_same_way(
+    tiny: tuple[Any, Any], qwen_like: Any, tmp_path: Path
+) -> None:
+    """One strategy: the hf and vLLM clients remember turns in the same TurnMemory and
+    build the same continued prompt, even under a template that rewrites earlier turns."""
+    from vfops.training._continuation import TurnMemory
+    from vfops.training._vllm import VLLMBackend, VLLMGenerationConfig
+
+    follow, p1, c1, assistant = _follow_up(qwen_like)
+    hf = HFBackend(tiny[0], qwen_like)
+    config = VLLMGenerationConfig(base_url="http://127.0.0.1:9", sync_dir=str(tmp_path / "s"))
+    vllm = VLLMBackend(config, qwen_like)
+    memories = [hf.client.memory, vllm.vllm_client.memory]  # type: ignore[attr-defined]
+    assert all(isinstance(m, TurnMemory) for m in memories)
+    for memory in memories:
+        memory.remember(follow[:2], None, assistant, Turn.of(p1, c1))
+    hf_prompt = hf.client.memory.prompt(follow, None, take=False)  # type: ignore[attr-defined]
+    vllm_ids, source = vllm.vllm_client.prompt_ids(follow)
+    asyncio.run(vllm.aclose())
+    assert (hf_prompt.source, source) == ("continued", "continued")
+    assert vllm_ids == hf_prompt.ids and vllm_ids[: len(p1) + len(c1)] == p1 + c1
+    # retokenize: both render the messages (what a stateless server sees)
+    hf = HFBackend(tiny[0], qwen_like, multiturn_tokens="retokenize")
+    vllm = VLLMBackend(config, qwen_like, multiturn_tokens="retokenize")
+    for memory in (hf.client.memory, vllm.vllm_client.memory):  # type: ignore[attr-defined]
+        memory.remember(follow[:2], None, assistant, Turn.of(p1, c1))
+    rendered = prompt_ids(qwen_like, follow)
+    assert hf.client.memory.prompt(follow, None).ids == rendered  # type: ignore[attr-defined]
+    assert vllm.vllm_client.prompt_ids(follow) == (rendered, "rendered")
+    asyncio.run(vllm.aclose())
+
+
+def test_a_turn_continues_whatever_task_or_loop_runs_it(tiny: tuple[Any, Any]) -> None:
+    """Turns of one rollout on different event loops (so different tasks and contexts)
+    still continue the exact tokens: the conversation, not the task, finds the turn."""
+    backend = HFBackend(tiny[0], tiny[1])
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Digit?"}]
+    args = {"max_tokens": 4, "seed": 2}
+    first = asyncio.run(backend.client.chat(model="m", messages=messages, sampling_args=args))
+    follow = [*messages, first.message, {"role": "user", "content": "Again?"}]
+    second = asyncio.run(backend.client.chat(model="m", messages=follow, sampling_args=args))
+    t1, t2 = first.raw[TOKENS_KEY], second.raw[TOKENS_KEY]
+    assert second.raw["vfops_prompt_source"] == "continued"
+    assert t2["prompt_ids"][: len(t1["prompt_ids"]) + len(t1["completion_ids"])] == [
+        *t1["prompt_ids"],
+        *t1["completion_ids"],
+    ]
+
+
+def test_rollouts_that_read_the_same_each_continue_their_own_turn(tiny: tuple[Any, Any]) -> None:
+    """Two rollouts whose turn 1 decodes to the same text (different token ids): each
+    turn 2 continues one of them, not both the same; a third finds none left."""
+    tokenizer = tiny[1]
+    follow, p1, c1, assistant = _follow_up(tokenizer)
+    eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    per_char = [int(tokenizer.convert_tokens_to_ids(c)) for c in "seven"]
+    odd = [*encode(tokenizer, "<think>\n"), *per_char, *encode(tokenizer, THINKING[13:]), eos]
+    assert odd != c1 and tokenizer.decode(odd) == tokenizer.decode(c1)
+    backend = HFBackend(tiny[0], tokenizer)
+    memory = backend.client.memory  # type: ignore[attr-defined]
+    memory.remember(follow[:2], None, assistant, Turn.of(p1, c1, conversation=0))
+    memory.remember(follow[:2], None, assistant, Turn.of(p1, odd, conversation=1))
+
+    async def group() -> list[Any]:
+        args = {"max_tokens": 3, "seed": 1}
+        return list(
+            await asyncio.gather(
+                *(backend.client.chat(model="m", messages=follow, sampling_args=args)
+                  for _ in range(3))
+            )
+        )  # fmt: skip
+
+    responses = asyncio.run(group())
+    sources = [r.raw["vfops_prompt_source"] for r in responses]
+    assert sources == ["continued", "continued", "rendered"]
+    prompts = [r.raw[TOKENS_KEY]["prompt_ids"] for r in responses]
+    assert prompts[0][len(p1) : len(p1) + len(c1)] == c1
+    assert prompts[1][len(p1) : len(p1) + len(odd)] == odd
+    # each continues its own seed stream: same prompt text, different draws
+    assert prompts[0] != prompts[1]
 
 
 def test_sampling_is_reproducible_per_seed(tiny: tuple[Any, Any]) -> None:

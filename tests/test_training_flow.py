@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,56 @@ def test_flow_trains_under_the_gpu_limit_and_registers(harness: None, tmp_path: 
             return gcl.limit, gcl.active_slots
 
     assert asyncio.run(limit()) == (2, 0)  # created for 2 GPUs, slots released
+
+
+def test_flow_and_cli_are_layers_over_the_one_entry_point(
+    harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`vfops train` and the flow both call vfops.training.train (the flow through
+    train_async) with the same resolved config, and report what it returns."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import vfops.training
+    from vfops.cli._app import app
+    from vfops.training import TrainResult, _run
+
+    calls: list[tuple[Any, dict[str, Any]]] = []
+
+    def entry_point(config: Any, **kwargs: Any) -> TrainResult:
+        calls.append((config, kwargs))
+        kwargs["progress"]("step", 1, {**dict.fromkeys(STEP_METRICS, 0.5)})
+        return TrainResult(
+            steps=config.run.steps,
+            baseline_eval_reward=0.25,
+            final_eval_reward=0.75,
+            checkpoint=tmp_path / "final",
+            processes=kwargs["num_processes"],
+            mlflow_run_id="run-1",
+            registered=f"models:/{config.run.register_as}/4",
+        )
+
+    # the one entry point, wherever it is reached from: the package (the CLI) and its
+    # module (train_async, which the flow awaits)
+    monkeypatch.setattr(vfops.training, "train", entry_point)
+    monkeypatch.setattr(_run, "train", entry_point)
+    cli = CliRunner().invoke(
+        app, ["train", str(CPU_CONFIG), "--steps", "3", "--num-processes", "2",
+              "--register-as", "same"],
+    )  # fmt: skip
+    assert cli.exit_code == 0, cli.output
+    assert "step 1/3  reward 0.500" in cli.output  # the CLI's progress line
+    summary = asyncio.run(train_grpo(str(CPU_CONFIG), steps=3, num_processes=2, register_as="same"))
+    assert json.loads(cli.stdout.strip().splitlines()[-1]) == summary
+    assert summary["registered_version"] == "4" and summary["mlflow_run_id"] == "run-1"
+    (cli_config, cli_kwargs), (flow_config, flow_kwargs) = calls
+    assert cli_config == flow_config and cli_config.run.steps == 3
+    assert cli_config.run.register_as == "same"
+    given = [{k: v for k, v in kw.items() if v is not None and k != "progress"} for kw in
+             (cli_kwargs, flow_kwargs)]  # fmt: skip
+    assert given == [{"num_processes": 2}, {"num_processes": 2}]
+
+
+STEP_METRICS = ("reward_mean", "reward_std", "loss", "kl", "clip_fraction", "generation_s",
+                "training_s", "weight_sync_s", "tokens_per_s")  # fmt: skip

@@ -1,30 +1,26 @@
-"""``vfops train CONFIG.toml``: GRPO training, single process or through ``accelerate launch``.
+"""``vfops train CONFIG.toml``: GRPO training, a thin layer over :func:`vfops.training.train`.
 
 Wiring (in ``vfops/cli/_app.py``)::
 
     app.command("train")(_train.train_command)
 
 One process by default. ``--num-processes N`` (data-parallel training on N
-devices) or ``--deepspeed configs/deepspeed/zero2.json`` re-runs this command
-under ``accelerate launch`` (which sets up torch.distributed); the child sees
-``VFOPS_TRAIN_LAUNCHED`` and trains. Torch loads only once training starts.
+devices) or ``--deepspeed configs/deepspeed/zero2.json`` makes the entry point
+launch the training processes under ``accelerate launch``. Progress goes to
+stderr, one line per step and eval; stdout ends with the JSON run summary.
+Torch loads only once training starts.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from vfops._errors import MissingExtraError, VfopsError
-
-LAUNCHED_ENV = "VFOPS_TRAIN_LAUNCHED"
+if TYPE_CHECKING:
+    from vfops.training import Progress
 
 
 def train_command(
@@ -65,56 +61,34 @@ def train_command(
     check: Annotated[bool, typer.Option("--check", help="Validate the config and exit.")] = False,
 ) -> None:
     """Train a policy with GRPO on an environment (needs the [train] extra)."""
-    from vfops.training._config import load_config
+    import vfops.training as training  # looked up per call: tests replace the entry point
 
-    cfg = load_config(config)
-    overrides: dict[str, Any] = {}
-    if steps is not None:
-        overrides["run.steps"] = steps
-    if output_dir is not None:
-        overrides["run.output_dir"] = str(output_dir.resolve())
-    if deepspeed is not None:
-        if not deepspeed.is_file():
-            raise VfopsError(
-                f"--deepspeed {str(deepspeed)!r} does not exist; use configs/deepspeed/zero2.json"
-            )
-        overrides["run.deepspeed"] = str(deepspeed.resolve())
-    if register_as is not None:
-        overrides["run.register_as"] = register_as
-    if no_tracking:
-        overrides["run.tracking"] = False
-    cfg = cfg.with_overrides(overrides)
-    if resume is not None and not resume.is_dir():
-        raise VfopsError(f"--resume {str(resume)!r} is not a folder; pass a checkpoint folder")
+    cfg = training.resolve_config(
+        config,
+        steps=steps,
+        output_dir=output_dir,
+        deepspeed=deepspeed,
+        register_as=register_as,
+        tracking=False if no_tracking else None,
+    )
+    training.check_resume(resume)
     if check:
         typer.echo(f"{config}: ok ({cfg.environment.id}, {cfg.run.steps} steps)")
         return
-    _require_train_extra()
-    needs_launcher = num_processes > 1 or bool(cfg.run.deepspeed)
-    if needs_launcher and not os.environ.get(LAUNCHED_ENV):
-        raise typer.Exit(_launch(num_processes, sys.argv[1:]))
-    _train(cfg, resume)
+    result = training.train(
+        cfg,
+        resume=resume,
+        num_processes=num_processes,
+        progress=_print_progress(cfg.run.steps),
+    )
+    typer.echo(
+        f"baseline held-out reward {result.baseline_eval_reward:.4f} -> "
+        f"final {result.final_eval_reward:.4f} after {result.steps} steps"
+    )
+    typer.echo(json.dumps(result.summary(), default=str))
 
 
-def _train(cfg: Any, resume: Path | None) -> None:
-    from vfops.training._recipe import GRPORecipe
-
-    with GRPORecipe(cfg) as recipe:
-        recipe.setup()
-        if resume is not None:
-            recipe.resume(resume)
-        main = recipe.accelerator.is_main_process
-        result = recipe.train(_print_progress(cfg.run.steps) if main else None)
-    if main:
-        summary = {k: v for k, v in result.items() if k != "history"}
-        typer.echo(
-            f"baseline held-out reward {result['baseline_eval_reward']:.4f} -> "
-            f"final {result['final_eval_reward']:.4f} after {result['steps']} steps"
-        )
-        typer.echo(json.dumps(summary, default=str))
-
-
-def _print_progress(total: int) -> Any:
+def _print_progress(total: int) -> Progress:
     """One line per step and eval on stderr (stdout ends with the JSON summary)."""
 
     def show(kind: str, step: int, m: dict[str, float]) -> None:
@@ -130,52 +104,3 @@ def _print_progress(total: int) -> Any:
         )
 
     return show
-
-
-def _launch(num_processes: int, argv: list[str]) -> int:
-    """Re-run ``vfops <argv>`` under ``accelerate launch``; returns its exit code.
-
-    One process (DeepSpeed on a single device) needs no launcher, only the
-    torch.distributed rendezvous variables, which accelerate's simple launcher
-    does not set (DeepSpeed would then look for MPI).
-    """
-    env = {**os.environ, LAUNCHED_ENV: "1"}
-    if num_processes == 1:
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        env.setdefault("MASTER_PORT", str(_free_port()))
-        cmd = [sys.executable, "-m", "vfops", *argv]
-        return subprocess.run(cmd, env=env, check=False).returncode
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        # accelerate's multi-process launcher (torchrun); on a machine without GPUs the
-        # recipe's Accelerator(cpu=True) then joins the processes over gloo
-        "--multi_gpu",
-        "--num_processes",
-        str(num_processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",  # the recipe chooses precision from [run] precision
-        "--dynamo_backend",
-        "no",
-        "-m",
-        "vfops",
-        *argv,
-    ]
-    return subprocess.run(cmd, env=env, check=False).returncode
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _require_train_extra() -> None:
-    for module in ("torch", "transformers", "accelerate", "peft"):
-        try:
-            __import__(module)
-        except ImportError as exc:
-            raise MissingExtraError("train", exc.name or module) from exc

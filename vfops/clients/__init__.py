@@ -27,7 +27,7 @@ from vfops.clients._errors import (
     UnprocessableEntityError,
 )
 from vfops.clients._http import HTTPTransport
-from vfops.clients._openai import OpenAIClient, RequestLimiter
+from vfops.clients._openai import OpenAIClient, RequestLimiter, is_context_error
 from vfops.clients._retry import RetryPolicy
 from vfops.clients._scripted import ScriptedClient
 
@@ -57,6 +57,7 @@ __all__ = [
     "ScriptedClient",
     "UnprocessableEntityError",
     "check_reachable",
+    "is_context_error",
     "is_loopback",
     "load_endpoints",
     "read_api_key",

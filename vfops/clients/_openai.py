@@ -66,7 +66,7 @@ _CONTEXT_RE = re.compile(
 )
 
 
-def _is_context_error(exc: APIStatusError) -> bool:
+def is_context_error(exc: APIStatusError) -> bool:
     """Whether a 400/413/422 says the prompt does not fit the model's context."""
     if exc.status_code not in (400, 413, 422):
         return False
@@ -231,7 +231,7 @@ class OpenAIClient:
                         content = await request("POST", url, payload, headers=headers)
                 return parse_chat_completion(content)
             except APIStatusError as exc:
-                if _is_context_error(exc):
+                if is_context_error(exc):
                     raise PromptTooLongError(
                         f"prompt too long for model {model!r}: {exc.message}"
                     ) from exc

@@ -7,6 +7,10 @@ package is cheap: torch/transformers load only when a name below is first used.
   Llama-architecture chat model (locally trained BPE tokenizer, ChatML template).
 - :class:`LocalModelClient`: a :class:`~vfops.clients.ModelClient` that generates
   in-process, micro-batching concurrent requests.
+- :class:`BatchedGenerator` (with :class:`Sampling`, :class:`Sampled`,
+  :data:`ComputeRunner`, :func:`derive_seed`, :func:`assistant_message`): the one
+  batched in-process sampler, shared by :class:`LocalModelClient` and the
+  trainer's ``hf`` backend.
 
 Serve a model directory over HTTP with ``vfops model serve DIR`` (``transformers serve``).
 """
@@ -18,18 +22,45 @@ from typing import TYPE_CHECKING
 from vfops._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from vfops.local._batched import (
+        BatchedGenerator,
+        ComputeRunner,
+        Sampled,
+        Sampling,
+        assistant_message,
+        derive_seed,
+    )
     from vfops.local._client import LocalModelClient
-    from vfops.local._tiny import TinyModelConfig, build_tiny_model, parameter_count
+    from vfops.local._tiny import (
+        TinyModelConfig,
+        build_tiny_model,
+        parameter_count,
+        quiet_progress,
+    )
 
 __all__ = [
+    "BatchedGenerator",
+    "ComputeRunner",
     "LocalModelClient",
+    "Sampled",
+    "Sampling",
     "TinyModelConfig",
+    "assistant_message",
     "build_tiny_model",
+    "derive_seed",
     "parameter_count",
+    "quiet_progress",
 ]
 
 _LAZY = {
+    "quiet_progress": "vfops.local._tiny",
     "parameter_count": "vfops.local._tiny",
+    "BatchedGenerator": "vfops.local._batched",
+    "ComputeRunner": "vfops.local._batched",
+    "Sampled": "vfops.local._batched",
+    "Sampling": "vfops.local._batched",
+    "assistant_message": "vfops.local._batched",
+    "derive_seed": "vfops.local._batched",
     "LocalModelClient": "vfops.local._client",
     "TinyModelConfig": "vfops.local._tiny",
     "build_tiny_model": "vfops.local._tiny",

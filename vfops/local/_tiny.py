@@ -166,7 +166,7 @@ def _corpus(n_lines: int, seed: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def _quiet_progress() -> Iterator[None]:
+def quiet_progress() -> Iterator[None]:
     """Silence transformers' progress bars (weight loading/saving) for the block."""
     hf_logging: Any = importlib.import_module("transformers.utils.logging")
 
@@ -276,7 +276,7 @@ def build_tiny_model(
         eos_token_id=[eos_id, pad_id],
         pad_token_id=pad_id,
     )
-    with _quiet_progress():
+    with quiet_progress():
         model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "vfops_tiny.json").write_text(

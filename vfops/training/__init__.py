@@ -4,6 +4,11 @@ Importing this package loads no torch: the config (:class:`GRPOConfig`,
 :func:`load_config`) is light, and the recipe, the generation backends and the
 token utilities load torch/transformers only when first used.
 
+- :func:`train` / :func:`train_async`: the whole run (validate, launch under
+  accelerate for several processes or DeepSpeed, train, register) returning a
+  :class:`TrainResult`; ``vfops train`` and the ``train-grpo`` flow call it.
+  :func:`resolve_config` applies a run's overrides and validates; :func:`check_resume`
+  checks a checkpoint folder; :data:`Progress` is the progress callback's type.
 - :class:`GRPORecipe`: ``setup()``, ``train_step() -> dict[str, float]``,
   ``evaluate()``, ``train()``, ``save(dir)``, ``resume(dir)``, ``close()``.
 - :class:`GRPOConfig` and its sections (:mod:`vfops._config` models); :func:`load_config`
@@ -32,6 +37,15 @@ if TYPE_CHECKING:
     )
     from vfops.training._generation_hf import HFBackend
     from vfops.training._recipe import GRPORecipe
+    from vfops.training._run import (
+        Progress,
+        TrainingProcessError,
+        TrainResult,
+        check_resume,
+        resolve_config,
+        train,
+        train_async,
+    )
     from vfops.training._tokens import prefix_breaks, rollout_sequences, suffix_ids
 
 __all__ = [
@@ -41,13 +55,20 @@ __all__ = [
     "GRPORecipe",
     "GenerationBackend",
     "HFBackend",
+    "Progress",
+    "TrainResult",
+    "TrainingProcessError",
     "TurnTokens",
+    "check_resume",
     "config_from_dict",
     "config_help",
     "load_config",
     "prefix_breaks",
+    "resolve_config",
     "rollout_sequences",
     "suffix_ids",
+    "train",
+    "train_async",
 ]
 
 _LAZY = {
@@ -61,6 +82,13 @@ _LAZY = {
     "load_config": "vfops.training._config",
     "HFBackend": "vfops.training._generation_hf",
     "GRPORecipe": "vfops.training._recipe",
+    "Progress": "vfops.training._run",
+    "TrainResult": "vfops.training._run",
+    "check_resume": "vfops.training._run",
+    "TrainingProcessError": "vfops.training._run",
+    "resolve_config": "vfops.training._run",
+    "train": "vfops.training._run",
+    "train_async": "vfops.training._run",
     "prefix_breaks": "vfops.training._tokens",
     "rollout_sequences": "vfops.training._tokens",
     "suffix_ids": "vfops.training._tokens",

@@ -47,6 +47,7 @@ from vfops.rubrics import RolloutScore
 from vfops.training._backend import TOKENS_KEY, GenerationBackend, TurnTokens
 from vfops.training._config import GRPOConfig
 from vfops.training._loss import LossNorm, group_advantages, policy_loss, token_logprobs
+from vfops.training._run import Progress
 from vfops.training._tokens import Sequence, rollout_sequences
 from vfops.training._tracking import TrainingTracker
 from vfops.training._weights import unwrap
@@ -295,7 +296,9 @@ class GRPORecipe:
                     sync_dir=cfg.sync_dir or str(Path(self.config.run.output_dir) / "weights"),
                     api_key_var=cfg.api_key_var,
                 )
-                self.backend = vllm.VLLMBackend.from_config(vllm_config, self.tokenizer)
+                self.backend = vllm.VLLMBackend.from_config(
+                    vllm_config, self.tokenizer, multiturn_tokens=cfg.multiturn_tokens
+                )
         # No initial sync: the hf backend copies the weights it is built from, and a
         # vLLM server starts from the same base model; resume() syncs restored weights.
 
@@ -696,9 +699,9 @@ class GRPORecipe:
             base = _frozen_copy(model.get_base_model())
             base.load_state_dict(full_state_dict(model), strict=False)
             model = base
-        from vfops.local._tiny import _quiet_progress
+        from vfops.local._tiny import quiet_progress
 
-        with _quiet_progress():
+        with quiet_progress():
             model.save_pretrained(str(path), safe_serialization=True)
         self.tokenizer.save_pretrained(str(path))
 
@@ -804,10 +807,6 @@ class MainThreadCompute:
             except BaseException as exc:  # handed to the awaiting coroutine
                 done.set_exception(exc)
         return future.result()
-
-
-Progress = Callable[[str, int, dict[str, float]], None]
-"""``progress(kind, step, metrics)``: ``kind`` is ``"step"`` or ``"eval"``."""
 
 
 def _no_progress(kind: str, step: int, metrics: dict[str, float]) -> None:

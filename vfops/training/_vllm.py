@@ -11,16 +11,13 @@ the model is conditioned on are known, and the server returns the sampled ids
 with ``--logprobs-mode processed_logprobs`` so they are at the sampling temperature).
 Tool calls are parsed from the completion text, as with the in-process model.
 
-Multi-turn prompts continue from the previous turn's exact tokens. The choice made
-here: the client does the incremental continuation itself, keyed on the
-conversation (the messages up to and including the assistant message it returned),
-not on the asyncio task, so it works whatever task runs a turn. A new turn's prompt
-is ``previous prompt ids + previous completion ids + tokens of what the template
-adds after them`` (the rest of the assistant turn, the env/tool messages, the
-generation prompt). When the template does not extend the previous rendering
-(e.g. it strips earlier ``<think>`` blocks) the prompt is rendered afresh; each
-response says which happened in ``raw["vfops_prompt_source"]`` (``"continued"`` or
-``"rendered"``). The core can override all of this with ``prompt_ids_fn``.
+Multi-turn prompts continue from the previous turn's exact tokens, by the same
+strategy as the in-process backend (:mod:`vfops.training._continuation`, chosen
+by ``multiturn_tokens``): the client remembers each turn it produced, keyed on
+the conversation, so it works whatever task runs a turn. Each response says how
+its prompt was made in ``raw["vfops_prompt_source"]`` (``"continued"``,
+``"rendered"`` or ``"given"``). The core can override all of this with
+``prompt_ids_fn``.
 
 Weight sync, after each optimizer step:
 
@@ -42,7 +39,6 @@ Heavy imports (torch, safetensors, vllm) happen inside functions only.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import importlib
 import logging
@@ -51,7 +47,6 @@ import shutil
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -63,10 +58,17 @@ from vfops._types import Message, Messages, SamplingArgs
 from vfops.clients._base import ChatResponse, PromptTooLongError
 from vfops.clients._errors import APIConnectionError, APIStatusError, MalformedResponseError
 from vfops.clients._http import HTTPTransport
-from vfops.clients._openai import _is_context_error
+from vfops.clients._openai import is_context_error
 from vfops.clients._retry import RetryPolicy
 from vfops.training._backend import TOKENS_KEY, TurnTokens
 from vfops.training._config import VLLMServerSettings
+from vfops.training._continuation import (
+    PROMPT_SOURCE_KEY,
+    PromptSource,
+    TokenMode,
+    Turn,
+    TurnMemory,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -74,10 +76,6 @@ if TYPE_CHECKING:
     from vfops.clients import ModelClient
 
 log = logging.getLogger("vfops.training.vllm")
-
-PromptSource = Literal["continued", "rendered", "given"]
-PROMPT_SOURCE_KEY = "vfops_prompt_source"
-"""Key in ``ChatResponse.raw``: how the turn's prompt ids were obtained."""
 
 
 class VLLMBackendError(VfopsError):
@@ -178,7 +176,7 @@ class _Server:
                 data: dict[str, Any] = _decode_json(content)
                 return data
             except APIStatusError as exc:
-                if _is_context_error(exc):
+                if is_context_error(exc):
                     raise PromptTooLongError(
                         f"prompt too long for the vLLM server: {_error_detail(exc)}"
                     ) from exc
@@ -237,132 +235,6 @@ def _decode_json(content: bytes) -> Any:
         return orjson.loads(content)
     except orjson.JSONDecodeError as exc:
         raise MalformedResponseError(f"vLLM response is not valid JSON: {exc}") from None
-
-
-# --------------------------------------------------------------------------- prompts
-
-
-def _canonical(message: Message) -> dict[str, Any]:
-    """What identifies a message in a conversation; assistant messages by what the
-    template renders (environments may add bookkeeping keys to them)."""
-    if message.get("role") == "assistant":
-        return {
-            "role": "assistant",
-            "content": message.get("content") or "",
-            "tool_calls": message.get("tool_calls") or [],
-        }
-    return {k: v for k, v in message.items() if v is not None}
-
-
-def _conversation_key(messages: Messages, tools: list[dict[str, Any]] | None) -> bytes:
-    return orjson.dumps(
-        [[_canonical(m) for m in messages], tools or []],
-        option=orjson.OPT_SORT_KEYS,
-        default=str,
-    )
-
-
-@dataclass(slots=True)
-class _Turn:
-    prompt_ids: list[int]
-    completion_ids: list[int]
-
-
-class _PromptBuilder:
-    """Chat messages -> prompt token ids, continuing earlier turns token-exactly."""
-
-    def __init__(self, tokenizer: Any, cache_size: int) -> None:
-        self.tokenizer = tokenizer
-        self.cache_size = cache_size
-        self._turns: collections.OrderedDict[bytes, _Turn] = collections.OrderedDict()
-        eos = tokenizer.eos_token_id
-        self.eos_id: int | None = int(eos) if isinstance(eos, int) else None
-        self.eos_text: str | None = tokenizer.eos_token
-
-    def render(
-        self, messages: Messages, tools: list[dict[str, Any]] | None, *, generation: bool
-    ) -> str:
-        text = self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages],
-            tools=tools or None,
-            add_generation_prompt=generation,
-            tokenize=False,
-        )
-        return str(text)
-
-    def encode(self, text: str) -> list[int]:
-        if not text:
-            return []
-        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
-
-    def decode(self, ids: list[int], *, skip_special_tokens: bool) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
-
-    def remember(
-        self,
-        messages: Messages,
-        tools: list[dict[str, Any]] | None,
-        reply: Message,
-        turn: _Turn,
-    ) -> None:
-        key = _conversation_key([*messages, reply], tools)
-        self._turns[key] = turn
-        self._turns.move_to_end(key)
-        while len(self._turns) > self.cache_size:
-            self._turns.popitem(last=False)
-
-    def _previous(
-        self, messages: Messages, tools: list[dict[str, Any]] | None
-    ) -> tuple[int, _Turn] | None:
-        """The latest assistant message in ``messages`` that this client produced."""
-        for k in range(len(messages) - 1, -1, -1):
-            if messages[k].get("role") != "assistant":
-                continue
-            turn = self._turns.get(_conversation_key(messages[: k + 1], tools))
-            if turn is not None:
-                self._turns.move_to_end(_conversation_key(messages[: k + 1], tools))
-                return k, turn
-            return None  # an assistant turn we did not generate: render afresh
-        return None
-
-    def build(
-        self, messages: Messages, tools: list[dict[str, Any]] | None
-    ) -> tuple[list[int], PromptSource]:
-        found = self._previous(messages, tools)
-        if found is not None:
-            continued = self._continue(messages, tools, *found)
-            if continued is not None:
-                return continued, "continued"
-            log.debug("chat template does not extend the previous turn: rendering afresh")
-        return self.encode(self.render(messages, tools, generation=True)), "rendered"
-
-    def _continue(
-        self, messages: Messages, tools: list[dict[str, Any]] | None, k: int, prev: _Turn
-    ) -> list[int] | None:
-        """prev prompt + prev completion + tokens of what the template renders after
-        them; None when the template does not extend its earlier rendering."""
-        before = self.render(messages[:k], tools, generation=True)
-        full = self.render(messages, tools, generation=True)
-        if not full.startswith(before):
-            return None
-        rest = full[len(before) :]
-        sampled = self.decode(prev.completion_ids, skip_special_tokens=False)
-        if rest.startswith(sampled):
-            # The template re-renders the sampled text verbatim (plain replies).
-            return prev.prompt_ids + prev.completion_ids + self.encode(rest[len(sampled) :])
-        # It renders the turn differently (parsed tool calls re-serialised, a
-        # stop string cut): keep the sampled tokens, close the turn, then append
-        # what follows the rendered assistant turn.
-        through = self.render(messages[: k + 1], tools, generation=False)
-        if not (through.startswith(before) and full.startswith(through) and self.eos_text):
-            return None
-        turn_text = through[len(before) :]
-        cut = turn_text.rfind(self.eos_text)
-        if cut < 0 or self.eos_id is None:
-            return None
-        close = [] if prev.completion_ids[-1:] == [self.eos_id] else [self.eos_id]
-        tail = turn_text[cut + len(self.eos_text) :] + full[len(through) :]
-        return prev.prompt_ids + prev.completion_ids + close + self.encode(tail)
 
 
 # --------------------------------------------------------------------------- client
@@ -444,23 +316,34 @@ class VLLMClient:
     def __init__(
         self,
         backend: VLLMBackend,
-        prompts: _PromptBuilder,
+        memory: TurnMemory,
         prompt_ids_fn: Callable[[Messages, list[dict[str, Any]] | None], list[int] | None]
         | None = None,
     ) -> None:
         self._backend = backend
-        self._prompts = prompts
+        self.memory = memory
         self._prompt_ids_fn = prompt_ids_fn
+
+    @property
+    def prefix_breaks(self) -> int:
+        """Continued turns whose exact tokens differ from re-rendering the messages."""
+        return self.memory.prefix_breaks
 
     def prompt_ids(
         self, messages: Messages, tools: list[dict[str, Any]] | None = None
     ) -> tuple[list[int], PromptSource]:
         """The prompt ids the next ``chat`` with these messages would send."""
+        return self._prompt(messages, tools, take=False)
+
+    def _prompt(
+        self, messages: Messages, tools: list[dict[str, Any]] | None, *, take: bool
+    ) -> tuple[list[int], PromptSource]:
         if self._prompt_ids_fn is not None:
             given = self._prompt_ids_fn(messages, tools)
             if given is not None:
                 return list(given), "given"
-        return self._prompts.build(messages, tools)
+        prompt = self.memory.prompt(messages, tools, take=take)
+        return prompt.ids, prompt.source
 
     async def chat(
         self,
@@ -472,7 +355,7 @@ class VLLMClient:
     ) -> ChatResponse:
         backend = self._backend
         served = await backend.served_model()
-        prompt_ids, source = self.prompt_ids(messages, tools)
+        prompt_ids, source = self._prompt(messages, tools, take=True)
         body = _completion_body(served, prompt_ids, sampling_args)
         version = backend.policy_version
         data = await backend.server.completion(body)
@@ -484,7 +367,7 @@ class VLLMClient:
             ) from None
         completion_ids, logprobs = _completion_tokens(choice)
         message, finish = self._message(completion_ids, choice.get("finish_reason"), tools)
-        self._prompts.remember(messages, tools, message, _Turn(prompt_ids, completion_ids))
+        self.memory.remember(messages, tools, message, Turn.of(prompt_ids, completion_ids))
         tokens: TurnTokens = {
             "prompt_ids": prompt_ids,
             "completion_ids": completion_ids,
@@ -503,19 +386,12 @@ class VLLMClient:
     def _message(
         self, completion_ids: list[int], finish: str | None, tools: list[dict[str, Any]] | None
     ) -> tuple[Message, str | None]:
-        from vfops.local._client import _TOOL_CALL_RE, _parse_tool_calls
+        from vfops.local._batched import assistant_message
 
         # Decoded here (not the server's text) so content always matches the ids.
-        text = self._prompts.decode(completion_ids, skip_special_tokens=True)
-        message: Message = {"role": "assistant", "content": text}
-        if tools:
-            calls = _parse_tool_calls(text)
-            if calls:
-                first = _TOOL_CALL_RE.search(text)
-                message["content"] = text[: first.start()].rstrip() if first else text
-                message["tool_calls"] = calls
-                finish = "tool_calls"
-        return message, finish
+        text = str(self.memory.tokenizer.decode(completion_ids, skip_special_tokens=True))
+        message, kind = assistant_message(text, tools, truncated=finish == "length")
+        return message, kind if kind == "tool_calls" else finish
 
     async def aclose(self) -> None:
         """The backend owns the connection; close it with ``VLLMBackend.aclose``."""
@@ -532,9 +408,9 @@ def _save_weights(model: torch.nn.Module, target: Path) -> None:
     save_pretrained = getattr(model, "save_pretrained", None)
     if callable(save_pretrained):
         # Hugging Face models: checkpoint names, tied weights dropped, config.json.
-        from vfops.local._tiny import _quiet_progress
+        from vfops.local._tiny import quiet_progress
 
-        with _quiet_progress():
+        with quiet_progress():
             save_pretrained(str(tmp), max_shard_size="1000GB")
     else:
         from safetensors.torch import save_model
@@ -628,9 +504,11 @@ def _free_port(address: str) -> int:
 class VLLMBackend:
     """A :class:`~vfops.training._backend.GenerationBackend` over a vLLM server.
 
-    ``tokenizer`` must be the served model's (the trainer's). ``prompt_ids_fn``,
-    if given, is asked first for each turn's prompt ids (``None`` = let the
-    backend build them). ``nccl_channel`` replaces the NCCL data plane (tests).
+    ``tokenizer`` must be the served model's (the trainer's). ``multiturn_tokens``:
+    how later turns' prompts are made (``[generation] multiturn_tokens``, see
+    :mod:`vfops.training._continuation`). ``prompt_ids_fn``, if given, is asked
+    first for each turn's prompt ids (``None`` = let the backend build them).
+    ``nccl_channel`` replaces the NCCL data plane (tests).
     Create, use and close it inside one event loop.
     """
 
@@ -639,6 +517,7 @@ class VLLMBackend:
         config: VLLMGenerationConfig,
         tokenizer: Any,
         *,
+        multiturn_tokens: TokenMode = "continue",
         prompt_ids_fn: Callable[[Messages, list[dict[str, Any]] | None], list[int] | None]
         | None = None,
         nccl_channel: ChannelFactory | None = None,
@@ -654,7 +533,9 @@ class VLLMBackend:
         self.syncs = 0
         self._served: str | None = config.model
         self._client = VLLMClient(
-            self, _PromptBuilder(tokenizer, config.prompt_cache_size), prompt_ids_fn
+            self,
+            TurnMemory(tokenizer, mode=multiturn_tokens, capacity=config.prompt_cache_size),
+            prompt_ids_fn,
         )
         self._sync_dir, self._own_sync_dir = self._make_sync_dir(config)
         self._last_dir: Path | None = None
@@ -699,6 +580,11 @@ class VLLMBackend:
     def vllm_client(self) -> VLLMClient:
         """The client with its extra ``prompt_ids`` method."""
         return self._client
+
+    @property
+    def prefix_breaks(self) -> int:
+        """Continued turns whose exact tokens differ from re-rendering the messages."""
+        return self._client.prefix_breaks
 
     async def served_model(self) -> str:
         """The served model name (asked once from ``/v1/models`` when not configured)."""
