@@ -33,7 +33,7 @@ def test_resolve_config_applies_overrides_to_a_copy(tmp_path: Path) -> None:
     assert (resolved.run.steps, resolved.run.register_as, resolved.run.tracking) == (3, "m", False)
     assert resolved.run.output_dir == str((tmp_path / "o").resolve())
     assert config.run.steps == 80 and config.run.register_as == ""  # the caller's is untouched
-    with pytest.raises(ConfigError, match="steps = -1"):
+    with pytest.raises(ConfigError, match=r"\[run\]\.steps: must be >= 0, got -1"):
         resolve_config(CPU_CONFIG, steps=-1)
     with pytest.raises(VfopsError, match=r"zero2\.json"):
         resolve_config(CPU_CONFIG, deepspeed=tmp_path / "missing.json")
