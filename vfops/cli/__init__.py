@@ -22,11 +22,10 @@ def _prestart_tracker(argv: list[str]) -> None:
         return
     if _NO_TRACKING_FLAGS.intersection(argv):
         return
-    if os.environ.get("VFOPS_TRACKING", "").strip().lower() in ("0", "false", "off", "no"):
-        return
-    from vfops.tracking._tracker import prestart
+    from vfops.tracking import prestart, tracking_enabled
 
-    prestart(argv[1])
+    if tracking_enabled():
+        prestart(argv[1])
 
 
 def _exit_now(code: object) -> None:

@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord
+from vfops._twins import blocking_twin
 from vfops.clients._base import ModelClient
 from vfops.evaluation._model import ModelOptions, connect_model
 from vfops.evaluation._runner import (
@@ -122,11 +123,6 @@ class _Plan:
     provenance: Provenance | None = None
     done_in_registry: set[tuple[int, int]] = field(default_factory=set)
     resume_folder: bool = False
-
-
-def evaluate(request: EvalRequest, **kwargs: Any) -> EvalResult:
-    """Synchronous twin of :func:`evaluate_async` (same arguments)."""
-    return asyncio.run(evaluate_async(request, **kwargs))
 
 
 async def evaluate_async(
@@ -596,4 +592,5 @@ async def _record_end(engine: Engine, run_id: str, finish: RunFinish, summary: E
         )
 
 
-GroupCallback = Callable[[list[RolloutRecord], EvalSummary], None]
+evaluate = blocking_twin(evaluate_async)
+"""Synchronous :func:`evaluate_async` (same arguments)."""

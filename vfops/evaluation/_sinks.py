@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -230,20 +231,22 @@ class TrackingSink:
         return None  # the rollouts reach MLflow through the export at the end
 
     async def close(self, finish: RunFinish) -> None:
-        from vfops.tracking import link_mlflow_run, log_eval_run, read_run_info
+        from vfops.tracking import link_mlflow_run, prepare_run_log
 
         try:
-            rollouts_file = finish.extra.get("rollouts_file")
-            if rollouts_file is None:
-                # the export misses rollouts (another worker's folder): the registry has all
-                self.mlflow_run_id = await asyncio.to_thread(
-                    log_eval_run, self._engine, self._run_id, parent_run_id=self._parent_run_id
+            with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
+                # no export of the whole run (rollouts on another worker's folder):
+                # the registry's rollouts are streamed into a parquet instead
+                info, rollouts = await asyncio.to_thread(
+                    prepare_run_log,
+                    self._engine,
+                    self._run_id,
+                    Path(folder),
+                    finish.extra.get("rollouts_file"),
                 )
-                return
-            info = await asyncio.to_thread(read_run_info, self._engine, self._run_id)
-            self.mlflow_run_id = await self._tracker.log_run(
-                info, rollouts_file=rollouts_file, parent_run_id=self._parent_run_id
-            )
+                self.mlflow_run_id = await self._tracker.log_run(
+                    info, rollouts_file=rollouts, parent_run_id=self._parent_run_id
+                )
             await asyncio.to_thread(link_mlflow_run, self._engine, self._run_id, self.mlflow_run_id)
         except VfopsError as exc:
             raise SinkError(

@@ -18,16 +18,16 @@ then recorded as forced. Every decision, promoted or refused, is appended to the
 from __future__ import annotations
 
 import asyncio
-import functools
 import getpass
 import os
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from vfops._errors import VfopsError
 from vfops._settings import vfops_home
+from vfops._twins import blocking_twin
 from vfops.models._checkpoints import ModelVersionInfo, resolve_version
 from vfops.tracking import mlflow_client
 
@@ -498,19 +498,7 @@ async def promote_async(
     )
 
 
-def _blocking(
-    fn: Callable[_P, Coroutine[Any, Any, _T]],
-) -> Callable[_P, _T]:
-    """The synchronous twin of ``fn``, with the same typed signature."""
-
-    @functools.wraps(fn)
-    def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        return asyncio.run(fn(*args, **kwargs))
-
-    return run
-
-
-promote = _blocking(promote_async)
+promote = blocking_twin(promote_async)
 """Synchronous :func:`promote_async` (same arguments)."""
 
 

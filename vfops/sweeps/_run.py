@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from vfops.clients import ModelClient
     from vfops.clients._openai import RequestLimiter
+    from vfops.evaluation import EvalResult
 
 Action = Literal["created", "resumed", "reused"]
 
@@ -181,14 +182,6 @@ def prepare_environment(
         )
 
 
-def _run_status(engine: Engine, run_id: str) -> str:
-    from vfops.registry import get_run, session_scope
-
-    with session_scope(engine, write=False) as session:
-        run = get_run(session, run_id)
-        return run.status if run is not None else "unknown"
-
-
 async def run_cell_async(
     cell: Cell,
     *,
@@ -255,26 +248,20 @@ async def run_cell_async(
     result.raise_for_status()
     assert result.run_id is not None
     notes = [prepared.note] if prepared.note else []
-    new = result.summary.new_rollouts
-    return await _result(
-        cell, prepared, model_name, result.run_id, result.action, new, notes, engine
-    )
+    return _result(cell, prepared, model_name, result, notes)
 
 
-async def _result(
+def _result(
     cell: Cell,
     prepared: PreparedEnvironment,
     model: str,
-    run_id: str,
-    action: Action,
-    new_rollouts: int,
+    result: EvalResult,
     notes: list[str],
-    engine: Engine,
 ) -> CellResult:
-    from vfops.evaluation import registry_summary
-
-    summary = await asyncio.to_thread(registry_summary, engine, run_id, cell.pass_threshold)
-    status = await asyncio.to_thread(_run_status, engine, run_id)
+    # the evaluation's summary covers every rollout of the run (a reused run's is
+    # read from the registry): nothing is read back here
+    summary = result.summary
+    assert result.run_id is not None
     scored = summary.reward.count > 0
     return CellResult(
         cell=cell.label,
@@ -289,11 +276,11 @@ async def _result(
         sampling=cell.sampling.name,
         sampling_args=dict(cell.sampling.args),
         tags=list(cell.tags),
-        run_id=run_id,
-        action=action,
-        status=status,
+        run_id=result.run_id,
+        action=result.action,
+        status=result.status,
         rollouts=summary.rollouts,
-        new_rollouts=new_rollouts,
+        new_rollouts=summary.new_rollouts,
         reward_mean=summary.reward.mean if scored else None,
         reward_stderr=summary.reward.stderr if scored else None,
         pass_at_k={str(k): v for k, v in summary.pass_at().items()},

@@ -30,7 +30,7 @@ from vfops.tracking._eval_runs import (
     log_eval_run,
     log_run_info,
     prepare_experiment,
-    read_run_info,
+    prepare_run_log,
     start_sweep_runs,
     tracking_enabled,
 )
@@ -54,8 +54,8 @@ __all__ = [
     "log_run_info",
     "mlflow_client",
     "prepare_experiment",
+    "prepare_run_log",
     "prestart",
-    "read_run_info",
     "start_sweep_runs",
     "tracking_enabled",
     "tracking_uri",

@@ -256,29 +256,33 @@ def log_eval_run(
     of the whole run; the artifact is then converted from it, and the metrics taken
     from the run's stored summary, instead of reading every rollout back.
     """
-    info = _read_run(engine, run_id)
     with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
-        if rollouts_file is None:
-            # no export of the whole run: stream it back from the registry
-            rollouts_file = Path(folder) / ARTIFACT_NAME
-            pass_threshold = float(info.summary.get("pass_threshold", 1.0) or 1.0)
-            counted = _write_parquet(engine, info.id, rollouts_file, pass_threshold).to_dict()
-            # statistics from every stored rollout; timings stay the evaluation's own
-            timings: dict[str, Any] = {
-                k: info.summary[k] for k in ("wall_s", "rollouts_per_s") if k in info.summary
-            }
-            info = dataclasses.replace(info, summary={**counted, **timings})
+        info, rollouts = prepare_run_log(engine, run_id, Path(folder), rollouts_file)
         mlflow_id = log_run_info(
-            info.to_json(), parent_run_id=parent_run_id, client=client, rollouts_file=rollouts_file
+            info, parent_run_id=parent_run_id, client=client, rollouts_file=rollouts
         )
-    if info.mlflow_run_id != mlflow_id:
-        link_mlflow_run(engine, info.id, mlflow_id)
+    if info["mlflow_run_id"] != mlflow_id:
+        link_mlflow_run(engine, run_id, mlflow_id)
     return mlflow_id
 
 
-def read_run_info(engine: Engine, run_id: str) -> dict[str, Any]:
-    """What :func:`log_run_info` logs of registry run ``run_id`` (JSON values, no keys)."""
-    return _read_run(engine, run_id).to_json()
+def prepare_run_log(
+    engine: Engine, run_id: str, folder: Path, rollouts_file: str | Path | None = None
+) -> tuple[dict[str, Any], Path]:
+    """What :func:`log_run_info` needs of registry run ``run_id`` (JSON values, no keys)
+    and its rollouts file: ``rollouts_file`` when given (the evaluation's export of the
+    whole run), else a parquet streamed from the registry into ``folder``."""
+    info = _read_run(engine, run_id)
+    if rollouts_file is not None:
+        return info.to_json(), Path(rollouts_file)
+    path = folder / ARTIFACT_NAME
+    pass_threshold = float(info.summary.get("pass_threshold", 1.0) or 1.0)
+    counted = _write_parquet(engine, info.id, path, pass_threshold).to_dict()
+    # statistics from every stored rollout; timings stay the evaluation's own
+    timings: dict[str, Any] = {
+        k: info.summary[k] for k in ("wall_s", "rollouts_per_s") if k in info.summary
+    }
+    return dataclasses.replace(info, summary={**counted, **timings}).to_json(), path
 
 
 def link_mlflow_run(engine: Engine, run_id: str, mlflow_run_id: str) -> None:
@@ -295,7 +299,7 @@ def log_run_info(
     client: MlflowClient | None = None,
     rollouts_file: str | Path,
 ) -> str:
-    """Log a run described by :func:`read_run_info` and its rollouts file (Arrow or
+    """Log a run described by :func:`prepare_run_log` and its rollouts file (Arrow or
     parquet); MLflow only, so the tracker process needs no registry. Returns the
     MLflow run id (the caller links it: :func:`link_mlflow_run`)."""
     with _lock, quiet():

@@ -96,7 +96,7 @@ class Tracker:
         rollouts_file: str | Path,
         parent_run_id: str | None = None,
     ) -> str:
-        """Log a finished run (:func:`vfops.tracking.read_run_info`) and its rollouts
+        """Log a finished run (:func:`vfops.tracking.prepare_run_log`) and its rollouts
         file to MLflow; return the MLflow run id."""
         async with self._lock:
             await self.wait_ready()
