@@ -70,6 +70,7 @@ def test_env_init_install_and_eval_against_a_server(tmp_path: Path) -> None:
             "2",
             "-o",
             str(tmp_path / "out"),
+            "--wait-for-tracking",
             site=site,
         )
         assert server.stats["ok"] == 100
@@ -84,8 +85,8 @@ def test_env_init_install_and_eval_against_a_server(tmp_path: Path) -> None:
     assert metadata["env_version"] == f"local+{metadata['env_code_hash'][:12]}"
     assert metadata["status"] == "completed" and len(metadata["run_id"]) == 32
     assert len(load_results(metadata_path.parent)) == 100  # the Arrow export, memory-mapped
-    # the same run, logged to MLflow by the tracker process, linked both ways
-    assert metadata["mlflow_run_id"] and "mlflow run:" in result.stdout
+    # the same run, logged to MLflow by the tracker process (waited for), linked both ways
+    assert metadata["mlflow_run_id"] and f"mlflow run: {metadata['mlflow_run_id']}" in result.stdout
 
 
 def test_eval_completes_against_a_faulty_endpoint(env_site: Path, tmp_path: Path) -> None:

@@ -190,36 +190,144 @@ def test_a_failing_registry_write_fails_the_run_and_resume_completes_it(
         assert connection.execute(text("SELECT status FROM eval_runs")).scalar_one() == "completed"
 
 
-def test_a_failing_mlflow_sink_fails_the_run_and_resume_logs_it(
+def _mlflow_link(db_url: str) -> tuple[str, str | None]:
+    with get_engine(db_url).connect() as connection:
+        row = connection.execute(text("SELECT status, mlflow_run_id FROM eval_runs")).one()
+    return str(row[0]), row[1]
+
+
+def _unwritable_artifacts(tmp_path: Path) -> str:
+    """An artifact root MLflow accepts for a new experiment but cannot write into (it
+    lies under a regular file: even root cannot create it), so logging fails late."""
+    (tmp_path / "a-file").write_text("not a folder")
+    return str(tmp_path / "a-file" / "artifacts")
+
+
+def test_a_broken_mlflow_store_is_refused_before_anything_is_recorded(
     db_url: str, env_site: Path, tmp_path: Path
 ) -> None:
-    """MLflow cannot take the run: exit 1, status failed, the sink named; --resume with a
-    working store logs it without generating anything again."""
     (tmp_path / "a-file").write_text("not a folder")
     broken = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/a-file/m.db")
     with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
+        args = ["eval", "echo_env", "-m", "stub-model", "-b", stub.base_url, "-n", "5"]
+        failed = run(*args, "-o", str(tmp_path / "out"), env=broken)
+        assert stub.stats["ok"] == 0
+    assert failed.returncode == 2, failed.stderr  # bad input: refused before it ran
+    assert "cannot open the MLflow tracking store" in failed.stderr
+    assert "MLFLOW_TRACKING_URI" in failed.stderr and "Traceback" not in failed.stderr
+    with get_engine(db_url).connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM eval_runs")).scalar_one() == 0
+
+
+def test_a_failing_mlflow_sink_fails_the_run_and_resume_logs_it(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """Waiting for MLflow (--wait-for-tracking), a store that cannot take the run fails
+    it: exit 1, status failed, the sink named; --resume with a working store logs it
+    without generating anything again."""
+    broken = cli_env(
+        db_url,
+        env_site,
+        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/broken.db",
+        VFOPS_MLFLOW_ARTIFACTS=_unwritable_artifacts(tmp_path),
+    )
+    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
         args = [
             "eval", "echo_env", "-m", "stub-model", "-b", stub.base_url,
-            "-n", "5", "-r", "2", "-o", str(tmp_path / "out"),
+            "-n", "5", "-r", "2", "-o", str(tmp_path / "out"), "--wait-for-tracking",
         ]  # fmt: skip
         failed = run(*args, env=broken)
         assert failed.returncode == 1, failed.stderr
         assert "MLflow: could not log run" in failed.stderr and "Traceback" not in failed.stderr
         run_id = only_run_id(db_url)
-        engine = get_engine(db_url)
-        with engine.connect() as connection:
-            row = connection.execute(text("SELECT status, mlflow_run_id FROM eval_runs")).one()
-        assert tuple(row) == ("failed", None)
+        assert _mlflow_link(db_url) == ("failed", None)
         asked = stub.stats["ok"]
-        assert asked == 10 == count_rollouts(engine, run_id)
+        assert asked == 10 == count_rollouts(get_engine(db_url), run_id)
 
         working = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db")
         resumed = run(*args, "--resume", run_id, env=working)
         assert resumed.returncode == 0, resumed.stderr
         assert stub.stats["ok"] == asked  # nothing generated again
-    with engine.connect() as connection:
-        row = connection.execute(text("SELECT status, mlflow_run_id FROM eval_runs")).one()
-    assert row[0] == "completed" and row[1]
+    status, link = _mlflow_link(db_url)
+    assert status == "completed" and link and f"mlflow run: {link}" in resumed.stdout
+
+
+def _wait_for_link(db_url: str, timeout_s: float = 120.0) -> str | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _, link = _mlflow_link(db_url)
+        if link:
+            return link
+        time.sleep(0.2)
+    return None
+
+
+def test_vfops_eval_hands_the_run_to_the_tracker_which_logs_and_links_it_after_exit(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """By default vfops eval does not wait for MLflow: it exits once the run is recorded,
+    and the tracker process (in its own session) logs the run and links it."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    env = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=uri)
+    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
+        args = ["eval", "echo_env", "-m", "stub-model", "-b", stub.base_url, "-n", "5", "-r", "2"]
+        # stdout/stderr to files: a pipe would keep run() waiting for the tracker too
+        with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "vfops", *args, "-o", str(tmp_path / "out")],
+                env=env,
+                stdout=out,
+                stderr=err,
+            )
+            assert process.wait(timeout=300) == 0, (tmp_path / "err.txt").read_text()
+    stdout = (tmp_path / "out.txt").read_text()
+    assert "mlflow run: being logged" in stdout
+    run_id = only_run_id(db_url)
+    link = _wait_for_link(db_url)
+    assert link is not None, (tmp_path / "err.txt").read_text()
+    logged = MlflowClient(uri).get_run(link)
+    assert logged.data.tags["vfops.run_id"] == run_id
+    assert logged.data.params["rollouts_per_example"] == "2"
+    assert logged.data.metrics["rollouts"] == 10
+    assert logged.info.status == "FINISHED"
+    artifacts = [a.path for a in MlflowClient(uri).list_artifacts(link)]
+    assert "rollouts.parquet" in artifacts
+    assert (tmp_path / "err.txt").read_text() == ""
+
+
+def test_a_handed_off_run_that_mlflow_refuses_is_reported_and_resume_logs_it(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """The tracker cannot log a run handed to it: the run stays completed (every rollout
+    is recorded), one line on stderr says so and how to log it; --resume logs it."""
+    broken = cli_env(
+        db_url,
+        env_site,
+        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/broken.db",
+        VFOPS_MLFLOW_ARTIFACTS=_unwritable_artifacts(tmp_path),
+    )
+    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
+        args = [
+            "eval", "echo_env", "-m", "stub-model", "-b", stub.base_url,
+            "-n", "5", "-r", "2", "-o", str(tmp_path / "out"),
+        ]  # fmt: skip
+        handed_off = run(*args, env=broken)  # its pipes close when the tracker exits too
+        assert handed_off.returncode == 0, handed_off.stderr
+        run_id = only_run_id(db_url)
+        (line,) = handed_off.stderr.strip().splitlines()
+        assert f"eval run {run_id} is recorded but not logged to MLflow" in line
+        assert f"--resume {run_id}" in line and "MLFLOW_TRACKING_URI" in line
+        assert _mlflow_link(db_url) == ("completed", None)
+        asked = stub.stats["ok"]
+
+        working = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db")
+        resumed = run(*args, "--resume", run_id, "--wait-for-tracking", env=working)
+        assert resumed.returncode == 0, resumed.stderr
+        assert stub.stats["ok"] == asked
+    status, link = _mlflow_link(db_url)
+    assert status == "completed" and link
 
 
 def test_runs_list_show_compare_export(

@@ -80,6 +80,14 @@ def eval_command(
             "VFOPS_HOME); needs the registry. VFOPS_TRACKING=0 turns it off.",
         ),
     ] = True,
+    wait_for_tracking: Annotated[
+        bool,
+        typer.Option(
+            "--wait-for-tracking",
+            help="Exit only once the run is in MLflow (default: the tracker process "
+            "logs it and links the registry run in the background, in about a second).",
+        ),
+    ] = False,
     request_timeout: Annotated[
         float, typer.Option(help="Seconds before one model request times out (then retried).")
     ] = _MODEL_DEFAULTS.request_timeout_s,
@@ -125,6 +133,7 @@ def eval_command(
                     resume=resume,
                     registry=registry,
                     tracking=tracking,
+                    hand_off_tracking=not wait_for_tracking,
                     progress=display,
                 )
             )

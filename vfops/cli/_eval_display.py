@@ -101,5 +101,8 @@ def print_summary(result: EvalResult) -> None:
         console.print(f"run: {result.run_id} ({result.action})")
     if result.mlflow_run_id is not None:
         console.print(f"mlflow run: {result.mlflow_run_id}")
+    elif result.mlflow_pending:
+        # the tracker process logs it and links the registry run in a moment
+        console.print(f"mlflow run: being logged (vfops runs show {result.run_id} links it)")
     if result.run_dir is not None:
         console.print(f"results: {result.run_dir}")

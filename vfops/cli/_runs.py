@@ -77,6 +77,7 @@ def show_command(
         "vfops_version",
     ):
         table.add_row(key, str(metadata[key]))
+    table.add_row("mlflow_run_id", metadata["mlflow_run_id"] or "not logged to MLflow")
     summary = metadata["summary"] or {}
     for key in ("reward_mean", "reward_stderr", "rollouts", "errors", "truncated"):
         if key in summary:

@@ -81,6 +81,9 @@ class EvalResult:
     """The registry run (``None`` without the registry)."""
     action: Action = "created"
     mlflow_run_id: str | None = None
+    mlflow_pending: bool = False
+    """The run was handed to the tracker process (``hand_off_tracking``), which logs it
+    to MLflow and links the registry run after this returns."""
     error: str | None = None
     """Why a failed run failed, and how to finish it."""
 
@@ -136,6 +139,7 @@ async def evaluate_async(
     tracking: bool | None = None,
     engine: Engine | None = None,
     mlflow_parent_run_id: str | None = None,
+    hand_off_tracking: bool = False,
     environment: Environment | None = None,
     client: ModelClient | None = None,
     progress: EvalProgress | None = None,
@@ -143,6 +147,10 @@ async def evaluate_async(
     """Run (or resume, or reuse) an evaluation; see the module docstring.
 
     ``tracking`` (default: on unless ``VFOPS_TRACKING=0``) needs the registry.
+    ``hand_off_tracking``: do not wait for MLflow at the end; the tracker process
+    logs the finished run and links it on its own (``result.mlflow_pending``), for a
+    process that exits right after (``vfops eval``). A store that is already known
+    to be broken still fails the run.
     ``environment`` and ``client`` replace the loaded environment and the client
     built from ``request.model`` (the caller keeps and closes them; the run then
     records ``request.model`` and ``model_options.base_url`` as given).
@@ -186,6 +194,7 @@ async def evaluate_async(
             engine=engine,
             tracker=tracker,
             mlflow_parent_run_id=mlflow_parent_run_id,
+            hand_off_tracking=hand_off_tracking,
             progress=progress,
         )
     finally:
@@ -216,11 +225,16 @@ def _start_tracker(env_name: str) -> Tracker:
 
 
 def _check_tracking_server() -> None:
-    """A tracking server that does not answer fails now, before a run is recorded."""
-    from vfops.tracking import check_tracking, is_embedded, tracking_uri
+    """A tracking server that does not answer, or an SQLite store whose folder cannot
+    be written, fails now, before a run is recorded (MLflow itself is not imported:
+    the tracker process does that)."""
+    from vfops.tracking import check_sqlite_store, check_tracking, is_embedded, tracking_uri
 
-    if not is_embedded() and tracking_uri().startswith(("http://", "https://")):
+    uri = tracking_uri()
+    if not is_embedded() and uri.startswith(("http://", "https://")):
         check_tracking()
+    else:
+        check_sqlite_store(uri)
 
 
 def _planned_rollouts(env: Environment, request: EvalRequest) -> int:
@@ -387,6 +401,7 @@ async def _run(
     engine: Engine | None,
     tracker: Tracker | None,
     mlflow_parent_run_id: str | None,
+    hand_off_tracking: bool,
     progress: EvalProgress | None,
 ) -> EvalResult:
     request, run_dir = plan.request, plan.run_dir
@@ -408,7 +423,11 @@ async def _run(
     tracking_sink = None
     if tracker is not None and engine is not None and plan.run_id is not None:
         tracking_sink = TrackingSink(
-            tracker, engine, plan.run_id, parent_run_id=mlflow_parent_run_id
+            tracker,
+            engine,
+            plan.run_id,
+            parent_run_id=mlflow_parent_run_id,
+            hand_off=hand_off_tracking,
         )
     summary = EvalSummary(pass_threshold=request.pass_threshold)
     done: set[tuple[int, int]] = set()
@@ -566,6 +585,7 @@ async def _finish(
         run_id=plan.run_id,
         action=plan.action,
         mlflow_run_id=mlflow_run_id,
+        mlflow_pending=tracking_sink is not None and tracking_sink.handed_off,
         error=finish.error,
     )
 

@@ -41,6 +41,7 @@ def run_metadata(engine: Engine, run_id: str) -> dict[str, Any]:
             "finished_at": run.finished_at.isoformat() if run.finished_at else None,
             "summary": run.summary,
             "vfops_version": run.vfops_version,
+            "mlflow_run_id": run.mlflow_run_id,
         }
 
 

@@ -79,10 +79,10 @@ class ArrowSink:
     def __init__(self, run_dir: Path, *, batch_rows: int = 1024) -> None:
         import pyarrow as pa
 
-        from vfops._rollout import rollout_features
+        from vfops._rollout import rollout_arrow_schema
 
         self._pa = pa
-        self._schema = rollout_features().arrow_schema
+        self._schema = rollout_arrow_schema()
         self._path = run_dir / ARROW_FILE
         self._tmp = run_dir / f".{ARROW_FILE}.partial"
         self._batch_rows = batch_rows
@@ -214,40 +214,40 @@ class TrackingSink:
     imports and the opening of the tracking store overlap the environment, the
     model and the rollouts; at the end it logs the finished run (params,
     metrics, the rollouts as an artifact) and the registry run is linked to it.
+    With ``hand_off`` (a process that exits right after, ``vfops eval``) the
+    tracker is given the finished run and finishes (logs, links) on its own:
+    :attr:`handed_off` is then true and :attr:`mlflow_run_id` stays ``None``. A
+    tracker that already reported a broken store fails the run either way.
     """
 
     name = "MLflow"
 
     def __init__(
-        self, tracker: Any, engine: Engine, run_id: str, *, parent_run_id: str | None = None
+        self,
+        tracker: Any,
+        engine: Engine,
+        run_id: str,
+        *,
+        parent_run_id: str | None = None,
+        hand_off: bool = False,
     ) -> None:
         self._tracker = tracker
         self._engine = engine
         self._run_id = run_id
         self._parent_run_id = parent_run_id
+        self._hand_off = hand_off
         self.mlflow_run_id: str | None = None
+        self.handed_off = False
 
     async def write_group(self, records: list[RolloutRecord]) -> None:
         return None  # the rollouts reach MLflow through the export at the end
 
     async def close(self, finish: RunFinish) -> None:
-        from vfops.tracking import link_mlflow_run, prepare_run_log
-
         try:
-            with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
-                # no export of the whole run (rollouts on another worker's folder):
-                # the registry's rollouts are streamed into a parquet instead
-                info, rollouts = await asyncio.to_thread(
-                    prepare_run_log,
-                    self._engine,
-                    self._run_id,
-                    Path(folder),
-                    finish.extra.get("rollouts_file"),
-                )
-                self.mlflow_run_id = await self._tracker.log_run(
-                    info, rollouts_file=rollouts, parent_run_id=self._parent_run_id
-                )
-            await asyncio.to_thread(link_mlflow_run, self._engine, self._run_id, self.mlflow_run_id)
+            if self._hand_off:
+                await self._give_to_tracker(finish.extra.get("rollouts_file"))
+            else:
+                await self._log(finish.extra.get("rollouts_file"))
         except VfopsError as exc:
             raise SinkError(
                 self.name,
@@ -255,3 +255,38 @@ class TrackingSink:
                 "fix MLFLOW_TRACKING_URI (or pass --no-tracking), then finish the run with "
                 f"vfops eval ... --resume {self._run_id}",
             ) from exc
+
+    async def _log(self, rollouts_file: str | None) -> None:
+        from vfops.tracking import link_mlflow_run, prepare_run_log
+
+        with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
+            # no export of the whole run (rollouts on another worker's folder):
+            # the registry's rollouts are streamed into a parquet instead
+            info, rollouts = await asyncio.to_thread(
+                prepare_run_log, self._engine, self._run_id, Path(folder), rollouts_file
+            )
+            self.mlflow_run_id = await self._tracker.log_run(
+                info, rollouts_file=rollouts, parent_run_id=self._parent_run_id
+            )
+        await asyncio.to_thread(link_mlflow_run, self._engine, self._run_id, self.mlflow_run_id)
+
+    async def _give_to_tracker(self, rollouts_file: str | None) -> None:
+        from vfops.tracking import prepare_run_log
+
+        error = self._tracker.ready_error_now()
+        if error is not None:
+            raise VfopsError(error)
+        # the tracker removes the folder once it has logged what is in it
+        folder = await asyncio.to_thread(tempfile.mkdtemp, prefix="vfops-mlflow-")
+        info, rollouts = await asyncio.to_thread(
+            prepare_run_log, self._engine, self._run_id, Path(folder), rollouts_file
+        )
+        await self._tracker.hand_off(
+            info,
+            rollouts_file=rollouts,
+            database_url=self._engine.url.render_as_string(hide_password=False),
+            run_id=self._run_id,
+            parent_run_id=self._parent_run_id,
+            cleanup=[folder],
+        )
+        self.handed_off = True

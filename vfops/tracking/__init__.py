@@ -15,6 +15,7 @@ from __future__ import annotations
 from vfops.tracking._client import (
     EMBEDDED_DIR,
     artifact_root,
+    check_sqlite_store,
     check_tracking,
     ensure_experiment,
     is_embedded,
@@ -43,6 +44,7 @@ __all__ = [
     "SWEEP_TAG",
     "Tracker",
     "artifact_root",
+    "check_sqlite_store",
     "check_tracking",
     "ensure_experiment",
     "experiment_name",

@@ -12,6 +12,7 @@ import os
 import re
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from vfops._errors import VfopsError
@@ -148,6 +149,25 @@ def check_tracking(uri: str | None = None, *, timeout_s: float = 5.0) -> None:
             f"cannot open the MLflow tracking store {mask_url(uri)}: {first}; "
             "fix MLFLOW_TRACKING_URI or pass --no-tracking"
         ) from None
+
+
+def check_sqlite_store(uri: str) -> None:
+    """Fail with one line when an ``sqlite:///PATH`` store's folder is missing or cannot
+    be written (cheap: MLflow is not imported); other stores pass."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    folder = path.parent
+    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        problem = (
+            f"{path} is a folder"
+            if path.is_dir()
+            else f"the folder {folder} is missing or not writable"
+        )
+        raise VfopsError(
+            f"cannot open the MLflow tracking store {uri}: {problem}; "
+            "fix MLFLOW_TRACKING_URI or pass --no-tracking"
+        )
 
 
 def _check_server(uri: str, timeout_s: float) -> None:

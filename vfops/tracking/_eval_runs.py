@@ -147,11 +147,11 @@ def _write_parquet(engine: Engine, run_id: str, path: Path, pass_threshold: floa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from vfops._rollout import rollout_features
+    from vfops._rollout import rollout_arrow_schema
     from vfops.evaluation import EvalSummary
     from vfops.registry import iter_rollouts
 
-    schema = rollout_features().arrow_schema
+    schema = rollout_arrow_schema()
     summary = EvalSummary(pass_threshold=pass_threshold)
     batch: list[dict[str, Any]] = []
     with pq.ParquetWriter(str(path), schema) as writer:

@@ -9,16 +9,28 @@ asks it to log the finished registry run and waits for the answer: a run is
 never reported finished before it is in MLflow, and a tracker that fails fails
 the run loudly.
 
+A process that exits right after the evaluation (``vfops eval``) may instead
+*hand off* the finished run (:meth:`Tracker.hand_off`): the tracker logs it,
+links the registry run to its MLflow run and exits on its own, in its own
+session, while the prompt is already back. A short evaluation otherwise spends
+most of its wall time waiting for MLflow's imports. What it cannot log it says
+on the inherited stderr in one line, with the command that logs it later
+(``--resume`` of the completed run logs it again, idempotently).
+
 The protocol is one JSON object per line: the child says ``{"ready": true}`` (or
 ``{"error": ...}``) once the store answers, then answers each
 ``{"op": "log", ...}`` with ``{"ok": true, "mlflow_run_id": ...}`` or
-``{"ok": false, "error": ...}``; end of input ends it.
+``{"ok": false, "error": ...}``; end of input ends it. A log command with
+``"detach": true`` (the last one, input closed after it) gets no answer: the
+child links the run itself (``"link"``: database URL and run id) and removes
+its ``"cleanup"`` paths.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import subprocess
 import sys
 import threading
@@ -34,6 +46,10 @@ _READY_TIMEOUT_S = 120.0
 _prestarted: Tracker | None = None
 _prestarted_lock = threading.Lock()
 
+_handed_off: list[subprocess.Popen[bytes]] = []
+"""Trackers finishing on their own: kept referenced, so that no ``Popen`` is collected
+(with a ResourceWarning) while its process still runs."""
+
 
 class Tracker:
     """Parent side of the tracker process; see the module docstring."""
@@ -43,6 +59,7 @@ class Tracker:
         self.env_name = env_name
         self._ready: dict[str, Any] | None = None
         self._lock = asyncio.Lock()
+        self._handed_off = False
 
     @classmethod
     def spawn(cls, *, env_name: str) -> Tracker:
@@ -55,6 +72,9 @@ class Tracker:
             [sys.executable, "-m", "vfops.tracking._tracker_main", env_name],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            # its own session: a tracker handed a run keeps going when the
+            # evaluation's process group is signalled after it exited
+            start_new_session=True,
         )
         return cls(process, env_name=env_name)
 
@@ -111,14 +131,62 @@ class Tracker:
             raise VfopsError(str(answer.get("error") or "the tracker failed"))
         return str(answer["mlflow_run_id"])
 
-    def _send(self, command: dict[str, Any]) -> dict[str, Any]:
+    def ready_error_now(self) -> str | None:
+        """The tracker's start-up error if it has already reported one; never waits."""
+        if self._ready is None:
+            stdout = self._process.stdout
+            assert stdout is not None
+            readable, _, _ = select.select([stdout], [], [], 0)
+            if not readable:
+                return None
+            self._ready = self._read_line()
+        error = self._ready.get("error")
+        return None if error is None else str(error)
+
+    async def hand_off(
+        self,
+        info: dict[str, Any],
+        *,
+        rollouts_file: str | Path,
+        database_url: str,
+        run_id: str,
+        parent_run_id: str | None = None,
+        cleanup: list[str] | None = None,
+    ) -> None:
+        """Give the tracker the finished run to log, link (registry run ``run_id`` in
+        ``database_url``) and clean up after, and let it finish alone; see the module
+        docstring. Returns once the command is written (at once unless it is larger than
+        the pipe's buffer and the tracker is still starting)."""
+        command = {
+            "op": "log",
+            "info": info,
+            "parent_run_id": parent_run_id,
+            "rollouts_file": str(rollouts_file),
+            "detach": True,
+            "link": {"database_url": database_url, "run_id": run_id},
+            "cleanup": list(cleanup or []),
+        }
+        async with self._lock:
+            await asyncio.to_thread(self._write, command, close=True)
+            self._handed_off = True
+            _handed_off.append(self._process)
+            stdout = self._process.stdout
+            if stdout is not None:
+                stdout.close()
+
+    def _write(self, command: dict[str, Any], *, close: bool = False) -> None:
         stdin = self._process.stdin
         assert stdin is not None
         try:
             stdin.write(orjson.dumps(command) + b"\n")
             stdin.flush()
+            if close:
+                stdin.close()
         except (BrokenPipeError, OSError) as exc:
             raise VfopsError(f"the tracker process is gone ({exc})") from None
+
+    def _send(self, command: dict[str, Any]) -> dict[str, Any]:
+        self._write(command)
         return self._read_line()
 
     def kill(self) -> None:
@@ -137,8 +205,11 @@ class Tracker:
         """End the child: it exits on end of input (and skips its slow teardown).
 
         A tracker that never logged anything (the evaluation failed early) is
-        killed instead: it may still be importing MLflow.
+        killed instead: it may still be importing MLflow. One handed a run is left
+        to finish it.
         """
+        if self._handed_off:
+            return
         if self._ready is None:
             self.kill()
             return
