@@ -10,19 +10,21 @@ import pytest
 from datasets import Dataset
 
 from vfops._errors import VfopsError
-from vfops._rollout import RolloutRecord
+from vfops._rollout import RolloutRecord, rollout_features
 from vfops._types import Messages
 from vfops.clients import ScriptedClient
 from vfops.envs import SingleTurnEnv
 from vfops.evaluation import (
     EvalRequest,
     EvalResult,
+    EvalSummary,
     evaluate_async,
     iter_records,
     load_results,
     pass_at_k,
     read_metadata,
 )
+from vfops.evaluation._sinks import ArrowSink, RunFinish
 from vfops.rubrics import Rubric
 
 
@@ -82,6 +84,14 @@ async def test_run_streams_every_rollout_and_writes_a_dataset(tmp_path: Path) ->
     dataset = load_results(run_dir)
     from_dataset = sorted((RolloutRecord.from_row(row) for row in dataset), key=lambda r: r.key)
     assert from_dataset == sorted(iter_records(run_dir), key=lambda r: r.key)
+    assert dataset.features == rollout_features()
+
+
+async def test_an_empty_arrow_export_reads_back_with_the_rollout_features(tmp_path: Path) -> None:
+    sink = ArrowSink(tmp_path)
+    await sink.close(RunFinish(status="failed", summary=EvalSummary()))
+    dataset = load_results(tmp_path)
+    assert len(dataset) == 0 and dataset.features == rollout_features()
 
 
 async def test_resume_generates_only_missing_rollouts(tmp_path: Path) -> None:

@@ -82,7 +82,9 @@ class ArrowSink:
         from vfops._rollout import rollout_arrow_schema
 
         self._pa = pa
-        self._schema = rollout_arrow_schema()
+        # Every field nullable, as in datasets' own schema: Dataset.from_file
+        # (load_results) cannot read back an empty stream whose fields are not.
+        self._schema = pa.schema([f.with_nullable(True) for f in rollout_arrow_schema()])
         self._path = run_dir / ARROW_FILE
         self._tmp = run_dir / f".{ARROW_FILE}.partial"
         self._batch_rows = batch_rows
