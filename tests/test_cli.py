@@ -89,6 +89,25 @@ def test_env_init_install_and_eval_against_a_server(tmp_path: Path) -> None:
     assert metadata["mlflow_run_id"] and f"mlflow run: {metadata['mlflow_run_id']}" in result.stdout
 
 
+def test_env_init_writes_tests_that_pass(tmp_path: Path) -> None:
+    from vfops.cli._env import init_environment
+
+    package = init_environment("fresh_env", tmp_path)
+    paths = [str(package), os.environ.get("PYTHONPATH", "")]
+    options = ["-q", "-p", "no:cacheprovider", "-W", "error", "-o", "asyncio_mode=auto"]
+    options += ["-o", "asyncio_default_fixture_loop_scope=function"]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *options, str(package / "tests")],
+        capture_output=True,
+        text=True,
+        cwd=package,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout + result.stderr
+
+
 def test_eval_completes_against_a_faulty_endpoint(env_site: Path, tmp_path: Path) -> None:
     config = StubConfig(
         reply_mode="echo_answer",

@@ -80,6 +80,70 @@ def test_dataset_builder_is_lazy() -> None:
     assert calls == [1]
 
 
+def test_plain_rows_and_a_dataset_give_the_same_examples_sizes_and_datasets() -> None:
+    few_shot = [{"role": "user", "content": "q?"}, {"role": "assistant", "content": "a"}]
+    question_rows = [
+        {"question": f"q{i}", "answer": i, "info": {"level": i, "tags": ["x"]}} for i in range(5)
+    ]
+    prompt_rows = [
+        {
+            "prompt": [{"role": "user", "content": f"hi {i}"}],
+            "example_id": 40 + i,
+            "task": "greet",
+            "extra": "dropped",
+        }
+        for i in range(3)
+    ]
+    for rows in (question_rows, prompt_rows):
+        plain = SingleTurnEnv(eval_dataset=rows, system_prompt="sys", few_shot=few_shot)
+        arrow = SingleTurnEnv(
+            eval_dataset=Dataset.from_list(rows), system_prompt="sys", few_shot=few_shot
+        )
+        assert list(plain.iter_eval_examples()) == list(arrow.iter_eval_examples())
+        assert list(plain.iter_eval_examples(2)) == list(arrow.iter_eval_examples(2))
+        assert plain.eval_size() == arrow.eval_size() == len(rows)
+        # the public Dataset views agree too (converted from the plain rows)
+        assert plain.eval_dataset is not None and arrow.eval_dataset is not None
+        assert plain.eval_dataset.to_list() == arrow.eval_dataset.to_list()
+        assert plain.get_eval_dataset(n=2).to_list() == arrow.get_eval_dataset(n=2).to_list()
+
+
+def test_plain_rows_build_lazily_and_fall_back_to_train() -> None:
+    calls = []
+
+    def build() -> list[dict[str, Any]]:
+        calls.append(1)
+        return [{"question": f"q{i}", "answer": str(i)} for i in range(4)]
+
+    env = SingleTurnEnv(dataset=build)
+    assert calls == []
+    assert env.eval_size() == 4
+    assert [e.answer for e in env.iter_eval_examples(3)] == ["0", "1", "2"]
+    assert env.dataset is env.eval_dataset  # one Dataset, converted once
+    assert list(env.splits()) == ["train"] and len(env.get_dataset(n=2)) == 2
+    assert calls == [1]
+
+
+def test_plain_rows_keep_the_dataset_errors() -> None:
+    def message(source: Any) -> str:
+        env = SingleTurnEnv(eval_dataset=source, name="bad")
+        with pytest.raises(DatasetFormatError) as caught:
+            env.eval_size()
+        return str(caught.value)
+
+    for rows in ([{"text": "x"}], [], [{"question": "q"}, {"question": None}]):
+        assert message(rows) == message(Dataset.from_list(rows))
+    assert "neither a 'prompt' nor a 'question' column (columns: ['text'])" in message(
+        [{"text": "x"}]
+    )
+    # a column is there when any row has it; a row lacking it is named
+    assert message([{"text": "x"}, {"question": "q"}]) == (
+        "row 0 of environment 'bad' has no 'prompt' or 'question'"
+    )
+    assert "row 1 of environment 'bad' is a str" in message([{"question": "q"}, "q2"])
+    assert "is a str; give a datasets.Dataset, a list of row dicts" in message("q")
+
+
 # --- single and multi turn ------------------------------------------------------------
 async def test_single_turn_rollout_is_generated_and_scored() -> None:
     env = SingleTurnEnv(eval_dataset=qa(), rubric=Rubric(funcs=[exact]))
@@ -303,17 +367,24 @@ async def test_stateful_tool_hides_and_injects_arguments() -> None:
 
 
 # --- groups ----------------------------------------------------------------------------
-async def test_env_group_routes_rows_and_scores_with_each_rubric() -> None:
+@pytest.mark.parametrize("kinds", [("dataset", "dataset"), ("rows", "rows"), ("rows", "dataset")])
+async def test_env_group_routes_rows_and_scores_with_each_rubric(kinds: tuple[str, str]) -> None:
     def always_one() -> float:
         return 1.0
 
     def always_half() -> float:
         return 0.5
 
-    first = SingleTurnEnv(eval_dataset=qa(2), rubric=Rubric(funcs=[always_one]))
-    second = GuessEnv(eval_dataset=qa(3), rubric=Rubric(funcs=[always_half]))
+    def data(kind: str, n: int) -> Any:
+        return qa(n) if kind == "dataset" else qa(n).to_list()
+
+    first = SingleTurnEnv(eval_dataset=data(kinds[0], 2), rubric=Rubric(funcs=[always_one]))
+    second = GuessEnv(eval_dataset=data(kinds[1], 3), rubric=Rubric(funcs=[always_half]))
     group = EnvGroup([first, second], env_names=["single", "guess"])
     examples = list(group.iter_eval_examples())
+    assert group.eval_size() == 5
+    assert group.eval_dataset is not None
+    assert group.eval_dataset["task"] == ["single", "guess", "single", "guess", "guess"]
     # interleaved, so the first N examples (-n) cover every member
     assert [e.task for e in examples] == ["single", "guess", "single", "guess", "guess"]
     assert [e.example_id for e in examples] == [0, 1, 2, 3, 4]

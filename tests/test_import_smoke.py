@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 HEAVY = ("torch", "transformers", "vllm", "deepspeed", "datasets", "mlflow")
 
@@ -56,3 +59,29 @@ def test_clients_run_without_the_openai_sdk() -> None:
     )
     assert "aiohttp" in loaded  # the check below is not vacuous: the client did run
     assert not loaded & {"openai", "httpx", "httpx2", "httpx_aiohttp"}
+
+
+@pytest.mark.parametrize(("env_name", "size"), [("arithmetic", 1000), ("mixed", 1200)])
+def test_eval_of_plain_rows_imports_no_datasets(env_name: str, size: int, tmp_path: Path) -> None:
+    # These builders return plain rows (mixed: an EnvGroup of two such environments):
+    # vfops eval's whole path (load, size, examples, rollouts, the run folder's Arrow
+    # export) must leave datasets unimported, about a second of start-up.
+    loaded = loaded_after(
+        "import asyncio\n"
+        "from pathlib import Path\n"
+        "from vfops.clients import ScriptedClient\n"
+        "from vfops.envs import load_environment\n"
+        "from vfops.evaluation import EvalRequest, evaluate_async\n"
+        f"env = load_environment({env_name!r})\n"
+        "examples = list(env.iter_eval_examples(3))\n"
+        "assert len(examples) == 3 and examples[0].answer, examples\n"
+        f"assert env.eval_size() == {size}, env.eval_size()\n"
+        f"request = EvalRequest(env_name={env_name!r}, model='m', num_examples=3,"
+        " rollouts_per_example=2)\n"
+        "client = ScriptedClient(['<answer>1</answer>'], cycle=True)\n"
+        "result = asyncio.run(evaluate_async(request, environment=env, client=client,"
+        f" output_root=Path({str(tmp_path)!r}), registry=False))\n"
+        "assert result.status == 'completed' and result.summary.rollouts == 6, result\n"
+    )
+    assert {env_name, "pyarrow"} <= loaded  # not vacuous: the environment ran and exported
+    assert "datasets" not in loaded

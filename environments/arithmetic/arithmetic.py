@@ -12,8 +12,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from datasets import Dataset
-
 import vfops
 
 SYSTEM_PROMPT = (
@@ -45,7 +43,7 @@ def build_dataset(
     ops: Sequence[str] = OPS,
     seed: int = 0,
     split: str = "eval",
-) -> Dataset:
+) -> list[dict[str, Any]]:
     """``num_examples`` questions ``What is a op b?`` with ``0 <= a, b <= max_operand``.
 
     The same (split, seed) always gives the same rows; the train and eval splits
@@ -63,7 +61,7 @@ def build_dataset(
                 "info": {"a": a, "op": op, "b": b},
             }
         )
-    return Dataset.from_list(rows)
+    return rows
 
 
 def normalise_integer(text: str | None) -> str | None:

@@ -17,8 +17,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from datasets import Dataset
-
 import vfops
 
 SYSTEM_PROMPT = (
@@ -218,7 +216,7 @@ PROBLEMS: tuple[Callable[[random.Random], tuple[str, str]], ...] = (
 )
 
 
-def build_dataset(num_examples: int, *, seed: int = 0, split: str = "eval") -> Dataset:
+def build_dataset(num_examples: int, *, seed: int = 0, split: str = "eval") -> list[dict[str, Any]]:
     """Word problems; the answer is computed with :func:`evaluate` of the hidden expression."""
     rng = random.Random(f"calculator:{split}:{seed}")
     rows: list[dict[str, Any]] = []
@@ -232,7 +230,7 @@ def build_dataset(num_examples: int, *, seed: int = 0, split: str = "eval") -> D
                 "info": {"expression": expression, "kind": make.__name__.lstrip("_")},
             }
         )
-    return Dataset.from_list(rows)
+    return rows
 
 
 # --- the rubric -------------------------------------------------------------------------

@@ -11,8 +11,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from datasets import Dataset
-
 import vfops
 
 SYSTEM_PROMPT = (
@@ -27,7 +25,7 @@ Messages = list[dict[str, Any]]
 
 def build_dataset(
     num_examples: int, *, lo: int, hi: int, seed: int = 0, split: str = "eval"
-) -> Dataset:
+) -> list[dict[str, Any]]:
     """One game per row: the secret is the row's ``answer``, the range is in ``info``."""
     rng = random.Random(f"guess_number:{split}:{seed}")
     rows = [
@@ -41,7 +39,7 @@ def build_dataset(
         }
         for _ in range(num_examples)
     ]
-    return Dataset.from_list(rows)
+    return rows
 
 
 class GuessNumberEnv(vfops.MultiTurnEnv):

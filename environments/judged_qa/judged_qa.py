@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from datasets import Dataset
-
 import vfops
 
 SYSTEM_PROMPT = (
@@ -59,10 +57,10 @@ QA_PAIRS: tuple[tuple[str, str], ...] = (
 )
 
 
-def build_dataset(num_examples: int = -1) -> Dataset:
+def build_dataset(num_examples: int = -1) -> list[dict[str, Any]]:
     """The shipped Q/A rows (the first ``num_examples``; all when negative)."""
     pairs = QA_PAIRS if num_examples < 0 else QA_PAIRS[:num_examples]
-    return Dataset.from_list([{"question": q, "answer": a} for q, a in pairs])
+    return [{"question": q, "answer": a} for q, a in pairs]
 
 
 def make_judge_client(judge_base_url: str | None, judge_api_key_var: str) -> vfops.OpenAIClient:

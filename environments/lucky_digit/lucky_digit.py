@@ -14,8 +14,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from datasets import Dataset
-
 import vfops
 
 SYSTEM_PROMPT = "Reply with the digit only."
@@ -42,17 +40,17 @@ def digit_fraction(completion: list[dict[str, Any]], info: dict[str, Any]) -> fl
     return sum(1 for c in visible if c == str(info["digit"])) / len(visible)
 
 
-def build_dataset(num_examples: int, *, digits: str, seed: int, split: str) -> Dataset:
+def build_dataset(num_examples: int, *, digits: str, seed: int, split: str) -> list[dict[str, Any]]:
     """``num_examples`` prompts; the same (split, seed) always gives the same rows."""
     rng = random.Random(f"lucky_digit:{split}:{seed}")
     templates = TRAIN_TEMPLATES if split == "train" else EVAL_TEMPLATES
     words = TRAIN_WORDS if split == "train" else EVAL_WORDS
-    rows = []
+    rows: list[dict[str, Any]] = []
     for _ in range(num_examples):
         digit = rng.choice(digits)
         question = rng.choice(templates).format(d=digit, w=rng.choice(words))
         rows.append({"question": question, "answer": digit, "info": {"digit": digit}})
-    return Dataset.from_list(rows)
+    return rows
 
 
 def load_environment(

@@ -3,14 +3,21 @@
 A formatted row has ``prompt`` (chat messages), ``answer`` (str), ``info`` (a
 JSON string: Arrow cannot hold free-form dicts of different shapes across
 environments), ``task`` (str) and ``example_id`` (int).
+
+A split's source is a ``datasets.Dataset`` or plain rows (a sequence of
+mappings). Plain rows are formatted in plain Python and stay a list of dicts,
+so evaluating such an environment never imports ``datasets`` (about a second
+of start-up); a Dataset is formatted with ``Dataset.map`` and stays a Dataset.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import itertools
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 
 import orjson
 
@@ -20,7 +27,16 @@ from vfops._types import Info, Messages
 if TYPE_CHECKING:
     from datasets import Dataset
 
-FORMATTED_COLUMNS = ("prompt", "answer", "info", "task", "example_id")
+#: Plain rows, as an environment's dataset builder may return them.
+Rows: TypeAlias = Sequence[Mapping[str, Any]]
+#: What a split is built from: a Dataset, plain rows, or a zero-argument builder of either.
+DatasetSource: TypeAlias = "Dataset | Rows | Callable[[], Dataset | Rows]"
+#: A formatted split: formatted rows when built from plain rows, else a Dataset.
+FormattedSplit: TypeAlias = "Dataset | list[dict[str, Any]]"
+#: The row normaliser: a raw row and its index to a formatted row.
+Normaliser: TypeAlias = Callable[[Mapping[str, Any], int], dict[str, Any]]
+
+_FRESH = "__vfops_formatted__"  # prefix of the columns map writes (see _map_dataset)
 
 
 @dataclass(slots=True)
@@ -43,23 +59,79 @@ def build_prompt(question: str, system_prompt: str | None, few_shot: Messages | 
     return messages
 
 
+def is_dataset(data: object) -> TypeGuard[Dataset]:
+    """Whether ``data`` is a ``datasets.Dataset``, asked without importing ``datasets``.
+
+    No Dataset can exist before ``datasets`` is imported, so its absence from
+    ``sys.modules`` answers no for free.
+    """
+    datasets = sys.modules.get("datasets")
+    return datasets is not None and isinstance(data, datasets.Dataset)
+
+
 def format_dataset(
-    dataset: Dataset,
+    dataset: Dataset | Rows,
     *,
     env_name: str,
     system_prompt: str | None = None,
     few_shot: Messages | None = None,
     default_task: str = "default",
-) -> Dataset:
-    """Normalise a raw dataset to the formatted columns (see module docstring)."""
-    columns = set(dataset.column_names)
+) -> FormattedSplit:
+    """Normalise a raw split to the formatted columns (see module docstring).
+
+    A Dataset comes back as a Dataset (``Dataset.map``); plain rows come back as
+    a list of formatted row dicts, built without importing ``datasets``. Both go
+    through the same row normaliser, so they give the same rows and errors.
+    """
+    columns = column_names(dataset, env_name)
     if "prompt" not in columns and "question" not in columns:
         raise DatasetFormatError(
             f"the dataset of environment '{env_name}' has neither a 'prompt' nor a "
             f"'question' column (columns: {sorted(columns)}); add one of them"
         )
+    normalise = row_normaliser(
+        set(columns),
+        env_name=env_name,
+        system_prompt=system_prompt,
+        few_shot=few_shot,
+        default_task=default_task,
+    )
+    if is_dataset(dataset):
+        return _map_dataset(dataset, normalise)
+    return [normalise(row, index) for index, row in enumerate(dataset)]
 
-    def normalise(row: dict[str, Any], index: int) -> dict[str, Any]:
+
+def column_names(dataset: Dataset | Rows, env_name: str) -> list[str]:
+    """A Dataset's columns, or every key any of the plain rows has (first seen first)."""
+    if is_dataset(dataset):
+        return list(dataset.column_names)
+    if isinstance(dataset, (str, bytes)) or not isinstance(dataset, Sequence):
+        raise DatasetFormatError(
+            f"the dataset of environment '{env_name}' is a {type(dataset).__name__}; give a "
+            "datasets.Dataset, a list of row dicts, or a zero-argument callable returning one"
+        )
+    columns: dict[str, None] = {}
+    for index, row in enumerate(dataset):
+        if not isinstance(row, Mapping):
+            raise DatasetFormatError(
+                f"row {index} of environment '{env_name}' is a {type(row).__name__}, "
+                "not a dict of column values; make every row a dict"
+            )
+        columns.update(dict.fromkeys(row))
+    return list(columns)
+
+
+def row_normaliser(
+    columns: set[str],
+    *,
+    env_name: str,
+    system_prompt: str | None,
+    few_shot: Messages | None,
+    default_task: str,
+) -> Normaliser:
+    """The one row normaliser, for Dataset rows (``map``) and plain rows alike."""
+
+    def normalise(row: Mapping[str, Any], index: int) -> dict[str, Any]:
         if row.get("prompt") is not None and "prompt" in columns:
             prompt = row["prompt"]
             if isinstance(prompt, str):
@@ -87,9 +159,26 @@ def format_dataset(
             "example_id": index if example_id is None else int(example_id),
         }
 
-    drop = [c for c in dataset.column_names if c not in FORMATTED_COLUMNS]
+    return normalise
+
+
+def _map_dataset(dataset: Dataset, normalise: Normaliser) -> Dataset:
+    # map keeps an input column's type when the output still casts to it (an int
+    # ``answer`` would stay int64, and answer 0 read back as ""), so the rows are
+    # written under fresh names and renamed back: their types are inferred anew.
+    def fresh(row: Mapping[str, Any], index: int) -> dict[str, Any]:
+        return {_FRESH + name: value for name, value in normalise(row, index).items()}
+
     with quiet_datasets():
-        return dataset.map(normalise, with_indices=True, remove_columns=drop)
+        mapped = dataset.map(fresh, with_indices=True, remove_columns=dataset.column_names)
+    return mapped.rename_columns({name: name[len(_FRESH) :] for name in mapped.column_names})
+
+
+def rows_to_dataset(rows: list[dict[str, Any]]) -> Dataset:
+    """Formatted plain rows as a Dataset, for the callers that need one (training, export)."""
+    from datasets import Dataset
+
+    return Dataset.from_list(rows)
 
 
 @contextlib.contextmanager
@@ -106,19 +195,27 @@ def quiet_datasets() -> Iterator[None]:
             ds_logging.enable_progress_bar()
 
 
-def _plain_message(message: dict[str, Any]) -> dict[str, Any]:
+def _plain_message(message: Mapping[str, Any]) -> dict[str, Any]:
     # Arrow fills absent struct keys with None; a chat server may reject those.
     plain = {k: v for k, v in message.items() if v is not None}
     plain.setdefault("content", "")
     return plain
 
 
-def iter_examples(dataset: Dataset, n: int = -1, batch_size: int = 512) -> Iterator[Example]:
+def iter_examples(dataset: Dataset | Rows, n: int = -1, batch_size: int = 512) -> Iterator[Example]:
     """Yield the first ``n`` formatted rows (all when ``n < 0``) as :class:`Example`.
 
-    Rows are read a batch at a time: Arrow-to-Python per column batch costs a
-    fraction of per-row indexing, which matters at thousands of rollouts/s.
+    Plain formatted rows are read directly. A Dataset is read a batch at a time:
+    Arrow-to-Python per column batch costs a fraction of per-row indexing, which
+    matters at thousands of rollouts/s.
     """
+    if is_dataset(dataset):
+        yield from _iter_dataset(dataset, n, batch_size)
+    else:
+        yield from map(example_from_row, itertools.islice(dataset, None if n < 0 else n))
+
+
+def _iter_dataset(dataset: Dataset, n: int, batch_size: int) -> Iterator[Example]:
     limit = len(dataset) if n < 0 else min(n, len(dataset))
     if limit < len(dataset):
         dataset = dataset.select(range(limit))
@@ -128,7 +225,7 @@ def iter_examples(dataset: Dataset, n: int = -1, batch_size: int = 512) -> Itera
             yield example_from_row({name: batch[name][index] for name in columns})
 
 
-def example_from_row(row: dict[str, Any]) -> Example:
+def example_from_row(row: Mapping[str, Any]) -> Example:
     info = row.get("info") or {}
     if isinstance(info, str):
         info = orjson.loads(info) if info else {}
@@ -141,12 +238,11 @@ def example_from_row(row: dict[str, Any]) -> Example:
     )
 
 
-def resolve_source(source: Any) -> Dataset | None:
-    """A dataset source is a Dataset, a zero-argument builder, or None."""
+def resolve_source(source: DatasetSource | None) -> Dataset | Rows | None:
+    """A split's source is a Dataset, plain rows, a zero-argument builder of either, or None."""
     if source is None:
         return None
-    if callable(source) and not hasattr(source, "column_names"):
-        built: Dataset = source()
+    if callable(source):
+        built: Dataset | Rows | None = source()
         return built
-    dataset: Dataset = source
-    return dataset
+    return source

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from vfops._types import SamplingArgs, State
 from vfops.clients._base import ModelClient
-from vfops.envs._dataset import Example, quiet_datasets
+from vfops.envs._dataset import Example, FormattedSplit, is_dataset, quiet_datasets
 from vfops.envs._environment import Environment, Scorer
 
 if TYPE_CHECKING:
@@ -20,7 +20,8 @@ class EnvGroup(Environment):
     Each row's ``task`` is set to its environment's name (``env_names`` or each
     environment's ``name``); rollouts and scoring go to that environment, so each
     keeps its own parser, rubric, turn logic and sampling defaults.
-    ``example_id`` is renumbered so it is unique across the group.
+    ``example_id`` is renumbered so it is unique across the group. When every
+    member's split is plain rows, so is the group's (no ``datasets`` import).
     """
 
     def __init__(
@@ -32,7 +33,7 @@ class EnvGroup(Environment):
         if len(names) != len(envs) or len(set(names)) != len(names):
             raise ValueError(f"EnvGroup needs one distinct name per environment, got {names}")
         self.envs = dict(zip(names, envs, strict=True))
-        has_train = any(e.dataset is not None for e in envs)
+        has_train = any(e._formatted_split("train") is not None for e in envs)
         super().__init__(
             dataset=(lambda: self._concatenate("train")) if has_train else None,
             eval_dataset=lambda: self._concatenate("eval"),
@@ -40,7 +41,19 @@ class EnvGroup(Environment):
             **kwargs,
         )
 
-    def _concatenate(self, split: str) -> Dataset:
+    def _concatenate(self, split: str) -> FormattedSplit:
+        members: dict[str, FormattedSplit] = {}
+        for name, env in self.envs.items():
+            part = env._formatted_split("train") if split == "train" else env._eval_split()
+            if part is not None:
+                members[name] = part
+        if any(is_dataset(part) for part in members.values()):
+            return self._concatenate_datasets(split)
+        rows = [{**row, "task": name} for name, part in members.items() for row in part]
+        order = _interleaved([len(part) for part in members.values()])
+        return [{**rows[at], "example_id": i} for i, at in enumerate(order)]
+
+    def _concatenate_datasets(self, split: str) -> Dataset:
         from datasets import concatenate_datasets
 
         parts = []
@@ -50,16 +63,7 @@ class EnvGroup(Environment):
                 continue
             with quiet_datasets():
                 parts.append(part.map(lambda row, n=name: {"task": n}))
-        # Interleave round-robin so the first N rows (``-n``) cover every member.
-        offsets = [sum(len(p) for p in parts[:i]) for i in range(len(parts))]
-        longest = max(len(p) for p in parts)
-        order = [
-            offset + row
-            for row in range(longest)
-            for offset, part in zip(offsets, parts, strict=True)
-            if row < len(part)
-        ]
-        combined = concatenate_datasets(parts).select(order)
+        combined = concatenate_datasets(parts).select(_interleaved([len(p) for p in parts]))
         with quiet_datasets():
             return combined.map(lambda row, i: {"example_id": i}, with_indices=True)
 
@@ -99,3 +103,15 @@ class EnvGroup(Environment):
             rollout_index=rollout_index,
             sampling_args=env.merged_sampling_args(sampling_args),
         )
+
+
+def _interleaved(lengths: list[int]) -> list[int]:
+    """Indices into the parts laid end to end, taken round-robin so that the first N
+    rows (``-n``) cover every member."""
+    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+    return [
+        offset + row
+        for row in range(max(lengths))
+        for offset, length in zip(offsets, lengths, strict=True)
+        if row < length
+    ]

@@ -10,13 +10,22 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from vfops._rollout import RolloutError, RolloutRecord, Timing, TokenUsage
 from vfops._types import Messages, SamplingArgs, State
 from vfops.clients._base import ModelClient
-from vfops.envs._dataset import Example, format_dataset, iter_examples, resolve_source
+from vfops.envs._dataset import (
+    DatasetSource,
+    Example,
+    FormattedSplit,
+    format_dataset,
+    is_dataset,
+    iter_examples,
+    resolve_source,
+    rows_to_dataset,
+)
 from vfops.parsers import Parser
 from vfops.rubrics import RolloutScore, Rubric
 
@@ -33,19 +42,22 @@ class Scorer(Protocol):
 class Environment(ABC):
     """Base class of every environment.
 
-    ``dataset`` and ``eval_dataset`` are a ``datasets.Dataset`` or a zero-argument
-    callable building one (built lazily, on first use). Rows carry ``prompt``
-    (chat messages) or ``question`` (a string turned into messages with
-    ``system_prompt`` and ``few_shot``), and optionally ``answer``, ``info``,
-    ``task`` and ``example_id`` (added when absent). ``sampling_args`` are this
-    environment's defaults; arguments given at eval time override them.
+    ``dataset`` and ``eval_dataset`` are a ``datasets.Dataset``, plain rows (a list
+    of dicts), or a zero-argument callable building either (built lazily, on first
+    use). Plain rows keep ``vfops eval`` from importing ``datasets``
+    (:meth:`eval_size`, :meth:`iter_eval_examples`); the ``dataset`` and
+    ``eval_dataset`` properties still return Datasets, converted on first access.
+    Rows carry ``prompt`` (chat messages) or ``question`` (a string turned into
+    messages with ``system_prompt`` and ``few_shot``), and optionally ``answer``,
+    ``info``, ``task`` and ``example_id`` (added when absent). ``sampling_args``
+    are this environment's defaults; arguments given at eval time override them.
     """
 
     def __init__(
         self,
         *,
-        dataset: Dataset | Callable[[], Dataset] | None = None,
-        eval_dataset: Dataset | Callable[[], Dataset] | None = None,
+        dataset: DatasetSource | None = None,
+        eval_dataset: DatasetSource | None = None,
         system_prompt: str | None = None,
         few_shot: Messages | None = None,
         parser: Parser | None = None,
@@ -65,10 +77,12 @@ class Environment(ABC):
         self.task = task
         self._dataset_source = dataset
         self._eval_dataset_source = eval_dataset
-        self._formatted: dict[str, Dataset | None] = {}
+        self._formatted: dict[str, FormattedSplit | None] = {}
+        self._converted: dict[str, Dataset] = {}
 
     # --- datasets -------------------------------------------------------------
-    def _formatted_split(self, split: str) -> Dataset | None:
+    def _formatted_split(self, split: str) -> FormattedSplit | None:
+        """The formatted ``train`` or ``eval`` split, as built: rows or a Dataset."""
         if split not in self._formatted:
             source = self._dataset_source if split == "train" else self._eval_dataset_source
             raw = resolve_source(source)
@@ -85,20 +99,41 @@ class Environment(ABC):
             )
         return self._formatted[split]
 
+    def _eval_split(self) -> FormattedSplit | None:
+        """The formatted eval split as built, falling back to the training split."""
+        found = self._formatted_split("eval")
+        return found if found is not None else self._formatted_split("train")
+
+    def _dataset_split(self, split: str) -> Dataset | None:
+        """The formatted split as a Dataset: plain rows are converted once, then cached."""
+        data = self._formatted_split(split)
+        if data is None or is_dataset(data):
+            return data
+        if split not in self._converted:
+            self._converted[split] = rows_to_dataset(data)
+        return self._converted[split]
+
     @property
     def dataset(self) -> Dataset | None:
         """The formatted training dataset (None when the environment has only eval data)."""
-        return self._formatted_split("train")
+        return self._dataset_split("train")
 
     @property
     def eval_dataset(self) -> Dataset | None:
         """The formatted eval dataset, falling back to the training dataset."""
-        return self._formatted_split("eval") or self._formatted_split("train")
+        found = self._dataset_split("eval")
+        return found if found is not None else self._dataset_split("train")
 
     def splits(self) -> dict[str, Dataset]:
         """The formatted splits the environment defines (``train`` and/or ``eval``)."""
-        found = {split: self._formatted_split(split) for split in ("train", "eval")}
+        found = {split: self._dataset_split(split) for split in ("train", "eval")}
         return {split: data for split, data in found.items() if data is not None}
+
+    def eval_size(self) -> int | None:
+        """Rows of the eval split (falling back to train, as ``eval_dataset`` does);
+        None when there is neither. Never converts plain rows to a Dataset."""
+        found = self._eval_split()
+        return None if found is None else len(found)
 
     def get_dataset(self, n: int = -1, seed: int | None = None) -> Dataset:
         return _take(self.dataset, n, seed, self.name, "dataset")
@@ -106,10 +141,12 @@ class Environment(ABC):
     def get_eval_dataset(self, n: int = -1, seed: int | None = None) -> Dataset:
         return _take(self.eval_dataset, n, seed, self.name, "eval_dataset")
 
-    def iter_eval_examples(self, n: int = -1) -> Any:
-        dataset = self.eval_dataset
-        assert dataset is not None  # the constructor requires one of the two splits
-        return iter_examples(dataset, n)
+    def iter_eval_examples(self, n: int = -1) -> Iterator[Example]:
+        """The first ``n`` eval examples (all when negative), read from the split as
+        built: plain rows never go through ``datasets``."""
+        found = self._eval_split()
+        assert found is not None  # the constructor requires one of the two splits
+        return iter_examples(found, n)
 
     async def aclose(self) -> None:
         """Release what the environment holds (a judge client, a sandbox...)."""

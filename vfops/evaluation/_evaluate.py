@@ -238,10 +238,10 @@ def _check_tracking_server() -> None:
 
 
 def _planned_rollouts(env: Environment, request: EvalRequest) -> int:
-    dataset = env.eval_dataset
-    if dataset is None:
+    # eval_size, not len(env.eval_dataset): plain rows stay plain (no datasets import).
+    size = env.eval_size()
+    if size is None:
         raise VfopsError(f"environment '{request.env_name}' has no dataset to evaluate")
-    size = len(dataset)
     examples = size if request.num_examples < 0 else min(request.num_examples, size)
     return examples * request.rollouts_per_example
 
