@@ -94,6 +94,31 @@ async def test_an_empty_arrow_export_reads_back_with_the_rollout_features(tmp_pa
     assert len(dataset) == 0 and dataset.features == rollout_features()
 
 
+async def test_the_arrow_export_keeps_every_value_of_every_row(tmp_path: Path) -> None:
+    """Rows are converted by pyarrow's JSON reader: nulls, non-ASCII and control
+    characters, quotes, large integers and a row longer than the reader's default
+    block (1 MiB) come back exactly, across several batches."""
+    from tests.test_rollout_record import sample_record
+
+    huge = "x" * (3 << 20)
+    records = [
+        sample_record(rollout_index=0),
+        sample_record(rollout_index=1, error=None, reward=None),
+        sample_record(
+            rollout_index=2,
+            completion=[{"role": "assistant", "content": 'é "quoted" \\ \n\x00 ' + huge}],
+            info={"big": 2**62, "nested": [1, {"a": None}]},
+        ),
+        *(sample_record(rollout_index=i) for i in range(3, 8)),
+    ]
+    sink = ArrowSink(tmp_path, batch_rows=3)
+    for start in range(0, len(records), 2):
+        await sink.write_group(records[start : start + 2])
+    await sink.close(RunFinish(status="completed", summary=EvalSummary()))
+    back = [RolloutRecord.from_row(row) for row in load_results(tmp_path)]
+    assert back == records
+
+
 async def test_resume_generates_only_missing_rollouts(tmp_path: Path) -> None:
     first = await run(make_env(), echo_client(), request(), tmp_path)
     assert first.run_dir is not None

@@ -215,6 +215,7 @@ def test_promotion_gate_records_every_decision(
             "-o",
             str(tmp_path / "outputs"),
             "--quiet",
+            "--wait-for-tracking",  # its MLflow link is checked below
         ],
         env={"COLUMNS": "200"},
     )

@@ -15,11 +15,14 @@ missing in one of its sinks.
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
 
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord
@@ -72,16 +75,23 @@ class ArrowSink:
     ``datasets.Dataset.from_file`` memory-maps it (:func:`load_results`), so the
     export costs nothing after the last rollout. On ``--resume`` it is rewritten
     from ``results.jsonl`` (the evaluation feeds the records on disk first).
+
+    Batches are built by pyarrow's JSON reader from the rows as JSON lines, not
+    from Python objects: pyarrow imports pandas (most of a second on a small
+    machine, in the middle of the rollouts) the first time it converts Python
+    objects, and its C++ reader is faster anyway.
     """
 
     name = "export (rollouts.arrow)"
 
     def __init__(self, run_dir: Path, *, batch_rows: int = 1024) -> None:
         import pyarrow as pa
+        from pyarrow import json as arrow_json
 
         from vfops._rollout import rollout_arrow_schema
 
         self._pa = pa
+        self._json = arrow_json
         # Every field nullable, as in datasets' own schema: Dataset.from_file
         # (load_results) cannot read back an empty stream whose fields are not.
         self._schema = pa.schema([f.with_nullable(True) for f in rollout_arrow_schema()])
@@ -99,14 +109,27 @@ class ArrowSink:
 
     def _flush(self) -> None:
         if self._rows:
-            batch = self._pa.RecordBatch.from_pylist(self._rows, schema=self._schema)
+            table = self._rows_to_table(self._rows)
             self._rows = []
             try:
-                self._writer.write_batch(batch)
+                self._writer.write_table(table)
             except OSError as exc:
                 raise SinkError(
                     self.name, first_line(exc), "free disk space in the output folder"
                 ) from exc
+
+    def _rows_to_table(self, rows: list[dict[str, Any]]) -> Any:
+        lines = b"\n".join(orjson.dumps(row) for row in rows)
+        json = self._json
+        table = json.read_json(
+            io.BytesIO(lines),
+            # one block: a row longer than the default block (1 MiB) is not refused
+            read_options=json.ReadOptions(block_size=max(len(lines) + 1, 1 << 20)),
+            parse_options=json.ParseOptions(
+                explicit_schema=self._schema, unexpected_field_behavior="error"
+            ),
+        )
+        return table.select(self._schema.names).cast(self._schema)
 
     async def close(self, finish: RunFinish) -> None:
         try:

@@ -29,6 +29,7 @@ its ``"cleanup"`` paths.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import select
 import subprocess
@@ -47,8 +48,19 @@ _prestarted: Tracker | None = None
 _prestarted_lock = threading.Lock()
 
 _handed_off: list[subprocess.Popen[bytes]] = []
-"""Trackers finishing on their own: kept referenced, so that no ``Popen`` is collected
-(with a ResourceWarning) while its process still runs."""
+"""Trackers finishing on their own. A process that exits normally waits for them
+(:func:`_wait_for_handed_off`); ``vfops eval`` leaves with ``os._exit`` and does not."""
+
+_HANDED_OFF_EXIT_WAIT_S = 60.0
+
+
+def _wait_for_handed_off() -> None:
+    for process in _handed_off:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(_HANDED_OFF_EXIT_WAIT_S)
+
+
+atexit.register(_wait_for_handed_off)
 
 
 class Tracker:
