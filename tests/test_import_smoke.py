@@ -87,3 +87,25 @@ def test_eval_of_plain_rows_imports_no_datasets(env_name: str, size: int, tmp_pa
     )
     assert {env_name, "pyarrow"} <= loaded  # not vacuous: the environment ran and exported
     assert not loaded & {"datasets", "pandas"}
+
+
+def test_a_command_imports_only_its_own_cli_module() -> None:
+    # vfops eval builds an app of that one command: the other command modules (and
+    # what they import) stay out of its start-up
+    code = (
+        "import sys\n"
+        "sys.argv = ['vfops', 'eval', '--help']\n"
+        "from vfops.cli._app import run\n"
+        "try:\n"
+        "    run()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('vfops.cli.'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    modules = set(out.strip().splitlines()[-1].split())
+    assert "vfops.cli._eval" in modules and "Usage: vfops eval" in out
+    others = {"_deploy", "_promote", "_train", "_model", "_runs", "_db", "_vllm", "_env"}
+    assert not modules & {f"vfops.cli.{name}" for name in others}

@@ -57,57 +57,90 @@ def only_run_id(db_url: str) -> str:
     return str(run_id)
 
 
-def test_kill_9_then_resume_gives_exactly_n_times_r(
-    db_url: str, env_site: Path, tmp_path: Path
-) -> None:
-    env = cli_env(db_url, env_site)
-    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=50)) as stub:
-        args = [
-            "eval",
-            "echo_env",
-            "-a",
-            '{"num_examples": 150}',
-            "-m",
-            "stub-model",
-            "-b",
-            stub.base_url,
-            "-n",
-            "150",
-            "-r",
-            "2",
-            "-c",
-            "16",
-            "-o",
-            str(tmp_path),
-        ]
-        process = subprocess.Popen(
-            [sys.executable, "-m", "vfops", *args],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 60
-        results = None
-        while time.monotonic() < deadline:
-            found = list(tmp_path.glob("evals/*/*/results.jsonl"))
-            if found and found[0].stat().st_size > 20_000:
-                results = found[0]
-                break
-            time.sleep(0.05)
-        assert results is not None, "the run never got going"
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-        run_id = only_run_id(db_url)
-        killed_at = count_rollouts(get_engine(db_url), run_id)
-        assert killed_at < 300
-        resumed = run(*args, "--resume", run_id, env=env)
-        assert resumed.returncode == 0, resumed.stderr
+def _kill_9_mid_run(args: list[str], env: dict[str, str], tmp_path: Path, db_url: str) -> Path:
+    """Start ``vfops eval``, SIGKILL it once rollouts are on disk and the registry holds
+    the run (it is opened while the first rollouts run); return results.jsonl."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vfops", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    results = None
+    while time.monotonic() < deadline:
+        found = list(tmp_path.glob("evals/*/*/results.jsonl"))
+        if found and found[0].stat().st_size > 20_000 and _run_count(db_url) == 1:
+            results = found[0]
+            break
+        time.sleep(0.05)
+    assert results is not None, "the run never got going"
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    return results
+
+
+def _run_count(db_url: str) -> int:
+    with get_engine(db_url).connect() as connection:
+        return int(connection.execute(text("SELECT count(*) FROM eval_runs")).scalar_one())
+
+
+def _kill_args(base_url: str, tmp_path: Path) -> list[str]:
+    return [
+        "eval", "echo_env", "-a", '{"num_examples": 150}', "-m", "stub-model",
+        "-b", base_url, "-n", "150", "-r", "2", "-c", "16", "-o", str(tmp_path),
+    ]  # fmt: skip
+
+
+def _assert_exactly_once(db_url: str, run_id: str) -> None:
     engine = get_engine(db_url)
     keys = [(r.example_id, r.rollout_index) for r in iter_rollouts(engine, run_id)]
     assert len(keys) == len(set(keys)) == 300 == count_rollouts(engine, run_id)
     with engine.connect() as connection:
         status = connection.execute(text("SELECT status FROM eval_runs")).scalar_one()
     assert status == "completed"
+
+
+def test_kill_9_then_resume_gives_exactly_n_times_r(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    env = cli_env(db_url, env_site)
+    get_engine(db_url)  # the schema exists, as for any run but a machine's first
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=50)) as stub:
+        args = _kill_args(stub.base_url, tmp_path)
+        _kill_9_mid_run(args, env, tmp_path, db_url)
+        run_id = only_run_id(db_url)
+        assert count_rollouts(get_engine(db_url), run_id) < 300
+        resumed = run(*args, "--resume", run_id, env=env)
+        assert resumed.returncode == 0, resumed.stderr
+    _assert_exactly_once(db_url, run_id)
+
+
+def test_a_run_killed_before_it_was_recorded_resumes_from_its_folder(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """The registry opens a new run while its first rollouts run: a kill before the
+    run is recorded leaves only the folder, which --resume RUN_DIR records and completes
+    (simulated exactly by deleting the run after the kill)."""
+    env = cli_env(db_url, env_site, VFOPS_TRACKING="0")
+    get_engine(db_url)
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=50)) as stub:
+        args = _kill_args(stub.base_url, tmp_path)
+        results = _kill_9_mid_run(args, env, tmp_path, db_url)
+        run_id = only_run_id(db_url)
+        with get_engine(db_url).begin() as connection:
+            connection.execute(text("DELETE FROM rollouts"))
+            connection.execute(text("DELETE FROM eval_runs"))
+        by_id = run(*args, "--resume", run_id, env=env)
+        assert by_id.returncode == 2 and "--resume RUN_DIR" in by_id.stderr, by_id.stderr
+        on_disk = len(results.read_bytes().splitlines())
+        asked = stub.stats["ok"]
+        resumed = run(*args, "--resume", str(results.parent), env=env)
+        assert resumed.returncode == 0, resumed.stderr
+        # only what the folder did not hold was generated (a torn last line, at most, again)
+        assert stub.stats["ok"] - asked <= 300 - on_disk + 1
+    assert only_run_id(db_url) == run_id
+    _assert_exactly_once(db_url, run_id)
 
 
 def _install_insert_fault(db_url: str, allowed_rows: int) -> None:

@@ -2,30 +2,97 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Callable
 
 import typer
 
 from vfops._errors import VfopsError
-from vfops.cli import _db, _deploy, _env, _eval, _model, _promote, _runs, _train, _vllm
 
-app = typer.Typer(
-    name="vfops",
-    help="RL environments for LLMs: build, evaluate, publish, train.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-app.command("eval")(_eval.eval_command)
-app.command("deploy")(_deploy.deploy_command)
-app.command("promote")(_promote.promote_command)
-app.command("train")(_train.train_command)
-app.add_typer(_env.app, name="env")
-_model.app.command("register")(_promote.register_command)
-app.add_typer(_model.app, name="model")
-app.add_typer(_runs.app, name="runs")
-app.add_typer(_db.app, name="db")
-app.add_typer(_vllm.app, name="vllm")
+
+def _add_eval(app: typer.Typer) -> None:
+    from vfops.cli import _eval
+
+    app.command("eval")(_eval.eval_command)
+
+
+def _add_deploy(app: typer.Typer) -> None:
+    from vfops.cli import _deploy
+
+    app.command("deploy")(_deploy.deploy_command)
+
+
+def _add_promote(app: typer.Typer) -> None:
+    from vfops.cli import _promote
+
+    app.command("promote")(_promote.promote_command)
+
+
+def _add_train(app: typer.Typer) -> None:
+    from vfops.cli import _train
+
+    app.command("train")(_train.train_command)
+
+
+def _add_model(app: typer.Typer) -> None:
+    from vfops.cli import _model, _promote
+
+    _model.app.command("register")(_promote.register_command)
+    app.add_typer(_model.app, name="model")
+
+
+def _group(name: str) -> Callable[[typer.Typer], None]:
+    def add(app: typer.Typer) -> None:
+        module = importlib.import_module(f"vfops.cli._{name}")
+        app.add_typer(module.app, name=name)
+
+    return add
+
+
+_COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
+    "eval": _add_eval,
+    "deploy": _add_deploy,
+    "promote": _add_promote,
+    "train": _add_train,
+    "env": _group("env"),
+    "model": _add_model,
+    "runs": _group("runs"),
+    "db": _group("db"),
+    "vllm": _group("vllm"),
+}
+"""Every command (group), in help order; each module is imported only when added."""
+
+
+def _root() -> None:
+    pass
+
+
+def build_app(command: str | None = None) -> typer.Typer:
+    """The ``vfops`` app; with ``command`` (a known command name), that command alone:
+    ``vfops eval ...`` then does not import the other command modules (start-up)."""
+    app = typer.Typer(
+        name="vfops",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    # a callback keeps the app a group even with one command (typer would otherwise
+    # make that command the root, and read "eval" as its first argument)
+    app.callback(help="RL environments for LLMs: build, evaluate, publish, train.")(_root)
+    names = [command] if command in _COMMANDS else list(_COMMANDS)
+    for name in names:
+        _COMMANDS[name](app)
+    return app
+
+
+def __getattr__(name: str) -> typer.Typer:
+    # ``app`` (every command) is built on first use: run() builds only what it needs
+    if name == "app":
+        app = build_app()
+        globals()["app"] = app
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _raise_open_file_limit() -> None:
@@ -44,8 +111,9 @@ def _raise_open_file_limit() -> None:
 def run() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit."""
     _raise_open_file_limit()
+    command = sys.argv[1] if len(sys.argv) > 1 else None
     try:
-        app()
+        build_app(command)()
     except VfopsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

@@ -76,69 +76,110 @@ class ArrowSink:
     export costs nothing after the last rollout. On ``--resume`` it is rewritten
     from ``results.jsonl`` (the evaluation feeds the records on disk first).
 
-    Batches are built by pyarrow's JSON reader from the rows as JSON lines, not
-    from Python objects: pyarrow imports pandas (most of a second on a small
-    machine, in the middle of the rollouts) the first time it converts Python
+    Batches are written by a worker thread, one at a time and in order, so the
+    event loop keeps sending requests meanwhile; pyarrow itself is imported by
+    the first batch, not at start-up. They are built by pyarrow's JSON reader
+    from the rows as JSON lines, not from Python objects: pyarrow imports pandas
+    (most of a second on a small machine) the first time it converts Python
     objects, and its C++ reader is faster anyway.
     """
 
     name = "export (rollouts.arrow)"
 
     def __init__(self, run_dir: Path, *, batch_rows: int = 1024) -> None:
+        self._path = run_dir / ARROW_FILE
+        self._tmp = run_dir / f".{ARROW_FILE}.partial"
+        self._batch_rows = batch_rows
+        self._rows: list[dict[str, Any]] = []
+        self._writing: asyncio.Future[None] | None = None
+        self._stream: _ArrowStream | None = None
+
+    async def write_group(self, records: list[RolloutRecord]) -> None:
+        self._rows.extend(record.to_row() for record in records)
+        if len(self._rows) >= self._batch_rows:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        """Hand the buffered rows to the writer thread once the previous batch is written."""
+        await self._wait_for_writer()
+        if self._rows:
+            rows, self._rows = self._rows, []
+            self._writing = asyncio.ensure_future(asyncio.to_thread(self._write, rows))
+
+    async def _wait_for_writer(self) -> None:
+        writing = self._writing
+        if writing is not None:
+            await asyncio.wait({writing})  # a cancelled caller does not cancel the write
+            self._writing = None
+            writing.result()  # raises the SinkError of a batch that failed
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        try:
+            self._open().write(rows)
+        except OSError as exc:
+            raise SinkError(
+                self.name, first_line(exc), "free disk space in the output folder"
+            ) from exc
+
+    def _open(self) -> _ArrowStream:
+        if self._stream is None:
+            self._stream = _ArrowStream(self._tmp)
+        return self._stream
+
+    async def close(self, finish: RunFinish) -> None:
+        try:
+            await self._flush()
+            await self._wait_for_writer()
+        finally:
+            if self._writing is not None:  # interrupted while a batch was being written
+                await asyncio.wait({self._writing})
+            # a run without rollouts still gets its (empty) stream
+            await asyncio.to_thread(lambda: self._open().close())
+        # Only a complete stream takes the final name: readers never see a torn file.
+        os.replace(self._tmp, self._path)
+
+
+class _ArrowStream:
+    """The Arrow IPC stream writer of :class:`ArrowSink` (pyarrow imported here)."""
+
+    def __init__(self, path: Path) -> None:
         import pyarrow as pa
         from pyarrow import json as arrow_json
 
         from vfops._rollout import rollout_arrow_schema
 
-        self._pa = pa
         self._json = arrow_json
         # Every field nullable, as in datasets' own schema: Dataset.from_file
         # (load_results) cannot read back an empty stream whose fields are not.
         self._schema = pa.schema([f.with_nullable(True) for f in rollout_arrow_schema()])
-        self._path = run_dir / ARROW_FILE
-        self._tmp = run_dir / f".{ARROW_FILE}.partial"
-        self._batch_rows = batch_rows
-        self._rows: list[dict[str, Any]] = []
-        self._sink = pa.OSFile(str(self._tmp), "wb")
-        self._writer = pa.ipc.new_stream(self._sink, self._schema)
+        self._file = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_stream(self._file, self._schema)
 
-    async def write_group(self, records: list[RolloutRecord]) -> None:
-        self._rows.extend(record.to_row() for record in records)
-        if len(self._rows) >= self._batch_rows:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._rows:
-            table = self._rows_to_table(self._rows)
-            self._rows = []
-            try:
-                self._writer.write_table(table)
-            except OSError as exc:
-                raise SinkError(
-                    self.name, first_line(exc), "free disk space in the output folder"
-                ) from exc
-
-    def _rows_to_table(self, rows: list[dict[str, Any]]) -> Any:
+    def write(self, rows: list[dict[str, Any]]) -> None:
         lines = b"\n".join(orjson.dumps(row) for row in rows)
         json = self._json
         table = json.read_json(
             io.BytesIO(lines),
             # one block: a row longer than the default block (1 MiB) is not refused
             read_options=json.ReadOptions(block_size=max(len(lines) + 1, 1 << 20)),
+            # the explicit schema fixes types and column order (checked below)
             parse_options=json.ParseOptions(
                 explicit_schema=self._schema, unexpected_field_behavior="error"
             ),
         )
-        return table.select(self._schema.names).cast(self._schema)
+        if not table.schema.equals(self._schema):
+            raise VfopsError(f"the export's rows do not match the rollout schema: {table.schema}")
+        self._writer.write_table(table)
 
-    async def close(self, finish: RunFinish) -> None:
+    def close(self) -> None:
         try:
-            self._flush()
-        finally:
             self._writer.close()
-            self._sink.close()
-        # Only a complete stream takes the final name: readers never see a torn file.
-        os.replace(self._tmp, self._path)
+        finally:
+            self._file.close()
+
+
+class _RunNotOpened(VfopsError):
+    """The registry run, opened in the background, could not be created."""
 
 
 class RegistrySink:
@@ -155,13 +196,14 @@ class RegistrySink:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | asyncio.Future[Engine],
         run_id: str,
         *,
         batch_rows: int = 512,
         flush_interval_s: float = 1.0,
         max_pending_batches: int = 4,
     ) -> None:
+        # a future: the run is being opened meanwhile; rows wait in the buffer for it
         self._engine = engine
         self._run_id = run_id
         self._batch_rows = batch_rows
@@ -195,6 +237,13 @@ class RegistrySink:
 
     def _raise_failure(self, writer: asyncio.Task[None]) -> None:
         exc = writer.exception() if not writer.cancelled() else None
+        if isinstance(exc, _RunNotOpened):
+            raise SinkError(
+                self.name,
+                f"could not record run {self._run_id} ({exc})",
+                "fix the database (VFOPS_DATABASE_URL), then run the evaluation again "
+                "(the rollouts so far are in its folder)",
+            ) from exc
         problem = first_line(exc) if exc is not None else "the writer stopped"
         raise SinkError(
             self.name,
@@ -207,7 +256,16 @@ class RegistrySink:
         batch, self._buffer = self._buffer, []
         return batch
 
+    async def _opened_engine(self) -> Engine:
+        if not isinstance(self._engine, asyncio.Future):
+            return self._engine
+        try:
+            return await self._engine
+        except Exception as exc:
+            raise _RunNotOpened(first_line(exc)) from exc
+
     async def _write_loop(self) -> None:
+        engine = await self._opened_engine()
         from vfops.registry import insert_rollouts
 
         while True:
@@ -219,7 +277,7 @@ class RegistrySink:
                 return
             if batch:
                 self.inserted += await asyncio.to_thread(
-                    insert_rollouts, self._engine, self._run_id, batch
+                    insert_rollouts, engine, self._run_id, batch
                 )
 
     async def close(self, finish: RunFinish) -> None:
