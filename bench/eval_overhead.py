@@ -922,6 +922,19 @@ def _versions(vf_eval: Path | None) -> dict[str, str]:
     return versions
 
 
+def compile_sources() -> None:
+    """Byte-compile the sources both tools run from a checkout (vfops, its environments,
+    the verifiers twin), as pip does for an installed package: with
+    PYTHONDONTWRITEBYTECODE set (as on these machines) an editable install would
+    otherwise compile every module at every start (~0.4 s for vfops)."""
+    folders = [ROOT / "vfops", ROOT / "environments", ROOT / "bench" / "vf_arithmetic"]
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", *map(str, folders)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
 def main() -> None:
     args = _parse_args()
     throughput = Workload(
@@ -940,6 +953,7 @@ def main() -> None:
 
     needs_vf = {"throughput", "short"} & set(args.parts)
     vf_eval = None if args.skip_verifiers or not needs_vf else ensure_verifiers_venv()
+    compile_sources()
     tools = ["vfops"] + (["vf-eval"] if vf_eval is not None else [])
     versions = _versions(vf_eval)
 
