@@ -163,8 +163,10 @@ async def evaluate_async(
     if resume is not None and not registry:
         read_metadata(Path(resume))  # a clear one-line error on a wrong folder, now
     track = registry and _tracking_on(tracking)
-    # first: MLflow's start-up in the tracker overlaps everything below
-    tracker = _start_tracker(request.env_name) if track else None
+    # first: MLflow's start-up in the tracker overlaps everything below. A run handed
+    # off at the end starts its tracker then: nobody waits for it, and its start-up
+    # (over a second of CPU) does not compete with the rollouts on a small machine.
+    tracker = _start_tracker(request.env_name) if track and not hand_off_tracking else None
     env = environment
     connection_client: ModelClient | None = None
     # A new run is opened in the registry while its first rollouts run (importing the
@@ -203,6 +205,7 @@ async def evaluate_async(
             engine=engine,
             opening=opening,
             tracker=tracker,
+            track=track,
             mlflow_parent_run_id=mlflow_parent_run_id,
             hand_off_tracking=hand_off_tracking,
             progress=progress,
@@ -458,6 +461,7 @@ async def _run(
     engine: Engine | None,
     opening: asyncio.Task[Engine] | None,
     tracker: Tracker | None,
+    track: bool,
     mlflow_parent_run_id: str | None,
     hand_off_tracking: bool,
     progress: EvalProgress | None,
@@ -514,9 +518,9 @@ async def _run(
             opened_engine = engine if opening is None else await _opened(opening)
             _add_provenance(metadata, plan)
             tracking_sink = None
-            if tracker is not None and opened_engine is not None and plan.run_id is not None:
+            if track and opened_engine is not None and plan.run_id is not None:
                 tracking_sink = TrackingSink(
-                    tracker,
+                    tracker or request.env_name,
                     opened_engine,
                     plan.run_id,
                     parent_run_id=mlflow_parent_run_id,

@@ -301,13 +301,15 @@ class TrackingSink:
     tracker is given the finished run and finishes (logs, links) on its own:
     :attr:`handed_off` is then true and :attr:`mlflow_run_id` stays ``None``. A
     tracker that already reported a broken store fails the run either way.
+    ``tracker`` may be an environment name instead: the tracker of that
+    environment is then started when the run is handed off.
     """
 
     name = "MLflow"
 
     def __init__(
         self,
-        tracker: Any,
+        tracker: Any | str,
         engine: Engine,
         run_id: str,
         *,
@@ -342,6 +344,8 @@ class TrackingSink:
     async def _log(self, rollouts_file: str | None) -> None:
         from vfops.tracking import link_mlflow_run, prepare_run_log
 
+        assert not isinstance(self._tracker, str), "a tracker that is waited for starts early"
+
         with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
             # no export of the whole run (rollouts on another worker's folder):
             # the registry's rollouts are streamed into a parquet instead
@@ -354,8 +358,10 @@ class TrackingSink:
         await asyncio.to_thread(link_mlflow_run, self._engine, self._run_id, self.mlflow_run_id)
 
     async def _give_to_tracker(self, rollouts_file: str | None) -> None:
-        from vfops.tracking import prepare_run_log
+        from vfops.tracking import Tracker, prepare_run_log
 
+        if isinstance(self._tracker, str):
+            self._tracker = Tracker.spawn(env_name=self._tracker)
         error = self._tracker.ready_error_now()
         if error is not None:
             raise VfopsError(error)

@@ -12,10 +12,6 @@ from typing import Any
 
 import orjson
 
-# Background work: at a lower CPU priority, MLflow's imports never take a core from
-# the rollouts (or from a local endpoint) on a small machine; they use idle time.
-os.nice(10)
-
 # The protocol gets the original stdout to itself; anything a library prints
 # (MLflow announces runs on stdout) goes to stderr instead.
 _protocol = os.fdopen(os.dup(1), "wb", buffering=0)
