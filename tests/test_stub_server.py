@@ -248,7 +248,10 @@ async def test_subprocess_server_serves_and_reports_stats() -> None:
         assert server.stats["ok"] == 1
 
 
-async def test_sustains_1000_requests_per_second_at_200ms_latency() -> None:
+async def test_holds_hundreds_of_requests_at_once_at_200ms_latency() -> None:
+    # Latency is a sleep, not a worker: the stub must hold every concurrent request at
+    # once (what the throughput benchmarks rely on), checked by its own in-flight
+    # count rather than by a rate (a timed assertion would be noise on a busy machine).
     n, concurrency = 3000, 512
     with StubServer(StubConfig(latency_ms=200, reply_mode="arithmetic"), subprocess=True) as server:
         connector = aiohttp.TCPConnector(limit=concurrency)
@@ -263,8 +266,8 @@ async def test_sustains_1000_requests_per_second_at_200ms_latency() -> None:
                     remaining -= 1
                     statuses.append((await _post(session, server.base_url, body))[0])
 
-            start = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(concurrency)))
-            elapsed = time.perf_counter() - start
+        stats = server.stats
     assert statuses == [200] * n
-    assert n / elapsed >= 1000, f"{n / elapsed:.0f} req/s"
+    assert stats["ok"] == n and stats["in_flight"] == 0
+    assert stats["max_in_flight"] >= concurrency * 0.9, stats

@@ -182,6 +182,8 @@ class _StubApp:
             "context": 0,
             "401": 0,
             "rate_limited": 0,
+            "in_flight": 0,
+            "max_in_flight": 0,
         }
         self.requests: list[dict[str, Any]] = []
         self.admitted_times: list[float] = []
@@ -306,7 +308,13 @@ class _StubApp:
             fault = "500"
 
         if config.latency_ms > 0:
-            await asyncio.sleep(config.latency_ms / 1000.0)
+            # counted while waiting: how many requests the stub holds at once
+            stats["in_flight"] += 1
+            stats["max_in_flight"] = max(stats["max_in_flight"], stats["in_flight"])
+            try:
+                await asyncio.sleep(config.latency_ms / 1000.0)
+            finally:
+                stats["in_flight"] -= 1
 
         if fault in ("500", "503"):
             stats[fault] += 1
