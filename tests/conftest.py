@@ -17,6 +17,7 @@ os.environ.pop("VFOPS_ARTIFACTS", None)
 # mlflow_fixtures imports s3_fixtures, which must be registered (for assertion
 # rewriting) before anything imports it.
 pytest_plugins = [
+    "tests.strict_skips",
     "tests.s3_fixtures",
     "tests.mlflow_fixtures",
     "tests.prefect_fixtures",

@@ -19,6 +19,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
+from tests.strict_skips import STRICT_VAR, strict
 from vfops._rollout import RolloutError, RolloutRecord, Timing, TokenUsage
 from vfops.registry import dispose_engines
 
@@ -39,7 +40,12 @@ def database_url(dialect: str, tmp_path: Path) -> Iterator[str]:
             connection.execute(text(f'CREATE SCHEMA "{schema}"'))
     except OperationalError as exc:
         admin.dispose()
-        pytest.skip(f"PostgreSQL is not reachable at {PG_URL}: {exc.orig}")
+        problem = f"PostgreSQL is not reachable at {PG_URL}: {exc.orig}"
+        if strict():  # CI: the PostgreSQL variants must run, not skip
+            pytest.fail(
+                f"{problem}; {STRICT_VAR}=1 (CI) needs it: start it or set VFOPS_TEST_PG_URL"
+            )
+        pytest.skip(problem)
     try:
         yield f"{PG_URL}?options=-csearch_path%3D{schema}"
     finally:

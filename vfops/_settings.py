@@ -13,10 +13,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from vfops._errors import VfopsError
+
 
 def vfops_home() -> Path:
     home = Path(os.environ.get("VFOPS_HOME") or Path.home() / ".vfops").expanduser()
-    home.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from vfops._paths import check_writable_folder
+
+        fix = "set VFOPS_HOME to a writable folder"
+        check_writable_folder(home, what="VFOPS_HOME", fix=fix)  # names the file in the way
+        raise VfopsError(f"VFOPS_HOME {home} cannot be created ({exc.strerror}); {fix}") from None
     return home
 
 

@@ -27,6 +27,23 @@ def _nightly_deployment(path: Path | None, cron: str | None) -> dict[str, Any]:
     }
 
 
+async def _check_api(api_url: str) -> None:
+    """A Prefect API that does not answer fails in one line, before any deployment."""
+    from prefect.client.orchestration import get_client
+
+    try:
+        async with get_client() as client:
+            problem = await client.api_healthcheck()
+    except Exception as exc:  # entering the client already talks to the server
+        problem = exc
+    if problem is not None:
+        reason = " ".join(str(problem).split()) or type(problem).__name__
+        raise VfopsError(
+            f"cannot reach Prefect's API at {api_url} ({reason}); start it (prefect server "
+            "start) or set PREFECT_API_URL to a running server (unset: an ephemeral one)"
+        )
+
+
 def deploy_command(
     work_pool: Annotated[
         str, typer.Option(help="Prefect work pool (created as type process).")
@@ -55,7 +72,10 @@ def deploy_command(
             "the flows package is not importable; run vfops deploy from a checkout "
             "installed with: pip install -e ."
         ) from exc
-    api = os.environ.get("PREFECT_API_URL") or "Prefect's ephemeral server"
+    api_url = os.environ.get("PREFECT_API_URL")
+    if api_url:
+        asyncio.run(_check_api(api_url))
+    api = api_url or "Prefect's ephemeral server"
     deployed = asyncio.run(deploy_all(work_pool=work_pool, source=source, **nightly))
     for name, deployment_id in sorted(deployed.items()):
         print(f"deployed {name} ({deployment_id}) to {api}")

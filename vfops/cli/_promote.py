@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vfops._errors import VfopsError
+from vfops._jsonarg import parse_json_object
 
 HISTORY = "history"
 
@@ -105,9 +106,7 @@ def promote_command(
         return
     from vfops.models import promote
 
-    args = json.loads(sampling_args) if sampling_args else {}
-    if not isinstance(args, dict):
-        raise VfopsError("--sampling-args must be a JSON object")
+    args = parse_json_object(sampling_args, "--sampling-args")
     evidence = _evidence_runs(run or [])
     decision = promote(
         name,

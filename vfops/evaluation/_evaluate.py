@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from vfops._errors import VfopsError
+from vfops._paths import check_writable_folder
 from vfops._rollout import RolloutRecord
 from vfops._twins import blocking_twin
 from vfops.clients._base import ModelClient
@@ -159,7 +160,11 @@ async def evaluate_async(
     request = dataclasses.replace(request, tags=list(request.tags))
     request.validate()
     options = model_options or ModelOptions()
+    options.validate()
     output_root = output_root or DEFAULT_OUTPUT_ROOT
+    if resume is None:  # a new run's folder goes there: checked before it is recorded
+        fix = "pass a folder with -o/--output"
+        check_writable_folder(output_root, what="output folder", fix=fix)
     if resume is not None and not registry:
         read_metadata(Path(resume))  # a clear one-line error on a wrong folder, now
     track = registry and _tracking_on(tracking)
@@ -180,7 +185,9 @@ async def evaluate_async(
             from vfops.envs import load_environment
 
             env = load_environment(request.env_name, **request.env_args)
-        planned = _planned_rollouts(env, request)
+        # recorded as what runs: -1 (all) and an N above the dataset's size are its size
+        request.num_examples = _examples_to_run(env, request)
+        planned = request.num_examples * request.rollouts_per_example
         if client is None:
             connection = await connect_model(request.model, options)
             client = connection_client = connection.client
@@ -250,13 +257,16 @@ def _check_tracking_server() -> None:
         check_sqlite_store(uri)
 
 
-def _planned_rollouts(env: Environment, request: EvalRequest) -> int:
+def _examples_to_run(env: Environment, request: EvalRequest) -> int:
     # eval_size, not len(env.eval_dataset): plain rows stay plain (no datasets import).
     size = env.eval_size()
     if size is None:
         raise VfopsError(f"environment '{request.env_name}' has no dataset to evaluate")
-    examples = size if request.num_examples < 0 else min(request.num_examples, size)
-    return examples * request.rollouts_per_example
+    if size == 0:
+        raise VfopsError(
+            f"environment '{request.env_name}' has an empty eval dataset; check --env-args"
+        )
+    return size if request.num_examples < 0 else min(request.num_examples, size)
 
 
 # ------------------------------------------------------------------ opening a run

@@ -10,11 +10,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from vfops._errors import VfopsError
+from vfops._paths import check_writable_folder
 from vfops._rollout import rollout_features
 from vfops.envs._dataset import quiet_datasets
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
+
+_TO_FIX = "pass a writable folder (or s3://bucket/prefix) to --to"
 
 
 def run_metadata(engine: Engine, run_id: str) -> dict[str, Any]:
@@ -55,6 +58,9 @@ def export_run(engine: Engine, run_id: str, destination: str) -> str:
 
     metadata = run_metadata(engine, run_id)
     full_id = metadata["run_id"]
+    if not destination.startswith("s3://"):
+        # before the export is built: a wrong place fails now, with nothing written
+        check_writable_folder(destination, what="export folder", fix=_TO_FIX)
 
     with tempfile.TemporaryDirectory(prefix="vfops-export-") as tmp:
         staging = Path(tmp) / "export"
@@ -77,13 +83,22 @@ def export_run(engine: Engine, run_id: str, destination: str) -> str:
             _upload_folder(staging, destination.rstrip("/"))
             return destination
         target = Path(destination)
-        target.mkdir(parents=True, exist_ok=True)
-        for path in sorted(staging.rglob("*")):
-            if path.is_file():
-                out = target / path.relative_to(staging)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(path.read_bytes())
+        try:
+            _copy_folder(staging, target)
+        except OSError as exc:  # the disk filled up, or the folder changed meanwhile
+            raise VfopsError(
+                f"could not write the export to {target} ({exc.strerror or exc}); {_TO_FIX}"
+            ) from None
         return str(target)
+
+
+def _copy_folder(source: Path, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.rglob("*")):
+        if path.is_file():
+            out = target / path.relative_to(source)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(path.read_bytes())
 
 
 def _rows(database_url: str, run_id: str) -> Iterator[dict[str, Any]]:

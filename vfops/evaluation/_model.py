@@ -3,6 +3,7 @@ or ``models:/NAME@ALIAS`` / ``models:/NAME/VERSION`` from the MLflow model regis
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +39,16 @@ class ModelOptions:
     """Admission control around every request (a shared Prefect budget)."""
     seed: int | None = None
     """Sampling seed of a model loaded in-process (``local:``; ``models:/`` uses 0 when unset)."""
+
+    def validate(self) -> None:
+        """Refuse a timeout or retry count no request could run with."""
+        if not self.request_timeout_s > 0 or not math.isfinite(self.request_timeout_s):
+            raise VfopsError(
+                f"--request-timeout must be > 0 seconds, got {self.request_timeout_s}; "
+                f"e.g. --request-timeout {DEFAULT_REQUEST_TIMEOUT_S:g}"
+            )
+        if self.max_retries < 0:
+            raise VfopsError(f"--max-retries must be >= 0 (0: no retries), got {self.max_retries}")
 
 
 @dataclass

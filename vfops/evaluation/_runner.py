@@ -20,11 +20,15 @@ from typing import Any
 
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord
+from vfops._sampling import sampling_problems
 from vfops._types import SamplingArgs
 from vfops._version import __version__
 from vfops.clients._base import ModelClient
 from vfops.envs._environment import Environment
 from vfops.evaluation._store import read_metadata
+
+_SAMPLING_FLAGS = {"temperature": "--temperature", "max_tokens": "--max-tokens"}
+"""The ``vfops eval`` flag that sets a sampling argument, where one does."""
 
 
 @dataclass
@@ -34,6 +38,8 @@ class EvalRequest:
     env_name: str
     model: str
     num_examples: int = 5
+    """Examples to evaluate, the first N of the eval set (-1: all); a run records the
+    number that runs (never more than the set holds)."""
     rollouts_per_example: int = 3
     max_concurrent: int = 32
     sampling_args: SamplingArgs = field(default_factory=dict)
@@ -62,6 +68,10 @@ class EvalRequest:
             raise VfopsError("--rollouts-per-example must be a positive integer")
         if self.max_concurrent <= 0:
             raise VfopsError("--max-concurrent must be a positive integer")
+        for name, problem in sampling_problems(self.sampling_args)[:1]:
+            flag = _SAMPLING_FLAGS.get(name)
+            where = f"{flag} or --sampling-args" if flag else "--sampling-args"
+            raise VfopsError(f"sampling argument {name} {problem}; set a valid value with {where}")
 
 
 def new_run_dir(output_root: Path, env_name: str, model: str, run_id: str | None = None) -> Path:

@@ -316,6 +316,17 @@ async def promote_async(
     gate's request with today's environment code is used instead of evaluating
     again (:func:`find_reusable_run`).
     """
+    from vfops.evaluation import EvalRequest
+
+    # the gate's request, checked before MLflow or the registry is touched
+    EvalRequest(
+        env_name=name,
+        model=name,
+        num_examples=num_examples,
+        rollouts_per_example=rollouts_per_example,
+        sampling_args=dict(sampling_args or {}),
+    ).validate()
+
     from mlflow.exceptions import MlflowException
 
     from vfops.registry import get_engine, record_alias_event, session_scope

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from vfops._config import read_toml
 from vfops._errors import VfopsError
 
 ENTRY_POINT_GROUP = "vfops.environments"
@@ -40,10 +40,7 @@ def read_project(path: Path) -> EnvironmentProject:
             f"{path} is not an environment package (no pyproject.toml); "
             "create one with: vfops env init NAME"
         )
-    try:
-        data = tomllib.loads(pyproject.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise VfopsError(f"{pyproject} is not valid TOML: {exc}") from exc
+    data = read_toml(pyproject)  # one line on non-UTF-8 or invalid TOML
     project = data.get("project") or {}
     entry_points = (project.get("entry-points") or {}).get(ENTRY_POINT_GROUP) or {}
     if len(entry_points) != 1:
@@ -63,7 +60,7 @@ def read_project(path: Path) -> EnvironmentProject:
         entry_point=str(entry_point),
         version=version,
         description=project.get("description"),
-        readme=readme_path.read_text() if readme_path.is_file() else None,
+        readme=_read_text(readme_path) if readme_path.is_file() else None,
         dependencies=[str(d) for d in project.get("dependencies") or []],
     )
 
@@ -90,7 +87,7 @@ def bumped(version: str, bump: Bump) -> str:
 def write_version(path: Path, version: str) -> None:
     """Set ``version`` in the ``[project]`` table of ``pyproject.toml``."""
     pyproject = path / "pyproject.toml"
-    text = pyproject.read_text()
+    text = _read_text(pyproject)
     project_start = re.search(r"(?m)^\[project\]\s*$", text)
     if project_start is None:
         raise VfopsError(f"{pyproject} has no [project] table")
@@ -104,4 +101,13 @@ def write_version(path: Path, version: str) -> None:
     )
     if count != 1:
         raise VfopsError(f'{pyproject} has no version = "..." line in [project]')
-    pyproject.write_text(text[: project_start.end()] + new_section + text[end:])
+    pyproject.write_text(text[: project_start.end()] + new_section + text[end:], encoding="utf-8")
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise VfopsError(
+            f"{path}: not UTF-8 text (byte offset {exc.start}); save it as UTF-8"
+        ) from None

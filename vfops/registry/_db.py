@@ -22,10 +22,12 @@ from typing import Any, Final
 import orjson
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, make_url, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from vfops._errors import VfopsError
+from vfops._paths import check_writable_folder
 from vfops._settings import database_url
 from vfops.registry._models import Base
 
@@ -64,6 +66,7 @@ def get_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
         engine = _engines.get(url)
         if engine is None:
             engine = _create_engine(url)
+            _check_connects(engine, url)
             _engines[url] = engine
         if check_schema and url not in _checked:
             ensure_schema(engine)
@@ -90,7 +93,7 @@ def _create_engine(url: str) -> Engine:
                 f"the registry needs a SQLite file, not an in-memory database ({url}); "
                 "set VFOPS_DATABASE_URL to sqlite:///path/to/registry.db"
             )
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+        _make_folder(Path(database).parent)
         engine = create_engine(parsed, json_serializer=json_dumps, json_deserializer=orjson.loads)
         _configure_sqlite(engine)
         return engine
@@ -111,6 +114,36 @@ def _create_engine(url: str) -> Engine:
         f"unsupported registry database {mask_url(url)}: use sqlite:///path or "
         "postgresql+psycopg://user@host/db in VFOPS_DATABASE_URL"
     )
+
+
+_DATABASE_FIX = "fix the database URL (VFOPS_DATABASE_URL; vfops db: --url)"
+
+
+def _make_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fix = f"set VFOPS_HOME or {_DATABASE_FIX}"
+        check_writable_folder(folder, what="registry database folder", fix=fix)
+        raise VfopsError(
+            f"registry database folder {folder} cannot be created ({exc.strerror}); {fix}"
+        ) from None
+
+
+def _check_connects(engine: Engine, url: str) -> None:
+    """A database that cannot be reached (server down, no such database, a SQLite file
+    that cannot be opened) fails here, in one line, before any command uses it. The
+    connection goes back to the pool: the command's first query reuses it."""
+    try:
+        with engine.connect():
+            pass
+    except DBAPIError as exc:
+        engine.dispose()
+        reason = " ".join(str(exc.orig).split()) or type(exc.orig).__name__
+        raise VfopsError(
+            f"cannot connect to the registry database {mask_url(url)} ({reason}); check that "
+            f"the server runs and the database exists (create it), or {_DATABASE_FIX}"
+        ) from None
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from vfops._config import ConfigModel, load_toml
 from vfops._errors import VfopsError
+from vfops._sampling import sampling_problems
 
 ENDPOINTS_ENV_VAR = "VFOPS_ENDPOINTS"
 DEFAULT_ENDPOINTS_FILE = "endpoints.toml"
@@ -28,6 +29,13 @@ MODEL_REF_TAG = "model-ref:"
 """Run tag prefix naming the registry alias a cell's model was pinned from."""
 
 
+def _valid_sampling_args(args: dict[str, Any]) -> dict[str, Any]:
+    problems = sampling_problems(args)
+    if problems:
+        raise ValueError("; ".join(f"{name} {problem}" for name, problem in problems))
+    return args
+
+
 class SamplingConfig(ConfigModel):
     """One named set of sampling arguments (a column of the sweep)."""
 
@@ -36,7 +44,7 @@ class SamplingConfig(ConfigModel):
         min_length=1,
         description="Short label of this sampling configuration, shown in tables and charts.",
     )
-    args: dict[str, Any] = Field(
+    args: Annotated[dict[str, Any], AfterValidator(_valid_sampling_args)] = Field(
         default_factory=dict,
         description=(
             "Sampling arguments sent with every request, e.g. "
