@@ -13,10 +13,14 @@ from pathlib import Path
 import orjson
 import pytest
 
+import vfops
 from vfops.evaluation import load_results
 from vfops.testing import StubConfig, StubServer
 
 VFOPS = str(Path(sys.executable).parent / "vfops")
+SOURCE_ROOT = str(Path(vfops.__file__).resolve().parents[1])
+"""The checkout whose vfops these tests import: the CLI subprocesses run it too
+(an editable install may point at another checkout)."""
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +35,8 @@ def run_cli(
     extra_env: dict[str, str] | None = None,
     timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(site) if site else "", **(extra_env or {})}
+    path = [str(site)] if site else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, SOURCE_ROOT]), **(extra_env or {})}
     env.pop("OPENAI_API_KEY", None)
     return subprocess.run(
         [VFOPS, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
@@ -108,9 +113,18 @@ def test_env_init_writes_tests_that_pass(tmp_path: Path) -> None:
     assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout + result.stderr
 
 
-def test_eval_completes_against_a_faulty_endpoint(env_site: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("retries", ["default", "none"])
+def test_eval_completes_against_a_faulty_endpoint(
+    env_site: Path, tmp_path: Path, retries: str
+) -> None:
+    """A burst of 429s at the start (about 8 for each of the first 32 rollouts), then
+    30 % 429 (all with Retry-After), 10 % 500 and 2 % timeouts: with the default
+    retries every rollout is scored; with --max-retries 0 the 5xx and timeouts are
+    recorded as errors (the 429s are still waited out: they are not failures)."""
     config = StubConfig(
         reply_mode="echo_answer",
+        fail_first_n=256,
+        fail_first_kind="429",
         rate_429=0.3,
         retry_after_s=0.05,
         rate_500=0.1,
@@ -118,31 +132,16 @@ def test_eval_completes_against_a_faulty_endpoint(env_site: Path, tmp_path: Path
         latency_ms=5,
         seed=7,
     )
+    flags = [] if retries == "default" else ["--max-retries", "0"]
     with StubServer(config) as server:
         result = run_cli(
-            "eval",
-            "echo_env",
-            "-m",
-            "stub-model",
-            "-b",
-            server.base_url,
-            "-n",
-            "100",
-            "-r",
-            "2",
-            "-c",
-            "32",
-            "--request-timeout",
-            "1",
-            "--max-retries",
-            "10",
-            "-o",
-            str(tmp_path),
+            "eval", "echo_env", "-m", "stub-model", "-b", server.base_url,
+            "-n", "100", "-r", "2", "-c", "32", "--request-timeout", "1", *flags,
+            "-o", str(tmp_path),
             site=env_site,
-        )
+        )  # fmt: skip
         stats = server.stats
-    assert result.returncode == 0, result.stderr
-    assert stats["429"] > 30 and stats["500"] > 5 and stats["timeout"] > 0
+    assert stats["429"] > 256 + 30 and stats["500"] > 5 and stats["timeout"] > 0
     rows = records(tmp_path)
     assert len({(r["example_id"], r["rollout_index"]) for r in rows}) == len(rows) == 200
     # every rollout ends scored or with its error recorded, and the summary counts both
@@ -151,6 +150,46 @@ def test_eval_completes_against_a_faulty_endpoint(env_site: Path, tmp_path: Path
     summary = orjson.loads(metadata_path.read_bytes())["summary"]
     assert summary["scored"] + summary["errors"] == 200
     assert summary["scored"] == sum(r["reward"] is not None for r in rows)
+    errors = [r["error"] for r in rows if r["error"] is not None]
+    if retries == "default":
+        assert result.returncode == 0, result.stderr
+        assert errors == []
+    else:
+        assert len(errors) > 5
+        kinds = {e["type"] for e in errors}  # type: ignore[index]
+        assert kinds <= {"InternalServerError", "APITimeoutError"}, kinds
+        assert "InternalServerError" in kinds
+
+
+def test_eval_of_a_model_the_endpoint_does_not_serve(env_site: Path, tmp_path: Path) -> None:
+    """Where the endpoint lists its models, a wrong name is one line before any run;
+    where it does not, the rollouts and the summary keep the server's explanation."""
+    with StubServer(StubConfig(model_name="stub-model", reject_unknown_model=True)) as server:
+        checked = run_cli(
+            "eval", "echo_env", "-m", "stub-modle", "-b", server.base_url, "-n", "4",
+            "-o", str(tmp_path / "checked"), site=env_site,
+        )  # fmt: skip
+        unchecked = run_cli(
+            "eval", "echo_env", "-m", "stub-modle", "-b", server.base_url, "-n", "4", "-r", "2",
+            "--no-check-model", "-o", str(tmp_path / "unchecked"), site=env_site,
+        )  # fmt: skip
+        chat_requests = server.stats["requests"]
+    assert checked.returncode != 0
+    assert checked.stderr.strip().count("\n") == 0, checked.stderr
+    assert "model 'stub-modle' is not served at" in checked.stderr
+    assert "it serves stub-model;" in checked.stderr
+    assert not (tmp_path / "checked").exists()  # nothing half-written
+    assert chat_requests == 8  # the unchecked run's rollouts alone
+
+    explanation = "The model `stub-modle` does not exist or you do not have access to it."
+    rows = records(tmp_path / "unchecked")
+    assert len(rows) == 8
+    assert {r["error"]["type"] for r in rows} == {"NotFoundError"}  # type: ignore[index]
+    assert all(explanation in r["error"]["message"] for r in rows)  # type: ignore[index]
+    assert f"generation:NotFoundError: HTTP 404 Not Found: {explanation}" in unchecked.stdout
+    (metadata_path,) = (tmp_path / "unchecked").glob("evals/*/*/metadata.json")
+    summary = orjson.loads(metadata_path.read_bytes())["summary"]
+    assert explanation in summary["error_examples"]["generation:NotFoundError"]
 
 
 @pytest.mark.parametrize(

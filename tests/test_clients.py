@@ -51,7 +51,16 @@ from vfops.clients import (
 )
 from vfops.clients._errors import error_from_response
 from vfops.clients._openai import is_context_error, parse_chat_completion
-from vfops.clients._retry import parse_retry_after, retry_after_of, status_of
+from vfops.clients._retry import (
+    RATE_LIMIT_JITTER,
+    RATE_LIMIT_MIN_WAIT_S,
+    RetryState,
+    parse_duration,
+    parse_rate_limit_reset,
+    parse_retry_after,
+    retry_after_of,
+    status_of,
+)
 from vfops.testing import StubConfig, StubServer
 
 FAST = RetryPolicy(max_retries=3, base_delay_s=0.001, max_delay_s=5.0)
@@ -79,7 +88,8 @@ def test_public_api() -> None:
          "MalformedResponseError", "BadRequestError", "AuthenticationError",
          "PermissionDeniedError", "NotFoundError", "ConflictError", "RequestTooLargeError",
          "UnprocessableEntityError", "RateLimitError", "InternalServerError",
-         "DEFAULT_API_KEY_VAR", "HTTPTransport", "is_context_error", "is_loopback"]
+         "DEFAULT_API_KEY_VAR", "HTTPTransport", "is_context_error", "is_loopback",
+         "DEFAULT_MAX_RETRIES", "DEFAULT_MAX_RETRY_WAIT_S"]
     )  # fmt: skip
     assert isinstance(OpenAIClient("http://127.0.0.1:1/v1"), ModelClient)
 
@@ -214,7 +224,10 @@ async def test_timeouts_exhausted_raise_timeout_error() -> None:
                 await client.chat(model="stub", messages=_user("x"))
         assert server.stats["timeout"] == 2
     assert isinstance(info.value, TimeoutError)  # generic transient-error handlers see it
-    assert str(info.value) == f"POST {server.base_url}/chat/completions: no response within 0.2 s"
+    assert str(info.value) == (
+        f"POST {server.base_url}/chat/completions: no response within 0.2 s; "
+        "retried 1 times (max_retries)"
+    )
 
 
 async def test_malformed_json_retried() -> None:
@@ -274,11 +287,126 @@ async def test_retries_exhausted_raise_last_error() -> None:
 
 
 async def test_max_retries_zero_makes_one_attempt() -> None:
-    with StubServer(StubConfig(fail_first_n=100, fail_first_kind="429", retry_after_s=0)) as srv:
+    with StubServer(StubConfig(fail_first_n=100, fail_first_kind="500")) as srv:
         async with OpenAIClient(srv.base_url, max_retries=0) as client:
-            with pytest.raises(RateLimitError):
+            with pytest.raises(InternalServerError) as info:
                 await client.chat(model="stub", messages=_user("x"))
         assert srv.stats["requests"] == 1
+    assert str(info.value) == "HTTP 500 Internal Server Error: The server had an error (stub)"
+
+
+async def test_max_retry_wait_zero_fails_on_the_first_rate_limit() -> None:
+    with StubServer(StubConfig(fail_first_n=100, fail_first_kind="429", retry_after_s=0)) as srv:
+        async with OpenAIClient(srv.base_url, max_retry_wait_s=0) as client:
+            with pytest.raises(RateLimitError, match=r"over max_retry_wait_s \(0 s"):
+                await client.chat(model="stub", messages=_user("x"))
+        assert srv.stats["requests"] == 1
+
+
+async def test_rate_limits_that_name_their_wait_are_not_counted_as_retries() -> None:
+    """A 429 with Retry-After asks to slow down: it is waited out however often it
+    comes (within max_retry_wait_s), even with max_retries=0."""
+    config = StubConfig(fail_first_n=12, fail_first_kind="429", retry_after_s=0.01)
+    with StubServer(config) as server:
+        async with OpenAIClient(server.base_url, max_retries=0) as client:
+            start = time.perf_counter()
+            response = await client.chat(model="stub", messages=_user("ANSWER_HINT: 4"))
+            elapsed = time.perf_counter() - start
+        assert (server.stats["429"], server.stats["ok"]) == (12, 1)
+    assert response.message["content"] == "<answer>4</answer>"
+    # each wait is at least RATE_LIMIT_MIN_WAIT_S (a Retry-After of 0.01 s is not a hot loop)
+    assert 12 * RATE_LIMIT_MIN_WAIT_S <= elapsed < 12 * RATE_LIMIT_MIN_WAIT_S * 1.2 + 2.0
+
+
+@pytest.mark.parametrize(
+    ("statuses", "ends_with"),
+    [
+        ([429, 500, 429, 503, 429, 500, 429, 200], 200),
+        ([429, 500, 429, 503, 429, 500, 429, 502, 200], 502),
+    ],
+)
+async def test_rate_limits_and_server_errors_are_counted_separately(
+    statuses: list[int], ends_with: int
+) -> None:
+    """max_retries counts the 5xx alone: 3 of them between 4 rate limits pass with
+    max_retries=3, and a 4th 5xx fails, saying the retries ran out."""
+    answers = iter(statuses)
+    seen: list[int] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        status = next(answers)
+        seen.append(status)
+        if status == 200:
+            body = orjson.dumps({"choices": [{"message": {"content": "ok"}}]})
+            return web.Response(body=body, content_type="application/json")
+        headers = {"Retry-After": "0"} if status == 429 else {}
+        return web.Response(status=status, body=b"busy", headers=headers)
+
+    policy = RetryPolicy(max_retries=3, base_delay_s=0.001)
+    async with _http_server(handler) as url, OpenAIClient(url, backoff=policy) as client:
+        if ends_with == 200:
+            response = await client.chat(model="m", messages=_user("x"))
+            assert response.message["content"] == "ok"
+        else:
+            with pytest.raises(InternalServerError) as info:
+                await client.chat(model="m", messages=_user("x"))
+            assert str(info.value) == "HTTP 502 Bad Gateway: busy; retried 3 times (max_retries)"
+    assert seen[-1] == ends_with
+
+
+async def test_rate_limit_waits_stop_at_max_retry_wait_s() -> None:
+    config = StubConfig(fail_first_n=1000, fail_first_kind="429", retry_after_s=0.2)
+    with StubServer(config) as server:
+        async with OpenAIClient(server.base_url, max_retry_wait_s=0.9) as client:
+            start = time.perf_counter()
+            with pytest.raises(RateLimitError) as info:
+                await client.chat(model="stub", messages=_user("x"))
+            elapsed = time.perf_counter() - start
+        requests = server.stats["requests"]
+    # waits of 0.2-0.24 s: 3 fit in 0.9 s, a 4th may (then the 5th answer ends it)
+    assert 4 <= requests <= 5
+    assert 0.6 <= elapsed < 0.9 + 1.0
+    message = str(info.value)
+    assert message.startswith(
+        "HTTP 429 Too Many Requests: Rate limit reached (stub) (code: rate_limit_exceeded); "
+    )
+    assert "not waiting the 0.2 s asked: over max_retry_wait_s (0.9 s;" in message
+
+
+async def test_a_wait_longer_than_the_budget_fails_at_once() -> None:
+    """A spent daily quota (Retry-After: an hour) fails now, not in five minutes."""
+    config = StubConfig(fail_first_n=1000, fail_first_kind="429", retry_after_s=3600)
+    with StubServer(config) as server:
+        async with OpenAIClient(server.base_url) as client:  # the default budget
+            start = time.perf_counter()
+            with pytest.raises(RateLimitError, match=r"not waiting the 3600 s asked"):
+                await client.chat(model="stub", messages=_user("x"))
+            assert time.perf_counter() - start < 2.0
+        assert server.stats["requests"] == 1
+
+
+async def test_openai_rate_limit_reset_headers_name_the_wait() -> None:
+    """OpenAI's 429 may say when its limit resets (x-ratelimit-reset-*) instead of
+    Retry-After: that is waited out too, not counted as a retry."""
+    ok = orjson.dumps({"choices": [{"message": {"content": "ok"}}]})
+    times: list[float] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        times.append(time.perf_counter())
+        if len(times) == 1:
+            headers = {
+                "x-ratelimit-remaining-requests": "0",
+                "x-ratelimit-reset-requests": "300ms",
+                "x-ratelimit-remaining-tokens": "5000",
+                "x-ratelimit-reset-tokens": "1m0s",  # not the exhausted limit
+            }
+            return web.Response(status=429, body=b"slow down", headers=headers)
+        return web.Response(body=ok, content_type="application/json")
+
+    async with _http_server(handler) as url, OpenAIClient(url, max_retries=0) as client:
+        response = await client.chat(model="m", messages=_user("x"))
+    assert response.message["content"] == "ok"
+    assert 0.3 <= times[1] - times[0] < 0.3 * (1 + RATE_LIMIT_JITTER) + 1.0
 
 
 async def test_connection_refused_retried_then_raises() -> None:
@@ -468,7 +596,8 @@ async def test_error_kinds_carry_the_servers_explanation(
         with pytest.raises(APIStatusError) as info:
             await client.chat(model="gpt-5", messages=_user("x"))
     assert type(info.value) is cls
-    assert str(info.value) == expected
+    # a retried error also says how its retries ended
+    assert str(info.value) == expected + ("; retried 1 times (max_retries)" if attempts > 1 else "")
     assert info.value.status_code == status
     assert status_of(info.value) == status
     assert len(seen) == attempts  # 429 and 5xx retried once, other 4xx not at all
@@ -683,6 +812,48 @@ def test_retry_policy_honours_retry_after() -> None:
     assert policy.delay_for(0, retry_after_s=0.0) <= 0.01
     with pytest.raises(ValueError):
         RetryPolicy(max_retries=-1)
+
+
+def test_retry_state_waits_rate_limits_within_the_budget() -> None:
+    policy = RetryPolicy(max_retries=1, base_delay_s=0.01, max_retry_wait_s=10.0,
+                         rng=random.Random(0))  # fmt: skip
+    state = RetryState(policy)
+    limited = error_from_response(429, b"", retry_after_s=2.0)
+    delays = [state.delay_after(limited) for _ in range(4)]
+    # never sooner than asked, at most RATE_LIMIT_JITTER later; the 5th would pass 10 s
+    assert all(d is not None and 2.0 <= d <= 2.0 * (1 + RATE_LIMIT_JITTER) for d in delays)
+    assert state.delay_after(limited) is None
+    assert state.gave_up_because.startswith("not waiting the 2 s asked: over max_retry_wait_s")
+    assert (state.retries, state.rate_limited) == (0, 4)
+    # the 5xx budget is untouched by the rate limits
+    assert state.delay_after(_status_error(500, {})) is not None
+    assert state.delay_after(_status_error(500, {})) is None
+    assert state.gave_up_because == "retried 1 times (max_retries)"
+    # a 429 without a wait, and anything not retryable
+    assert RetryState(RetryPolicy(max_retries=0)).delay_after(_status_error(429, {})) is None
+    assert RetryState(policy).delay_after(_status_error(400, {})) is None
+    with pytest.raises(ValueError, match="max_retry_wait_s"):
+        RetryPolicy(max_retry_wait_s=float("nan"))
+
+
+def test_parse_rate_limit_reset() -> None:
+    h = CIMultiDict
+    assert parse_duration("20ms") == pytest.approx(0.02)
+    assert parse_duration("1.5s") == 1.5
+    assert parse_duration("6m0s") == 360.0
+    assert parse_duration("1h2m3s") == 3723.0
+    assert parse_duration("7") == 7.0
+    assert parse_duration("soon") is None and parse_duration("5x") is None
+    assert parse_rate_limit_reset(None) is None
+    assert parse_rate_limit_reset(h({})) is None
+    tokens_out = {
+        "x-ratelimit-remaining-tokens": "0",
+        "x-ratelimit-reset-tokens": "6m0s",
+        "x-ratelimit-remaining-requests": "99",
+        "x-ratelimit-reset-requests": "1s",
+    }
+    assert parse_rate_limit_reset(h(tokens_out)) == 360.0
+    assert parse_rate_limit_reset(h({"x-ratelimit-reset-requests": "250ms"})) == 0.25
 
 
 def test_parse_retry_after() -> None:

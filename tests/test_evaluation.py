@@ -185,6 +185,11 @@ async def test_errors_are_counted_not_scored(tmp_path: Path) -> None:
     assert summary.rollouts == 4 and summary.reward.count == 2
     assert summary.errors == {"generation:ConnectionError": 2}
     assert summary.pass_at() == {1: 0.0}
+    # each kind keeps a message: the cause, not only the class name
+    assert summary.error_examples == {"generation:ConnectionError": "down"}
+    assert result.run_dir is not None
+    stored = read_metadata(result.run_dir)["summary"]
+    assert stored["error_examples"] == {"generation:ConnectionError": "down"}
 
 
 def test_pass_at_k_matches_the_combinatorial_definition() -> None:

@@ -433,6 +433,20 @@ async def test_transformers_serve_smoke(tiny_dir: Path, tmp_path: Path) -> None:
         assert len(rows) == 6 and all(r["error"] is None for r in rows)
         assert all(r["completion"][-1]["role"] == "assistant" for r in rows)
         assert all(1 <= r["usage"]["completion_tokens"] <= 8 for r in rows)
+        # a name the server does not serve: one line naming the one it does, no run
+        wrong = await asyncio.to_thread(
+            subprocess.run,
+            [str(Path(sys.executable).parent / "vfops"), "eval", "arithmetic", "-m", "tiny",
+             "-b", f"http://127.0.0.1:{port}/v1", "-n", "2", "-o", str(tmp_path / "wrong")],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert wrong.returncode != 0
+        assert wrong.stderr.strip().count("\n") == 0, wrong.stderr
+        served = (
+            f"model 'tiny' is not served at http://127.0.0.1:{port}/v1; it serves {model_name};"
+        )
+        assert served in wrong.stderr
+        assert not (tmp_path / "wrong").exists()
     except BaseException:
         print(log_path.read_text(errors="replace")[-4000:])
         raise

@@ -166,7 +166,7 @@ def test_edited_installed_code_is_recorded_as_local(db_url: str, tmp_path: Path)
             "eval",
             "edit_env",
             "-m",
-            "m",
+            "stub-model",
             "-b",
             stub.base_url,
             "-n",

@@ -231,10 +231,12 @@ def test_config_round_trips_through_the_command_line() -> None:
     config = StubConfig(
         latency_ms=200, rate_429=0.05, retry_after_s=None, reply_mode="arithmetic",
         fail_first_n=3, fail_first_kind="timeout", context_limit_chars=1000, seed=None,
+        models_status=404, reject_unknown_model=True,
     )  # fmt: skip
     args = vars(build_parser().parse_args(config_to_argv(config)))
     for key in ("latency_ms", "rate_429", "retry_after_s", "reply_mode", "fail_first_n",
-                "fail_first_kind", "context_limit_chars", "seed"):  # fmt: skip
+                "fail_first_kind", "context_limit_chars", "seed", "models_status",
+                "reject_unknown_model"):  # fmt: skip
         assert args[key] == getattr(config, key), key
     with pytest.raises(ValueError, match="in-process"):
         config_to_argv(StubConfig(reply_mode=lambda request: {"content": "x"}))

@@ -92,8 +92,27 @@ def eval_command(
         float, typer.Option(help="Seconds before one model request times out (then retried).")
     ] = _MODEL_DEFAULTS.request_timeout_s,
     max_retries: Annotated[
-        int, typer.Option(help="Retries per request on 429/5xx/timeouts/connection errors.")
+        int,
+        typer.Option(
+            min=0,
+            help="Retries per request on 5xx, timeouts and connection errors (backoff with "
+            "jitter); 429s that say how long to wait are limited by --max-retry-wait instead.",
+        ),
     ] = _MODEL_DEFAULTS.max_retries,
+    max_retry_wait: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds one request may spend waiting on rate limits (429 with Retry-After) "
+            "before it fails; 0: fail on the first.",
+        ),
+    ] = _MODEL_DEFAULTS.max_retry_wait_s,
+    check_model: Annotated[
+        bool,
+        typer.Option(
+            help="Check the model name against the endpoint's model list (GET /models) first.",
+        ),
+    ] = _MODEL_DEFAULTS.check_model,
     pass_threshold: Annotated[
         float, typer.Option(help="A rollout passes (for pass@k) when reward >= this.")
     ] = _DEFAULTS.pass_threshold,
@@ -121,6 +140,8 @@ def eval_command(
         endpoints_file=endpoints,
         request_timeout_s=request_timeout,
         max_retries=max_retries,
+        max_retry_wait_s=max_retry_wait,
+        check_model=check_model,
     )
     display = EvalDisplay(enabled=not quiet and sys.stderr.isatty())
     try:

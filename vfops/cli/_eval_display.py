@@ -97,6 +97,9 @@ def summary_table(result: EvalResult) -> Table:
 def print_summary(result: EvalResult) -> None:
     console = Console()
     console.print(summary_table(result))
+    for kind, example in sorted(result.summary.error_examples.items()):
+        # each error kind's cause on one line, unwrapped so it can be grepped and copied
+        console.print(f"{kind}: {example}", soft_wrap=True, markup=False, highlight=False)
     if result.run_id is not None:
         console.print(f"run: {result.run_id} ({result.action})")
     if result.mlflow_run_id is not None:

@@ -28,11 +28,13 @@ from vfops.clients._errors import (
 )
 from vfops.clients._http import HTTPTransport
 from vfops.clients._openai import OpenAIClient, RequestLimiter, is_context_error
-from vfops.clients._retry import RetryPolicy
+from vfops.clients._retry import DEFAULT_MAX_RETRIES, DEFAULT_MAX_RETRY_WAIT_S, RetryPolicy
 from vfops.clients._scripted import ScriptedClient
 
 __all__ = [
     "DEFAULT_API_KEY_VAR",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_MAX_RETRY_WAIT_S",
     "APIConnectionError",
     "APIError",
     "APIStatusError",

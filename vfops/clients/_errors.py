@@ -46,7 +46,7 @@ class APIStatusError(APIError):
     when it gave none). ``body``: the decoded JSON body, or the text of a non-JSON
     one. ``code`` / ``error_type``: OpenAI's ``error.code`` / ``error.type`` when
     present. ``retry_after_s``: the server's ``Retry-After`` / ``retry-after-ms``
-    in seconds, if any.
+    in seconds, if any. ``note``: how the client's retries ended, if they did.
     """
 
     def __init__(
@@ -59,6 +59,7 @@ class APIStatusError(APIError):
         error_type: str | None = None,
         retry_after_s: float | None = None,
         reason: str | None = None,
+        note: str = "",
     ) -> None:
         self.status_code = status_code
         self.message = message
@@ -67,6 +68,7 @@ class APIStatusError(APIError):
         self.error_type = error_type
         self.retry_after_s = retry_after_s
         self.reason = reason
+        self.note = note
         super().__init__(self._describe())
 
     def _describe(self) -> str:
@@ -77,6 +79,8 @@ class APIStatusError(APIError):
             text += f": {self.message}"
         if isinstance(self.code, str) and self.code and self.code not in self.message:
             text += f" (code: {self.code})"
+        if self.note:
+            text += f"; {self.note}"
         return text
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -85,8 +89,17 @@ class APIStatusError(APIError):
         return (_rebuild_status_error, (type(self), self.__dict__.copy()))
 
 
+def with_note(exc: APIError, note: str) -> APIError:
+    """A copy of ``exc`` (same class and fields) whose message ends with ``; note``:
+    ``str(exc)`` is what a rollout records, so how its retries ended belongs in it."""
+    if isinstance(exc, APIStatusError):
+        return _rebuild_status_error(type(exc), {**exc.__dict__, "note": note})
+    return type(exc)(f"{exc}; {note}")
+
+
 def _rebuild_status_error(cls: type[APIStatusError], state: dict[str, Any]) -> APIStatusError:
     exc = cls.__new__(cls)
+    exc.note = ""  # pickled by a version without notes
     exc.__dict__.update(state)
     Exception.__init__(exc, exc._describe())
     return exc

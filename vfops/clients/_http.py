@@ -16,7 +16,7 @@ from yarl import URL
 
 from vfops._version import __version__
 from vfops.clients._errors import APIConnectionError, APITimeoutError, error_from_response
-from vfops.clients._retry import parse_retry_after
+from vfops.clients._retry import parse_rate_limit_reset, parse_retry_after
 
 CONNECT_TIMEOUT_CAP_S = 30.0
 """A connection that takes longer than this is not coming."""
@@ -117,11 +117,14 @@ class HTTPTransport:
                 status = response.status
                 if 200 <= status < 300:
                     return content
+                retry_after_s = parse_retry_after(response.headers)
+                if retry_after_s is None and status == 429:  # OpenAI names its wait this way too
+                    retry_after_s = parse_rate_limit_reset(response.headers)
                 raise error_from_response(
                     status,
                     content,
                     reason=response.reason,
-                    retry_after_s=parse_retry_after(response.headers),
+                    retry_after_s=retry_after_s,
                     location=response.headers.get("Location") if status < 400 else None,
                 )
         except TimeoutError as exc:  # aiohttp's timeouts subclass it (so does asyncio's)

@@ -22,9 +22,14 @@ import orjson
 
 from vfops._types import Message, Messages, SamplingArgs
 from vfops.clients._base import ChatResponse, PromptTooLongError
-from vfops.clients._errors import APIStatusError, MalformedResponseError
+from vfops.clients._errors import APIError, APIStatusError, MalformedResponseError, with_note
 from vfops.clients._http import HTTPTransport
-from vfops.clients._retry import RetryPolicy
+from vfops.clients._retry import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_MAX_RETRY_WAIT_S,
+    RetryPolicy,
+    RetryState,
+)
 
 log = logging.getLogger("vfops.clients")
 
@@ -137,10 +142,13 @@ class OpenAIClient:
 
     ``api_key`` is sent as a bearer token and never logged or shown in ``repr``
     (``None`` sends ``EMPTY``, which local servers accept). ``timeout_s`` bounds
-    each attempt's connect and wait for the response. ``max_retries`` (default 5)
-    or a full ``backoff`` :class:`RetryPolicy` — not both — set the retry
-    behaviour. ``max_connections`` sizes the pool (default 8192, or half the
-    open-file limit if lower); requests beyond it wait for a connection.
+    each attempt's connect and wait for the response. ``max_retries`` (default 5:
+    retries of 5xx, timeouts and connection errors) and ``max_retry_wait_s``
+    (default 300: seconds of waits one request may spend on 429s that name their
+    wait), or a full ``backoff`` :class:`RetryPolicy` — not both — set the retry
+    behaviour (see :mod:`vfops.clients._retry`). ``max_connections`` sizes the
+    pool (default 8192, or half the open-file limit if lower); requests beyond it
+    wait for a connection.
     ``limiter`` (a :class:`RequestLimiter`) is entered around each HTTP attempt,
     retries included, to keep a shared rate/concurrency budget.
 
@@ -159,21 +167,28 @@ class OpenAIClient:
         *,
         timeout_s: float = 600.0,
         max_retries: int | None = None,
+        max_retry_wait_s: float | None = None,
         max_connections: int | None = None,
         backoff: RetryPolicy | None = None,
         limiter: RequestLimiter | None = None,
     ) -> None:
-        if backoff is not None and max_retries is not None:
-            raise ValueError("pass either max_retries or backoff=RetryPolicy(...), not both")
+        if backoff is not None and (max_retries is not None or max_retry_wait_s is not None):
+            raise ValueError(
+                "pass either max_retries/max_retry_wait_s or backoff=RetryPolicy(...), not both"
+            )
         self.base_url = base_url
         self.timeout_s = timeout_s
         self.limiter = limiter
-        self.retry = (
-            backoff
-            if backoff is not None
-            else RetryPolicy(max_retries=5 if max_retries is None else max_retries)
-        )
+        if backoff is None:
+            backoff = RetryPolicy(
+                max_retries=DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
+                max_retry_wait_s=(
+                    DEFAULT_MAX_RETRY_WAIT_S if max_retry_wait_s is None else max_retry_wait_s
+                ),
+            )
+        self.retry = backoff
         self._url = base_url.rstrip("/") + "/chat/completions"
+        self._models_url = base_url.rstrip("/") + "/models"
         self._http = HTTPTransport(
             base_url,
             headers={
@@ -217,11 +232,10 @@ class OpenAIClient:
             body["tools"] = tools
         payload = orjson.dumps(body)
 
-        policy = self.retry
+        retries = RetryState(self.retry)
         limiter = self.limiter
         request = self._http.request
         url = self._url
-        attempt = 0
         while True:
             try:
                 if limiter is None:
@@ -230,34 +244,48 @@ class OpenAIClient:
                     async with limiter.acquire():
                         content = await request("POST", url, payload, headers=headers)
                 return parse_chat_completion(content)
-            except APIStatusError as exc:
-                if is_context_error(exc):
+            except Exception as exc:
+                if isinstance(exc, APIStatusError) and is_context_error(exc):
                     raise PromptTooLongError(
                         f"prompt too long for model {model!r}: {exc.message}"
                     ) from exc
-                if attempt >= policy.max_retries or not policy.is_retryable(exc):
-                    raise
-                delay = policy.delay_for(attempt, exc.retry_after_s)
-                log.debug(
-                    "chat: HTTP %s, retry %d/%d in %.2fs",
-                    exc.status_code,
-                    attempt + 1,
-                    policy.max_retries,
-                    delay,
-                )
-            except Exception as exc:
-                if attempt >= policy.max_retries or not policy.is_retryable(exc):
-                    raise
-                delay = policy.delay_for(attempt, None)
-                log.debug(
-                    "chat: %s, retry %d/%d in %.2fs",
-                    type(exc).__name__,
-                    attempt + 1,
-                    policy.max_retries,
-                    delay,
-                )
+                delay = self._retry_delay(retries, exc)
             await asyncio.sleep(delay)
-            attempt += 1
+
+    @staticmethod
+    def _retry_delay(retries: RetryState, exc: Exception) -> float:
+        """The sleep before retrying after ``exc``; raises it (noting why) when out of retries."""
+        delay = retries.delay_after(exc)
+        if delay is None:
+            if retries.gave_up_because and isinstance(exc, APIError):
+                raise with_note(exc, retries.gave_up_because) from exc
+            raise exc
+        log.debug(
+            "chat: %s, retry in %.2fs (%d retries, %d rate limits, %.1fs waited)",
+            type(exc).__name__,
+            delay,
+            retries.retries,
+            retries.rate_limited,
+            retries.waited_s,
+        )
+        return delay
+
+    async def list_models(self, *, timeout_s: float = 5.0) -> list[str]:
+        """The model ids ``GET {base_url}/models`` lists: one request, not retried.
+
+        Raises :class:`~vfops.clients.APIStatusError` when the server answers
+        otherwise (404 where it has no such route, 401 where listing needs other
+        rights), :class:`~vfops.clients.APIConnectionError` /
+        :class:`~vfops.clients.APITimeoutError`, or :class:`MalformedResponseError`
+        when the body is not an OpenAI model list.
+        """
+        content = await self._http.request("GET", self._models_url, timeout_s=timeout_s)
+        try:
+            return [str(entry["id"]) for entry in orjson.loads(content)["data"]]
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise MalformedResponseError(
+                f"GET {self._models_url}: not a model list ({type(exc).__name__}: {exc})"
+            ) from None
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -3,22 +3,33 @@ or ``models:/NAME@ALIAS`` / ``models:/NAME/VERSION`` from the MLflow model regis
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vfops._errors import VfopsError
+from vfops._errors import EndpointError, VfopsError
+from vfops.clients import DEFAULT_MAX_RETRIES, DEFAULT_MAX_RETRY_WAIT_S
 from vfops.clients._base import ModelClient
 
 if TYPE_CHECKING:
-    from vfops.clients._openai import RequestLimiter
+    from vfops.clients._endpoints import Endpoint
+    from vfops.clients._openai import OpenAIClient, RequestLimiter
+
+log = logging.getLogger("vfops.evaluation")
 
 LOCAL_PREFIX = "local:"
 MODEL_URI_PREFIX = "models:/"
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
-DEFAULT_MAX_RETRIES = 5
+
+MODEL_LIST_TIMEOUT_S = 5.0
+"""The model-name check waits this long for ``GET /models``, then skips the check."""
+
+MODELS_SHOWN = 20
+"""A model-name error lists this many served models at most."""
 
 
 @dataclass
@@ -34,7 +45,13 @@ class ModelOptions:
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     """Seconds before one model request times out (then retried)."""
     max_retries: int = DEFAULT_MAX_RETRIES
-    """Retries per request on 429/5xx/timeouts/connection errors."""
+    """Retries per request on 5xx/timeouts/connection errors (and a 429 that names no wait)."""
+    max_retry_wait_s: float = DEFAULT_MAX_RETRY_WAIT_S
+    """Seconds one request may spend waiting on 429s that name their wait
+    (``Retry-After``); these waits are not counted in ``max_retries``."""
+    check_model: bool = True
+    """Before the run, check the model name against the endpoint's ``GET /models``
+    (skipped where the endpoint lists none)."""
     limiter: RequestLimiter | None = None
     """Admission control around every request (a shared Prefect budget)."""
     seed: int | None = None
@@ -49,6 +66,11 @@ class ModelOptions:
             )
         if self.max_retries < 0:
             raise VfopsError(f"--max-retries must be >= 0 (0: no retries), got {self.max_retries}")
+        if not self.max_retry_wait_s >= 0:
+            raise VfopsError(
+                f"--max-retry-wait must be >= 0 seconds (0: fail on the first 429), "
+                f"got {self.max_retry_wait_s}"
+            )
 
 
 @dataclass
@@ -79,7 +101,10 @@ def resolve_model_name(model: str, options: ModelOptions) -> tuple[str, str | No
 
 
 async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
-    """Resolve ``model``, read its key from the environment and check it is reachable."""
+    """Resolve ``model``, read its key from the environment, check the endpoint is
+    reachable and, where it lists its models (``options.check_model``), that it
+    serves this one: :class:`EndpointError` (one line naming the served models)
+    before any rollout is generated."""
     if model.startswith(LOCAL_PREFIX):
         return _connect_local(model[len(LOCAL_PREFIX) :], options.seed)
     if model.startswith(MODEL_URI_PREFIX):
@@ -101,9 +126,49 @@ async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
         api_key,
         timeout_s=options.request_timeout_s,
         max_retries=options.max_retries,
+        max_retry_wait_s=options.max_retry_wait_s,
         limiter=options.limiter,
     )
+    if options.check_model:
+        try:
+            await _check_model_served(client, endpoint)
+        except BaseException:
+            await client.aclose()
+            raise
     return ModelConnection(client=client, model=endpoint.model, base_url=endpoint.base_url)
+
+
+async def _check_model_served(client: OpenAIClient, endpoint: Endpoint) -> None:
+    """Fail with one line naming the served models when the endpoint lists its models
+    and ``endpoint.model`` is not among them; otherwise (no list) do nothing."""
+    from vfops.clients._errors import APIError
+
+    try:
+        served = await client.list_models(timeout_s=MODEL_LIST_TIMEOUT_S)
+    except APIError as exc:  # no /models route, auth-protected, slow: the run will tell
+        log.debug("not checking the model name: %s", exc)
+        return
+    model = endpoint.model
+    # Ollama lists "name:latest" and serves it as "name" too.
+    if not served or model in served or f"{model}:latest" in served:
+        return
+    named = f"model {model!r}" + (f" (alias {endpoint.alias!r})" if endpoint.alias != model else "")
+    raise EndpointError(
+        f"{named} is not served at {endpoint.base_url}; it serves {_some_models(model, served)}; "
+        "pass one of them with -m (or --no-check-model if the server accepts names it does "
+        "not list)"
+    )
+
+
+def _some_models(model: str, served: list[str]) -> str:
+    """The served models, closest to ``model`` first, at most :data:`MODELS_SHOWN`."""
+    unique = sorted(set(served))
+    close = difflib.get_close_matches(model, unique, n=MODELS_SHOWN, cutoff=0.5)
+    shown = close + [name for name in unique if name not in close][: MODELS_SHOWN - len(close)]
+    text = ", ".join(shown)
+    if len(unique) > len(shown):
+        text += f" and {len(unique) - len(shown)} more"
+    return text
 
 
 def _connect_local(model_dir: str, seed: int | None) -> ModelConnection:

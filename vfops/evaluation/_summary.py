@@ -12,6 +12,9 @@ from typing import Any
 
 from vfops._rollout import RolloutRecord
 
+ERROR_EXAMPLE_CHARS = 500
+"""An error kind's example message is cut here (it is stored with the run's summary)."""
+
 
 @dataclass(slots=True)
 class RunningMean:
@@ -53,6 +56,8 @@ class EvalSummary:
     reward: RunningMean = field(default_factory=RunningMean)
     metrics: dict[str, RunningMean] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
+    error_examples: dict[str, str] = field(default_factory=dict)
+    """The first message of each kind in ``errors``: the cause, not just a class name."""
     stop_reasons: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -72,7 +77,9 @@ class EvalSummary:
                 mean = self.metrics[name] = RunningMean()
             mean.add(value)
         if record.error is not None:
-            self.errors[f"{record.error.stage}:{record.error.type}"] += 1
+            kind = f"{record.error.stage}:{record.error.type}"
+            self.errors[kind] += 1
+            self.error_examples.setdefault(kind, record.error.message[:ERROR_EXAMPLE_CHARS])
         self.stop_reasons[record.stop_reason] += 1
         self.prompt_tokens += record.usage.prompt_tokens
         self.completion_tokens += record.usage.completion_tokens
@@ -115,6 +122,7 @@ class EvalSummary:
             "pass_threshold": self.pass_threshold,
             "errors": self.error_count,
             "errors_by_type": dict(self.errors),
+            "error_examples": dict(self.error_examples),
             "truncated": self.truncated_count,
             "stop_reasons": dict(self.stop_reasons),
             "prompt_tokens": self.prompt_tokens,

@@ -68,6 +68,13 @@ class StubConfig:
     ``context_length_exceeded`` error."""
     seed: int | None = 0
     model_name: str = "stub-model"
+    """The one model ``GET /v1/models`` lists."""
+    models_status: int = 200
+    """The status ``GET /v1/models`` answers: 200 lists ``model_name``; e.g. 404 plays
+    a server without the route, 401 one where listing needs other rights."""
+    reject_unknown_model: bool = False
+    """Chat requests naming another model than ``model_name`` get OpenAI's 404
+    ``model_not_found`` (by default any name is answered)."""
     api_key: str | None = None
     """When set, requests without ``Authorization: Bearer <api_key>`` get a 401."""
     record_requests: bool = False
@@ -181,6 +188,7 @@ class _StubApp:
             "400": 0,
             "context": 0,
             "401": 0,
+            "404": 0,
             "rate_limited": 0,
             "in_flight": 0,
             "max_in_flight": 0,
@@ -199,6 +207,16 @@ class _StubApp:
         return app
 
     async def models(self, request: web.Request) -> web.Response:
+        if self._unauthorized(request):
+            return self._unauthorized_response()
+        if self.config.models_status != 200:
+            return web.Response(
+                status=self.config.models_status,
+                body=_error_body(
+                    "Listing models is not available (stub)", "invalid_request_error", None
+                ),
+                headers=_JSON_HEADERS,
+            )
         body = {
             "object": "list",
             "data": [
@@ -211,6 +229,20 @@ class _StubApp:
             ],
         }
         return web.Response(body=orjson.dumps(body), headers=_JSON_HEADERS)
+
+    def _unauthorized(self, request: web.Request) -> bool:
+        key = self.config.api_key
+        return key is not None and request.headers.get("Authorization") != f"Bearer {key}"
+
+    @staticmethod
+    def _unauthorized_response() -> web.Response:
+        return web.Response(
+            status=401,
+            body=_error_body(
+                "Incorrect API key provided", "invalid_request_error", "invalid_api_key"
+            ),
+            headers=_JSON_HEADERS,
+        )
 
     async def get_stats(self, request: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(self.stats), headers=_JSON_HEADERS)
@@ -251,17 +283,9 @@ class _StubApp:
         stats = self.stats
         index = stats["requests"]
         stats["requests"] = index + 1
-        if config.api_key is not None and (
-            request.headers.get("Authorization") != f"Bearer {config.api_key}"
-        ):
+        if self._unauthorized(request):
             stats["401"] += 1
-            return web.Response(
-                status=401,
-                body=_error_body(
-                    "Incorrect API key provided", "invalid_request_error", "invalid_api_key"
-                ),
-                headers=_JSON_HEADERS,
-            )
+            return self._unauthorized_response()
         try:
             payload = orjson.loads(await request.read())
             messages = payload["messages"]
@@ -276,6 +300,18 @@ class _StubApp:
             )
         if config.record_requests:
             self.requests.append(payload)
+        if config.reject_unknown_model and payload.get("model") != config.model_name:
+            stats["404"] += 1
+            return web.Response(
+                status=404,
+                body=_error_body(
+                    f"The model `{payload.get('model')}` does not exist or you do not have "
+                    "access to it.",
+                    "invalid_request_error",
+                    "model_not_found",
+                ),
+                headers=_JSON_HEADERS,
+            )
 
         wait = self._rate_limited()
         if wait is not None:

@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--context-limit-chars", type=_optional(int), default=None)
     parser.add_argument("--seed", type=_optional(int), default=0)
     parser.add_argument("--model-name", default="stub-model")
+    parser.add_argument("--models-status", type=int, default=200)
+    parser.add_argument(
+        "--reject-unknown-model", type=lambda text: text.lower() in ("1", "true"), default=False
+    )
     parser.add_argument("--api-key", type=_optional(str), default=None)
     return parser
 
