@@ -94,7 +94,6 @@ def eval_command(
     max_retries: Annotated[
         int,
         typer.Option(
-            min=0,
             help="Retries per request on 5xx, timeouts and connection errors (backoff with "
             "jitter); 429s that say how long to wait are limited by --max-retry-wait instead.",
         ),
@@ -102,7 +101,6 @@ def eval_command(
     max_retry_wait: Annotated[
         float,
         typer.Option(
-            min=0,
             help="Seconds one request may spend waiting on rate limits (429 with Retry-After) "
             "before it fails; 0: fail on the first.",
         ),
