@@ -236,6 +236,16 @@ def _unwritable_artifacts(tmp_path: Path) -> str:
     return str(tmp_path / "a-file" / "artifacts")
 
 
+def _mlflow_failing_late(db_url: str, env_site: Path, tmp_path: Path) -> dict[str, str]:
+    """A CLI environment whose MLflow store opens but cannot store the run's artifact."""
+    return cli_env(
+        db_url,
+        env_site,
+        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/broken.db",
+        VFOPS_MLFLOW_ARTIFACTS=_unwritable_artifacts(tmp_path),
+    )
+
+
 def test_a_broken_mlflow_store_is_refused_before_anything_is_recorded(
     db_url: str, env_site: Path, tmp_path: Path
 ) -> None:
@@ -258,12 +268,7 @@ def test_a_failing_mlflow_sink_fails_the_run_and_resume_logs_it(
     """Waiting for MLflow (--wait-for-tracking), a store that cannot take the run fails
     it: exit 1, status failed, the sink named; --resume with a working store logs it
     without generating anything again."""
-    broken = cli_env(
-        db_url,
-        env_site,
-        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/broken.db",
-        VFOPS_MLFLOW_ARTIFACTS=_unwritable_artifacts(tmp_path),
-    )
+    broken = _mlflow_failing_late(db_url, env_site, tmp_path)
     with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
         args = [
             "eval", "echo_env", "-m", "stub-model", "-b", stub.base_url,
@@ -335,12 +340,7 @@ def test_a_handed_off_run_that_mlflow_refuses_is_reported_and_resume_logs_it(
 ) -> None:
     """The tracker cannot log a run handed to it: the run stays completed (every rollout
     is recorded), one line on stderr says so and how to log it; --resume logs it."""
-    broken = cli_env(
-        db_url,
-        env_site,
-        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/broken.db",
-        VFOPS_MLFLOW_ARTIFACTS=_unwritable_artifacts(tmp_path),
-    )
+    broken = _mlflow_failing_late(db_url, env_site, tmp_path)
     with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
         args = [
             "eval", "echo_env", "-m", "stub-model", "-b", stub.base_url,
