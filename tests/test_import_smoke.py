@@ -109,3 +109,29 @@ def test_a_command_imports_only_its_own_cli_module() -> None:
     assert "vfops.cli._eval" in modules and "Usage: vfops eval" in out
     others = {"_deploy", "_promote", "_train", "_model", "_runs", "_db", "_vllm", "_env"}
     assert not modules & {f"vfops.cli.{name}" for name in others}
+
+
+def test_a_piped_eval_does_not_import_rich(
+    tmp_path: Path,
+) -> None:
+    # Off a terminal there is no progress bar, and the summary is plain text: rich's
+    # import (~60-100 ms) would sit between the last rollout and the exit.
+    code = (
+        "import contextlib, io, sys\n"
+        "from vfops.testing import StubConfig, StubServer\n"
+        "with StubServer(StubConfig(reply_mode='arithmetic')) as server:\n"
+        "    sys.argv = ['vfops', 'eval', 'arithmetic', '-m', 'stub-model', '-b',\n"
+        "        server.base_url, '-n', '3', '-r', '1', '--no-registry',\n"
+        f"        '-o', {str(tmp_path)!r}]\n"
+        "    from vfops.cli._app import run\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(out):\n"
+        "        run()\n"
+        "print(out.getvalue())\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('rich'))) or 'none')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert "pass@1" in out and "rollouts" in out  # the eval ran and printed its summary
+    assert out.strip().splitlines()[-1] == "none"

@@ -1,22 +1,19 @@
-"""Progress bar and summary table of ``vfops eval`` (rich)."""
+"""Progress bar and summary of ``vfops eval``.
+
+rich is imported only for the progress bar, on a terminal: the summary is plain
+aligned text, so a scripted or piped eval does not pay rich's import (~60-100 ms,
+most of what separates its last rollout from its exit)."""
 
 from __future__ import annotations
 
 from types import TracebackType
-
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from vfops._rollout import RolloutRecord
 from vfops.evaluation import EvalResult, EvalSummary, OpenedRun
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 class EvalDisplay:
@@ -29,27 +26,22 @@ class EvalDisplay:
 
     def __init__(self, *, enabled: bool, total: int | None = None) -> None:
         self.run: OpenedRun | None = None
-        self._progress = Progress(
-            TextColumn("[bold]eval"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[stats]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            disable=not enabled,
-            refresh_per_second=4,  # redraws cost client CPU; 4/s is plenty for a human
-        )
-        self._task = self._progress.add_task("eval", total=total, stats="")
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        if enabled:
+            self._progress, self._task = _progress_bar(total)
 
     def opened(self, run: OpenedRun) -> None:
         self.run = run
-        self._progress.update(self._task, total=run.planned, completed=run.done)
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, total=run.planned, completed=run.done)
 
     def group(self, records: list[RolloutRecord], summary: EvalSummary) -> None:
         self.update(records, summary)
 
     def update(self, records: list[RolloutRecord], summary: EvalSummary) -> None:
+        if self._progress is None or self._task is None:
+            return
         errors = f" errors {summary.error_count}" if summary.error_count else ""
         self._progress.update(
             self._task,
@@ -58,7 +50,8 @@ class EvalDisplay:
         )
 
     def __enter__(self) -> EvalDisplay:
-        self._progress.start()
+        if self._progress is not None:
+            self._progress.start()
         return self
 
     def __exit__(
@@ -67,45 +60,71 @@ class EvalDisplay:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._progress.stop()
+        if self._progress is not None:
+            self._progress.stop()
 
 
-def summary_table(result: EvalResult) -> Table:
+def _progress_bar(total: int | None) -> tuple[Progress, TaskID]:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    progress = Progress(
+        TextColumn("[bold]eval"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        refresh_per_second=4,  # redraws cost client CPU; 4/s is plenty for a human
+    )
+    return progress, progress.add_task("eval", total=total, stats="")
+
+
+def summary_rows(result: EvalResult) -> list[tuple[str, str]]:
+    """The summary as (metric, value) rows, indented names under their group."""
     summary = result.summary
-    meta = result.metadata
-    table = Table(title=f"{meta['env_name']} · {meta['model']}", show_header=True)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_row("reward", f"{summary.reward.mean:.4f} ± {summary.reward.stderr:.4f} (stderr)")
-    for name, mean in sorted(summary.metrics.items()):
-        table.add_row(f"  {name}", f"{mean.mean:.4f}")
-    for k, value in summary.pass_at().items():
-        table.add_row(f"pass@{k}", f"{value:.4f}")
-    table.add_row("rollouts", f"{summary.rollouts} ({summary.reward.count} scored)")
-    table.add_row("errors", str(summary.error_count))
-    for kind, count in sorted(summary.errors.items()):
-        table.add_row(f"  {kind}", str(count))
-    table.add_row("truncated", str(summary.truncated_count))
-    table.add_row(
-        "tokens (prompt / completion)", f"{summary.prompt_tokens} / {summary.completion_tokens}"
+    rows = [("reward", f"{summary.reward.mean:.4f} ± {summary.reward.stderr:.4f} (stderr)")]
+    rows += [(f"  {name}", f"{mean.mean:.4f}") for name, mean in sorted(summary.metrics.items())]
+    rows += [(f"pass@{k}", f"{value:.4f}") for k, value in summary.pass_at().items()]
+    rows.append(("rollouts", f"{summary.rollouts} ({summary.reward.count} scored)"))
+    rows.append(("errors", str(summary.error_count)))
+    rows += [(f"  {kind}", str(count)) for kind, count in sorted(summary.errors.items())]
+    rows.append(("truncated", str(summary.truncated_count)))
+    rows.append(
+        ("tokens (prompt / completion)", f"{summary.prompt_tokens} / {summary.completion_tokens}")
     )
     rate = summary.new_rollouts / summary.wall_s if summary.wall_s else 0.0
-    table.add_row("wall time", f"{summary.wall_s:.1f} s ({rate:.1f} rollouts/s)")
-    return table
+    rows.append(("wall time", f"{summary.wall_s:.1f} s ({rate:.1f} rollouts/s)"))
+    return rows
+
+
+def format_summary(result: EvalResult) -> str:
+    meta: dict[str, Any] = result.metadata
+    rows = summary_rows(result)
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{meta['env_name']} · {meta['model']}"]
+    lines += [f"  {name.ljust(width)}  {value}" for name, value in rows]
+    for kind, example in sorted(result.summary.error_examples.items()):
+        lines.append(f"{kind}: {example}")  # the cause, unwrapped: greppable and copyable
+    if result.run_id is not None:
+        lines.append(f"run: {result.run_id} ({result.action})")
+    if result.mlflow_run_id is not None:
+        lines.append(f"mlflow run: {result.mlflow_run_id}")
+    elif result.mlflow_pending:
+        # the tracker process logs it and links the registry run in a moment
+        lines.append(f"mlflow run: being logged (vfops runs show {result.run_id} links it)")
+    if result.run_dir is not None:
+        lines.append(f"results: {result.run_dir}")
+    return "\n".join(lines)
 
 
 def print_summary(result: EvalResult) -> None:
-    console = Console()
-    console.print(summary_table(result))
-    for kind, example in sorted(result.summary.error_examples.items()):
-        # each error kind's cause on one line, unwrapped so it can be grepped and copied
-        console.print(f"{kind}: {example}", soft_wrap=True, markup=False, highlight=False)
-    if result.run_id is not None:
-        console.print(f"run: {result.run_id} ({result.action})")
-    if result.mlflow_run_id is not None:
-        console.print(f"mlflow run: {result.mlflow_run_id}")
-    elif result.mlflow_pending:
-        # the tracker process logs it and links the registry run in a moment
-        console.print(f"mlflow run: being logged (vfops runs show {result.run_id} links it)")
-    if result.run_dir is not None:
-        console.print(f"results: {result.run_dir}")
+    print(format_summary(result), flush=True)
