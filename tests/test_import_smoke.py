@@ -111,27 +111,31 @@ def test_a_command_imports_only_its_own_cli_module() -> None:
     assert not modules & {f"vfops.cli.{name}" for name in others}
 
 
-def test_a_piped_eval_does_not_import_rich(
-    tmp_path: Path,
-) -> None:
-    # Off a terminal there is no progress bar, and the summary is plain text: rich's
-    # import (~60-100 ms) would sit between the last rollout and the exit.
+@pytest.mark.parametrize("registry", ["--no-registry", "--registry"])
+def test_a_piped_eval_imports_neither_rich_nor_pydantic(registry: str, tmp_path: Path) -> None:
+    # Off a terminal there is no progress bar and the summary is plain text: rich's
+    # import (~60-100 ms) would sit between the last rollout and the exit. pydantic
+    # (~0.1 s) is for config files; an eval without one (and its provenance record,
+    # and typer's parsing of its flags) does not need it.
     code = (
-        "import contextlib, io, sys\n"
+        "import contextlib, io, os, sys\n"
+        f"os.environ.update(VFOPS_HOME={str(tmp_path / 'home')!r}, VFOPS_TRACKING='0')\n"
         "from vfops.testing import StubConfig, StubServer\n"
         "with StubServer(StubConfig(reply_mode='arithmetic')) as server:\n"
         "    sys.argv = ['vfops', 'eval', 'arithmetic', '-m', 'stub-model', '-b',\n"
-        "        server.base_url, '-n', '3', '-r', '1', '--no-registry',\n"
+        f"        server.base_url, '-n', '3', '-r', '1', {registry!r},\n"
         f"        '-o', {str(tmp_path)!r}]\n"
         "    from vfops.cli._app import run\n"
         "    out = io.StringIO()\n"
         "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(out):\n"
         "        run()\n"
         "print(out.getvalue())\n"
-        "print(' '.join(sorted(m for m in sys.modules if m.startswith('rich'))) or 'none')"
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert "pass@1" in out and "rollouts" in out  # the eval ran and printed its summary
-    assert out.strip().splitlines()[-1] == "none"
+    assert ("run: " in out) == (registry == "--registry"), out  # recorded where asked
+    loaded = set(out.strip().splitlines()[-1].split())
+    assert not loaded & {"rich", "pydantic"}

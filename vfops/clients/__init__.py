@@ -1,12 +1,14 @@
 """Model clients: the :class:`ModelClient` protocol and its implementations."""
 
+from typing import TYPE_CHECKING
+
+from vfops._lazy import lazy_exports
 from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
 from vfops.clients._endpoints import (
     DEFAULT_API_KEY_VAR,
     Endpoint,
     check_reachable,
     is_loopback,
-    load_endpoints,
     read_api_key,
     resolve_endpoint,
 )
@@ -65,3 +67,11 @@ __all__ = [
     "read_api_key",
     "resolve_endpoint",
 ]
+
+# pydantic (the endpoints file's model) only when a file is read: not on every eval
+__getattr__, __dir__ = lazy_exports(
+    __name__, {"load_endpoints": "vfops.clients._endpoints_file"}, __all__
+)
+
+if TYPE_CHECKING:
+    from vfops.clients._endpoints_file import load_endpoints

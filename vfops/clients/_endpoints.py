@@ -18,22 +18,14 @@ import contextlib
 import ipaddress
 import os
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Self
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, model_validator
-
-from vfops._config import ConfigError, ConfigModel, EnvVarName, check_env_var_name, load_toml
 from vfops._errors import EndpointError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_API_KEY_VAR = "OPENAI_API_KEY"
 LOCAL_API_KEY = "EMPTY"
 """Sent to loopback servers (vLLM, the stub) when no key variable is set."""
-
-
-class EndpointsFileError(ConfigError, EndpointError):
-    """An endpoints file is missing, malformed or has bad entries."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,96 +39,26 @@ class Endpoint:
     api_key_var: str = DEFAULT_API_KEY_VAR
 
 
-def _url_problem(base_url: str) -> str | None:
+def url_problem(base_url: str) -> str | None:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{base_url!r} is not an http(s) URL; use e.g. http://localhost:8000/v1"
     return None
 
 
-def _http_base_url(value: str) -> str:
-    problem = _url_problem(value)
-    if problem:
-        raise ValueError(problem)
-    return value
-
-
-def _not_blank(value: str) -> str:
-    if not value.strip():
-        raise ValueError("must be a non-empty string")
-    return value
-
-
-NonBlank = Annotated[str, AfterValidator(_not_blank)]
-
-
-class EndpointEntry(ConfigModel):
-    """One ``[[endpoint]]`` table of ``endpoints.toml``."""
-
-    unknown_key_hints: ClassVar[dict[str, str]] = {
-        "api_key": (
-            "a literal api_key is not allowed (keys never go in this file); remove it and set "
-            "api_key_var to the NAME of an environment variable holding the key"
-        )
-    }
-
-    alias: NonBlank = Field(description="What users pass as --model.")
-    model: NonBlank = Field(description="Model name sent to the server.")
-    base_url: Annotated[NonBlank, AfterValidator(_http_base_url)] = Field(
-        description="The server's OpenAI-compatible base URL, e.g. https://api.openai.com/v1."
-    )
-    api_key_var: Annotated[EnvVarName, AfterValidator(_not_blank)] = Field(
-        default=DEFAULT_API_KEY_VAR,
-        description="NAME of the environment variable holding the API key (never the key).",
-    )
-
-    def endpoint(self) -> Endpoint:
-        return Endpoint(self.alias, self.model, self.base_url, self.api_key_var)
-
-
-class EndpointsFile(ConfigModel):
-    """``endpoints.toml``: one ``[[endpoint]]`` table per alias."""
-
-    endpoint: list[EndpointEntry] = Field(
-        default_factory=list, description="The endpoints, one [[endpoint]] table each."
-    )
-
-    @model_validator(mode="after")
-    def _unique_aliases(self) -> Self:
-        seen: dict[str, int] = {}
-        for number, entry in enumerate(self.endpoint, start=1):
-            if entry.alias in seen:
-                raise ValueError(
-                    f"duplicate alias {entry.alias!r} ([[endpoint]] #{seen[entry.alias]} and "
-                    f"#{number}); aliases must be unique"
-                )
-            seen[entry.alias] = number
-        return self
-
-
 def _check_base_url(base_url: str, where: str) -> None:
-    problem = _url_problem(base_url)
+    problem = url_problem(base_url)
     if problem:
         raise EndpointError(f"{where}: base_url {problem}")
 
 
 def _check_var(name: str, where: str) -> None:
+    from vfops._config import check_env_var_name
+
     try:
         check_env_var_name(name)
     except ValueError as exc:  # the message never echoes the value: it may be a key
         raise EndpointError(f"{where}: {exc}") from None
-
-
-def load_endpoints(path: str | os.PathLike[str]) -> dict[str, Endpoint]:
-    """Parse an endpoints file into ``{alias: Endpoint}``.
-
-    Raises :class:`EndpointsFileError` (an :class:`EndpointError`; one line per
-    problem, each naming the file and the field) for a missing, non-UTF-8 or
-    malformed file, a missing/empty/unknown field, a duplicate alias or a literal
-    ``api_key`` (whose value is never shown).
-    """
-    file = load_toml(os.fspath(path), EndpointsFile, error=EndpointsFileError)
-    return {entry.alias: entry.endpoint() for entry in file.endpoint}
 
 
 def resolve_endpoint(
@@ -158,7 +80,12 @@ def resolve_endpoint(
         _check_base_url(base_url, "--base-url")
     if api_key_var is not None:
         _check_var(api_key_var, "--api-key-var")
-    endpoints = load_endpoints(endpoints_file) if endpoints_file is not None else {}
+    endpoints: dict[str, Endpoint] = {}
+    if endpoints_file is not None:
+        # pydantic, only for a file (~0.1 s of an eval's start-up otherwise)
+        from vfops.clients._endpoints_file import load_endpoints
+
+        endpoints = load_endpoints(endpoints_file)
     found = endpoints.get(model_or_alias)
     if found is not None:
         return Endpoint(
