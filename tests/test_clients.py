@@ -192,7 +192,7 @@ async def test_429_retry_after_is_honoured() -> None:
         assert server.stats["429"] == 1
         assert server.stats["ok"] == 1
     assert response.message["content"] == "<answer>1</answer>"
-    assert 0.4 <= elapsed < 2.0
+    assert elapsed >= 0.4  # the wait the server asked for (a lower bound: time only adds)
 
 
 async def test_500_retried_then_success() -> None:
@@ -315,7 +315,7 @@ async def test_rate_limits_that_name_their_wait_are_not_counted_as_retries() -> 
         assert (server.stats["429"], server.stats["ok"]) == (12, 1)
     assert response.message["content"] == "<answer>4</answer>"
     # each wait is at least RATE_LIMIT_MIN_WAIT_S (a Retry-After of 0.01 s is not a hot loop)
-    assert 12 * RATE_LIMIT_MIN_WAIT_S <= elapsed < 12 * RATE_LIMIT_MIN_WAIT_S * 1.2 + 2.0
+    assert elapsed >= 12 * RATE_LIMIT_MIN_WAIT_S
 
 
 @pytest.mark.parametrize(
@@ -364,8 +364,8 @@ async def test_rate_limit_waits_stop_at_max_retry_wait_s() -> None:
             elapsed = time.perf_counter() - start
         requests = server.stats["requests"]
     # waits of 0.2-0.24 s: 3 fit in 0.9 s, a 4th may (then the 5th answer ends it)
-    assert 4 <= requests <= 5
-    assert 0.6 <= elapsed < 0.9 + 1.0
+    assert 4 <= requests <= 5  # the budget, counted: without it 1,000 429s are waited out
+    assert elapsed >= 0.6
     message = str(info.value)
     assert message.startswith(
         "HTTP 429 Too Many Requests: Rate limit reached (stub) (code: rate_limit_exceeded); "
@@ -381,7 +381,7 @@ async def test_a_wait_longer_than_the_budget_fails_at_once() -> None:
             start = time.perf_counter()
             with pytest.raises(RateLimitError, match=r"not waiting the 3600 s asked"):
                 await client.chat(model="stub", messages=_user("x"))
-            assert time.perf_counter() - start < 2.0
+            assert time.perf_counter() - start < 60  # not the hour asked for
         assert server.stats["requests"] == 1
 
 
@@ -440,16 +440,16 @@ async def test_random_faults_all_recovered() -> None:
 async def test_500_concurrent_requests_complete() -> None:
     with StubServer(StubConfig(latency_ms=100, reply_mode="arithmetic")) as server:
         async with OpenAIClient(server.base_url, backoff=FAST) as client:
-            start = time.perf_counter()
             results = await asyncio.gather(
                 *(client.chat(model="stub", messages=_user(f"What is {i} + 1?"))
                   for i in range(500))
             )  # fmt: skip
-            elapsed = time.perf_counter() - start
-        assert server.stats["requests"] == 500
+        stats = server.stats
+    assert stats["requests"] == 500
+    # concurrent, not queued behind a small pool (counted by the server, not timed)
+    assert stats["max_in_flight"] >= 100, stats["max_in_flight"]
     for i, response in enumerate(results):
         assert response.message["content"].endswith(f"<answer>{i + 1}</answer>")
-    assert elapsed < 10
 
 
 def test_repr_hides_api_key() -> None:

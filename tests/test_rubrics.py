@@ -6,7 +6,6 @@ import asyncio
 import inspect
 import math
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -109,18 +108,32 @@ async def test_weighted_sum_of_sync_and_async_functions_and_metrics() -> None:
     assert all(s.error is None for s in scores)
 
 
+class InFlight:
+    """Counts how many awaited calls overlap (concurrency observed, not timed)."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+
+    async def hold(self, seconds: float = 0.05) -> None:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        await asyncio.sleep(seconds)
+        self.now -= 1
+
+
 async def test_async_functions_run_concurrently() -> None:
+    in_flight = InFlight()
+
     async def slow(state: State) -> float:
-        await asyncio.sleep(0.2)
+        await in_flight.hold()
         return 1.0
 
     async def also_slow(state: State) -> float:
-        await asyncio.sleep(0.2)
+        await in_flight.hold()
         return 1.0
 
-    start = time.perf_counter()
     scores = await Rubric([slow, also_slow]).score_group(group("a", "b", "c"))
-    assert time.perf_counter() - start < 0.35
+    assert in_flight.most == 6  # two functions x three rollouts, all at once
     assert [s.reward for s in scores] == [2.0, 2.0, 2.0]
 
 
@@ -279,19 +292,19 @@ async def test_group_function_with_wrong_length_is_an_error() -> None:
 
 
 async def test_rubric_group_runs_rubrics_concurrently_and_sums() -> None:
+    in_flight = InFlight()
+
     async def slow_a(state: State) -> float:
-        await asyncio.sleep(0.2)
+        await in_flight.hold()
         return 1.0
 
     async def slow_b(state: State) -> float:
-        await asyncio.sleep(0.2)
+        await in_flight.hold()
         return 0.5
 
     rubric = RubricGroup([Rubric([slow_a]), Rubric([slow_b], weights=[2.0])])
-    start = time.perf_counter()
     scores = await rubric.score_group(group("a", "b"))
-    elapsed = time.perf_counter() - start
-    assert elapsed < 0.35, f"sub-rubrics ran sequentially ({elapsed:.2f}s)"
+    assert in_flight.most == 4, f"sub-rubrics ran sequentially ({in_flight.most} at once)"
     assert [s.reward for s in scores] == [2.0, 2.0]
     assert scores[0].metrics == {"slow_a": 1.0, "slow_b": 0.5}
 
