@@ -6,6 +6,7 @@
 """
 
 from vfops.artifacts._errors import (
+    ArchiveLimitError,
     ArtifactError,
     ArtifactIntegrityError,
     ArtifactNotFoundError,
@@ -14,7 +15,12 @@ from vfops.artifacts._errors import (
     InvalidArtifactURIError,
     UnsafeArchiveError,
 )
-from vfops.artifacts._extract import safe_extract
+from vfops.artifacts._extract import (
+    DEFAULT_EXTRACT_LIMITS,
+    EXTRACT_LIMIT_ENV_VARS,
+    ExtractLimits,
+    safe_extract,
+)
 from vfops.artifacts._local import LocalArtifactStore
 from vfops.artifacts._open import open_store, open_uri
 from vfops.artifacts._ref import ArtifactRef
@@ -22,13 +28,17 @@ from vfops.artifacts._s3 import S3ArtifactStore
 from vfops.artifacts._store import DEFAULT_MULTIPART_THRESHOLD, ArtifactStore
 
 __all__ = [
+    "DEFAULT_EXTRACT_LIMITS",
     "DEFAULT_MULTIPART_THRESHOLD",
+    "EXTRACT_LIMIT_ENV_VARS",
+    "ArchiveLimitError",
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactNotFoundError",
     "ArtifactRef",
     "ArtifactStore",
     "ArtifactStoreError",
+    "ExtractLimits",
     "InvalidArtifactNameError",
     "InvalidArtifactURIError",
     "LocalArtifactStore",
