@@ -247,3 +247,119 @@ def test_wheel_with_escaping_path_is_refused(db_url: str, tmp_path: Path) -> Non
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "../../evil.py" in result.stderr
     assert not (tmp_path / "evil.py").exists()
+
+
+def craft_wheel(meta_name: str, meta_version: str, env_name: str, *, module: str = "") -> bytes:
+    """A minimal wheel whose METADATA and entry point say what the arguments say."""
+    module = module or env_name
+    dist_info = f"{meta_name}-{meta_version}.dist-info"
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as archive:
+        archive.writestr(f"{module}.py", "def load_environment(): ...\n")
+        archive.writestr(
+            f"{dist_info}/METADATA",
+            f"Metadata-Version: 2.1\nName: {meta_name}\nVersion: {meta_version}\n",
+        )
+        archive.writestr(
+            f"{dist_info}/entry_points.txt",
+            f"[vfops.environments]\n{env_name} = {module}:load_environment\n",
+        )
+        archive.writestr(f"{dist_info}/WHEEL", "Wheel-Version: 1.0\n")
+        archive.writestr(f"{dist_info}/RECORD", "")
+    return data.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("file_name", "wheel", "fragments"),
+    [
+        (
+            "ident_env-0.2.0-py3-none-any.whl",
+            ("ident_env", "0.2.0", "ident_env"),
+            ["is version 0.2.0", "registered as ident_env@0.1.0"],
+        ),
+        (
+            "ident_env-0.1.0-py3-none-any.whl",
+            ("ident_env", "0.1.0", "other_env"),
+            ["declares the environment other_env", "not 'ident_env' of ident_env@0.1.0"],
+        ),
+        (
+            "ident_env-0.1.0-py3-none-any.whl",
+            ("ident_env", "0.3.0", "ident_env"),
+            ["0.1.0 in its file name", "ident_env 0.3.0 in its METADATA"],
+        ),
+    ],
+    ids=["other-version", "other-entry-point", "filename-vs-metadata"],
+)
+def test_install_refuses_a_wheel_that_is_not_its_registry_row(
+    tmp_path: Path, file_name: str, wheel: tuple[str, str, str], fragments: list[str]
+) -> None:
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    artifacts = (tmp_path / "artifacts").as_uri()
+    version = _publish_one(db_url, artifacts, tmp_path, "ident_env")
+    # The stored bytes hash to what the row says; only the wheel's own identity is wrong.
+    ref = open_store(artifacts).put_bytes(craft_wheel(*wheel), file_name)
+    with Session(get_engine(db_url)) as session, session.begin():
+        row = session.get(EnvironmentVersionRow, version.id)
+        assert row is not None
+        row.wheel_uri, row.wheel_sha256 = ref.uri, ref.sha256
+    target = tmp_path / "target"
+    result = cli(
+        "env",
+        "install",
+        "ident_env@0.1.0",
+        "--target",
+        str(target),
+        "--no-deps",
+        db=db_url,
+        artifacts=artifacts,
+    )
+    assert result.returncode != 0
+    message = result.stderr.strip()
+    assert message.splitlines() == [message], message
+    for fragment in fragments:
+        assert fragment in message
+    assert not target.exists() or not any(target.iterdir())
+
+
+def test_publish_checks_the_built_wheel_against_the_project(tmp_path: Path) -> None:
+    """The publish-side check (what a build backend produced vs pyproject.toml)."""
+    from vfops._errors import VfopsError
+    from vfops.publishing._wheel import check_wheel_identity
+
+    def wheel(name: str, *spec: str, module: str = "") -> Path:
+        path = tmp_path / name
+        path.write_bytes(craft_wheel(*spec, module=module))
+        return path
+
+    good = wheel("lucky_digit-0.1.0-py3-none-any.whl", "lucky-digit", "0.1.0", "lucky_digit")
+    found = check_wheel_identity(
+        good,
+        env_name="lucky_digit",
+        version="0.1.0",
+        entry_point="lucky_digit:load_environment",
+        distribution="lucky-digit",
+    )
+    assert found.environments == {"lucky_digit": "lucky_digit:load_environment"}
+    refusals = [
+        (
+            dict(distribution="lucky-dice"),
+            "is distribution lucky-digit but the project is lucky-dice",
+        ),
+        (dict(entry_point="other:load"), "but the project declares 'other:load'"),
+        (dict(version="0.1.1"), "is version 0.1.0 but is registered as lucky_digit@0.1.1"),
+    ]
+    for change, fragment in refusals:
+        kwargs = {
+            "env_name": "lucky_digit",
+            "version": "0.1.0",
+            "entry_point": "lucky_digit:load_environment",
+            "distribution": "lucky-digit",
+            **change,
+        }
+        with pytest.raises(VfopsError) as info:
+            check_wheel_identity(good, **kwargs)
+        assert fragment in str(info.value) and len(str(info.value).splitlines()) == 1
+    with pytest.raises(VfopsError, match="not a wheel file name"):
+        check_wheel_identity(
+            wheel("notawheel.whl", "x", "1.0.0", "x"), env_name="x", version="1.0.0"
+        )

@@ -29,6 +29,7 @@ from vfops.publishing._project import (
     read_project,
     write_version,
 )
+from vfops.publishing._wheel import check_wheel_identity
 from vfops.registry import EnvironmentVersionRow, list_versions
 
 if TYPE_CHECKING:
@@ -78,6 +79,15 @@ def publish_environment(
         with tempfile.TemporaryDirectory(prefix="vfops-publish-") as tmp:
             work = Path(tmp)
             built = build_distributions(project, work / "dist")
+            # The wheel must be what the row will say it is (a build backend may disagree
+            # with the pyproject.toml vfops read).
+            check_wheel_identity(
+                built.wheel,
+                env_name=project.env_name,
+                version=project.version,
+                entry_point=project.entry_point,
+                distribution=project.distribution,
+            )
             code = wheel_code_hash(built.wheel, project.top_level_module)
             snapshots = snapshot_datasets(project, _mkdir(work / "data"))
             wheel_ref = store.put_file(built.wheel)
@@ -218,7 +228,9 @@ def install_published(
     with tempfile.TemporaryDirectory(prefix="vfops-install-") as tmp:
         wheel = Path(tmp) / row.wheel_uri.rsplit("/", 1)[-1]
         open_uri(row.wheel_uri).get_file(row.wheel_uri, wheel, row.wheel_sha256)
-        safe_extract(wheel, Path(tmp) / "check")  # refuses entries escaping the folder
+        safe_extract(wheel, Path(tmp) / "check")  # refuses escaping entries and bombs
+        # The bytes match the row's hash; the wheel inside must also be the row's version.
+        check_wheel_identity(wheel, env_name=row.environment.name, version=row.version)
         command = [python, "-m", "pip", "install", "--quiet", str(wheel)]
         if target is not None:
             command += ["--target", str(target)]
