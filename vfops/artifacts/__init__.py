@@ -25,10 +25,16 @@ from vfops.artifacts._local import LocalArtifactStore
 from vfops.artifacts._open import open_store, open_uri
 from vfops.artifacts._ref import ArtifactRef
 from vfops.artifacts._s3 import S3ArtifactStore
-from vfops.artifacts._store import DEFAULT_MULTIPART_THRESHOLD, ArtifactStore
+from vfops.artifacts._store import (
+    DEFAULT_GC_GRACE_HOURS,
+    DEFAULT_MULTIPART_THRESHOLD,
+    ArtifactStore,
+    StoredObject,
+)
 
 __all__ = [
     "DEFAULT_EXTRACT_LIMITS",
+    "DEFAULT_GC_GRACE_HOURS",
     "DEFAULT_MULTIPART_THRESHOLD",
     "EXTRACT_LIMIT_ENV_VARS",
     "ArchiveLimitError",
@@ -43,6 +49,7 @@ __all__ = [
     "InvalidArtifactURIError",
     "LocalArtifactStore",
     "S3ArtifactStore",
+    "StoredObject",
     "UnsafeArchiveError",
     "open_store",
     "open_uri",
