@@ -241,10 +241,19 @@ def _register(
     Two concurrent publishes of one version: one row wins. The other gets the winner's
     row back when the content is the same (a no-op), else a one-line error.
     """
-    from vfops.registry import add_environment_version, find_version, session_scope
+    from vfops.registry import (
+        add_environment_version,
+        find_version,
+        get_or_create_environment,
+        session_scope,
+    )
 
     try:
         with session_scope(engine) as session:
+            # First the environment row: on PostgreSQL a concurrent first publish of the
+            # name blocks here until the other one commits, so the version lookup below
+            # then sees the winner's row.
+            get_or_create_environment(session, project.env_name)
             existing = find_version(session, project.env_name, project.version)
             if existing is not None and existing.content_hash == digest:
                 _ = existing.environment
@@ -267,7 +276,11 @@ def _register(
                 readme=project.readme,
             )
             _ = row.environment  # loaded while the session is open
-    except (IntegrityError, OperationalError) as exc:
+            if (row.wheel_uri, row.sdist_uri) != (wheel_ref.uri, sdist_ref.uri):
+                return row, False  # committed between the lookup and the insert: theirs
+    except (IntegrityError, OperationalError, VfopsError) as exc:
+        # PostgreSQL: the loser's insert waits for the winner's commit, then sees its row
+        # (VfopsError from add_environment_version) or hits the unique index.
         if isinstance(exc, OperationalError) and "locked" not in str(exc).lower():
             raise
         with Session(engine, expire_on_commit=False) as session:
@@ -276,6 +289,8 @@ def _register(
                 _ = winner.environment
         if winner is not None and winner.content_hash == digest:
             return winner, False
+        if isinstance(exc, VfopsError) and winner is None:
+            raise
         raise _lost(project, winner.content_hash if winner is not None else None) from exc
     return row, True
 
