@@ -23,7 +23,7 @@ from vfops.artifacts._extract import (
 )
 from vfops.artifacts._local import LocalArtifactStore
 from vfops.artifacts._open import open_store, open_uri
-from vfops.artifacts._ref import ArtifactRef
+from vfops.artifacts._ref import ArtifactRef, parse_artifact_uri
 from vfops.artifacts._s3 import S3ArtifactStore
 from vfops.artifacts._store import (
     DEFAULT_GC_GRACE_HOURS,
@@ -53,5 +53,6 @@ __all__ = [
     "UnsafeArchiveError",
     "open_store",
     "open_uri",
+    "parse_artifact_uri",
     "safe_extract",
 ]

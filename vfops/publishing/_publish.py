@@ -183,8 +183,7 @@ class _Uploads:
 
 def artifact_keys(uris: set[str]) -> set[tuple[str, str]]:
     """(sha256, file name) of each artifact URI: the same bytes whatever the store's URI."""
-    from vfops.artifacts import InvalidArtifactURIError
-    from vfops.artifacts._ref import parse_artifact_uri
+    from vfops.artifacts import InvalidArtifactURIError, parse_artifact_uri
 
     keys = set()
     for uri in uris:
