@@ -573,3 +573,40 @@ def test_versions_published_under_the_old_layout_still_install(db_url: str, tmp_
     )
     assert result.returncode == 0, result.stderr
     assert list((tmp_path / "t").glob("old_env*.py"))
+
+
+def test_install_refuses_a_wheel_bomb(tmp_path: Path) -> None:
+    """A zero-filled member past the entry cap (lowered here: no 180 MB files in tests)."""
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    artifacts = (tmp_path / "artifacts").as_uri()
+    version = _publish_one(db_url, artifacts, tmp_path, "bomb_env")
+    # A wheel that is otherwise what the row says (it installs once the caps are gone).
+    data = io.BytesIO(craft_wheel("bomb_env", "0.1.0", "bomb_env"))
+    with zipfile.ZipFile(data, "a", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("bomb_env_data/zeros.bin", bytes(3 * 1024 * 1024))
+    ref = open_store(artifacts).put_bytes(data.getvalue(), "bomb_env-0.1.0-py3-none-any.whl")
+    with Session(get_engine(db_url)) as session, session.begin():
+        row = session.get(EnvironmentVersionRow, version.id)
+        assert row is not None
+        row.wheel_uri, row.wheel_sha256 = ref.uri, ref.sha256
+    target = tmp_path / "target"
+    env = {
+        **os.environ,
+        "VFOPS_DATABASE_URL": db_url,
+        "VFOPS_ARTIFACTS": artifacts,
+        "VFOPS_EXTRACT_MAX_ENTRY_BYTES": str(1024 * 1024),
+        "VFOPS_EXTRACT_MAX_RATIO": "100000",  # so the entry cap is the one that refuses
+    }
+    result = subprocess.run(
+        [*VFOPS, "env", "install", "bomb_env", "--target", str(target), "--no-deps"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    message = result.stderr.strip()
+    assert message.splitlines() == [message], message
+    assert "entry 'bomb_env_data/zeros.bin' size 3145728" in message
+    assert "limit 1048576" in message and "VFOPS_EXTRACT_MAX_ENTRY_BYTES" in message
+    assert not target.exists() or not any(target.iterdir())
