@@ -17,11 +17,15 @@ from typing import Any
 import pytest
 
 from vfops.artifacts import (
+    DEFAULT_EXTRACT_LIMITS,
+    ArchiveLimitError,
+    ArtifactError,
     ArtifactIntegrityError,
     ArtifactNotFoundError,
     ArtifactRef,
     ArtifactStore,
     ArtifactStoreError,
+    ExtractLimits,
     InvalidArtifactNameError,
     InvalidArtifactURIError,
     LocalArtifactStore,
@@ -466,3 +470,103 @@ def test_safe_extract_unsupported_type(tmp_path: Path) -> None:
     (tmp_path / "x.rar").write_bytes(b"")
     with pytest.raises(Exception, match="unsupported archive type"):
         safe_extract(tmp_path / "x.rar", tmp_path / "dest")
+
+
+# -- extraction caps -------------------------------------------------------------------
+
+
+def zero_wheel(path: Path, size: int, name: str = "pkg/zeros.bin") -> Path:
+    """A wheel whose one big member is ``size`` zero bytes (deflated to a few KiB)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("pkg/__init__.py", "")
+        zf.writestr(name, bytes(size))
+    return path
+
+
+def assert_nothing_left(parent: Path, dest: Path) -> None:
+    """No destination and no staging folder: a refused archive leaves no trace."""
+    assert not dest.exists()
+    assert [p.name for p in parent.iterdir() if p.name.startswith(f".{dest.name}.")] == []
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "what"),
+    [
+        ("VFOPS_EXTRACT_MAX_ENTRY_BYTES", "1048576", "entry 'pkg/zeros.bin' size 2097152"),
+        ("VFOPS_EXTRACT_MAX_TOTAL_BYTES", "1500000", "total uncompressed size 2097152"),
+        ("VFOPS_EXTRACT_MAX_ENTRIES", "1", "number of entries 2"),
+        (None, None, "compression ratio"),  # 2 MiB of zeros deflate ~1000x: above 100x
+    ],
+    ids=["entry", "total", "entries", "ratio"],
+)
+def test_safe_extract_refuses_archives_past_a_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, var: str | None, value: str, what: str
+) -> None:
+    wheel = zero_wheel(tmp_path / "bomb-0.1-py3-none-any.whl", 2 * MiB)
+    if var is not None:
+        monkeypatch.setenv(var, value)
+        monkeypatch.setenv("VFOPS_EXTRACT_MAX_RATIO", "1000000")  # isolate the cap under test
+    dest = tmp_path / "out" / "dest"
+    with pytest.raises(ArchiveLimitError) as info:
+        safe_extract(wheel, dest)
+    message = str(info.value)
+    assert message.splitlines() == [message]
+    assert what in message and info.value.env_var in message
+    if var is not None:
+        assert info.value.env_var == var and f"limit {value}" in message
+    assert_nothing_left(tmp_path / "out", dest)
+
+
+def test_raising_the_cap_lets_the_archive_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel = zero_wheel(tmp_path / "big-0.1-py3-none-any.whl", 2 * MiB)
+    monkeypatch.setenv("VFOPS_EXTRACT_MAX_RATIO", "5000")
+    out = safe_extract(wheel, tmp_path / "dest")
+    assert (out / "pkg" / "zeros.bin").stat().st_size == 2 * MiB
+    assert DEFAULT_EXTRACT_LIMITS.max_total_bytes == 512 * MiB
+    assert ExtractLimits.from_env().max_ratio == 5000.0
+    monkeypatch.setenv("VFOPS_EXTRACT_MAX_ENTRIES", "lots")
+    with pytest.raises(ArtifactError, match=r"VFOPS_EXTRACT_MAX_ENTRIES='lots' is not a positive"):
+        safe_extract(wheel, tmp_path / "again")
+
+
+def test_safe_extract_refuses_a_tar_bomb_from_its_headers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VFOPS_EXTRACT_MAX_TOTAL_BYTES", str(MiB))
+    tgz = make_tar(tmp_path / "b.tar.gz", [("a.bin", bytes(MiB // 2)), ("b.bin", bytes(MiB))])
+    dest = tmp_path / "dest"
+    with pytest.raises(ArchiveLimitError, match="VFOPS_EXTRACT_MAX_TOTAL_BYTES"):
+        safe_extract(tgz, dest)
+    assert_nothing_left(tmp_path, dest)
+
+
+def lying_zip(path: Path, real: bytes, declared: int) -> Path:
+    """A zip whose central directory claims ``declared`` bytes for a member holding ``real``."""
+    make_zip(path, [("ok.txt", b"fine"), ("big.bin", real)])
+    data = bytearray(path.read_bytes())
+    # Patch the uncompressed size in big.bin's local header and central directory entry.
+    local = data.index(b"PK\x03\x04" + data[4:6], data.index(b"big.bin") - 40)
+    central = data.index(b"PK\x01\x02", local)
+    central = data.index(b"PK\x01\x02", central + 4)  # the second entry: big.bin
+    data[local + 22 : local + 26] = declared.to_bytes(4, "little")
+    data[central + 24 : central + 28] = declared.to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_safe_extract_refuses_an_entry_bigger_than_its_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The header claims 100 bytes, under every cap; the member really holds 2 MiB.
+    monkeypatch.setenv("VFOPS_EXTRACT_MAX_ENTRY_BYTES", str(MiB))
+    archive = lying_zip(tmp_path / "liar.zip", os.urandom(2 * MiB), declared=100)
+    with zipfile.ZipFile(archive) as zf:
+        assert zf.getinfo("big.bin").file_size == 100  # the lie is what a header check sees
+    dest = tmp_path / "dest"
+    with pytest.raises(ArtifactError) as info:
+        safe_extract(archive, dest)
+    message = str(info.value)
+    assert message.splitlines() == [message] and "liar.zip" in message
+    assert_nothing_left(tmp_path, dest)

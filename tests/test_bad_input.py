@@ -164,6 +164,8 @@ CASES = [
          r"'no_such_env' has no published version; publish it with: vfops env publish"),
     Case("install-bad-reference", ("env", "install", "@1.0.0"),
          r"invalid environment reference .*NAME@VERSION"),
+    Case("gc-negative-grace", ("env", "gc", "--grace-hours", "-1"),
+         r"--grace-hours must be 0 or more"),
     # ------------------------------------------------------------------ runs
     Case("runs-show-unknown", ("runs", "show", "0123456789abcdef"),
          r"no eval run '0123456789abcdef'.*vfops runs list"),

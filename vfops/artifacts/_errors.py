@@ -48,3 +48,25 @@ class UnsafeArchiveError(ArtifactError):
             f"refusing to extract {archive}: entry {entry!r} {reason}; "
             "rebuild the archive with relative paths inside one directory"
         )
+
+
+class ArchiveLimitError(ArtifactError):
+    """An archive would expand past a size, count or compression-ratio cap."""
+
+    def __init__(
+        self, archive: str, *, what: str, value: float, limit: float, env_var: str
+    ) -> None:
+        self.archive = archive
+        self.what = what
+        self.value = value
+        self.limit = limit
+        self.env_var = env_var
+        super().__init__(
+            f"refusing to extract {archive}: {what} {_number(value)} is above the limit "
+            f"{_number(limit)}; if the archive is trusted, raise it with {env_var}"
+        )
+
+
+def _number(value: float) -> str:
+    """``2097152`` for whole numbers (byte counts stay exact), ``1234.5`` otherwise."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"

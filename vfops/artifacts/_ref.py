@@ -55,6 +55,18 @@ def content_key(sha256: str, name: str) -> str:
     return f"{HASH_DIR}/{sha256[:2]}/{sha256}/{name}"
 
 
+def is_content_key(key: str) -> bool:
+    """Whether ``key`` (relative to a store root) is ``sha256/<ab>/<sha256>/<name>``."""
+    parts = key.split("/")
+    return (
+        len(parts) == 4
+        and parts[0] == HASH_DIR
+        and _SHA256_RE.fullmatch(parts[2]) is not None
+        and parts[1] == parts[2][:2]
+        and _NAME_RE.fullmatch(parts[3]) is not None
+    )
+
+
 def redact_uri(uri: str) -> str:
     """``uri`` safe to print: any ``user:password@``, query or fragment removed."""
     try:

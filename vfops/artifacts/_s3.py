@@ -9,6 +9,7 @@ at an S3-compatible server.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import io
 import os
@@ -24,10 +25,19 @@ from vfops.artifacts._errors import (
     ArtifactStoreError,
     InvalidArtifactURIError,
 )
-from vfops.artifacts._ref import ArtifactRef, check_name, content_key, parse_store_uri, redact_uri
+from vfops.artifacts._ref import (
+    HASH_DIR,
+    ArtifactRef,
+    check_name,
+    content_key,
+    is_content_key,
+    parse_store_uri,
+    redact_uri,
+)
 from vfops.artifacts._store import (
     DEFAULT_MULTIPART_THRESHOLD,
     ArtifactStore,
+    StoredObject,
     StrPath,
     log,
     open_source,
@@ -155,14 +165,15 @@ class S3ArtifactStore(ArtifactStore):
 
     # -- publishing -------------------------------------------------------------------
 
-    def put_file(self, path: StrPath, name: str | None = None) -> ArtifactRef:
+    def put_file_tracked(self, path: StrPath, name: str | None = None) -> tuple[ArtifactRef, bool]:
         name = check_name(Path(path).name if name is None else name)
         with open_source(path) as src:
             before = os.fstat(src.fileno())
             sha256, size = sha256_stream(src)
         key = content_key(sha256, name)
         if self._present(key, sha256, size):
-            return self._ref(sha256, size, name)
+            self._touch(key)
+            return self._ref(sha256, size, name), False
         with self._errors(self._location.child_uri(key)):
             self.client.upload_file(
                 os.fspath(path),
@@ -184,7 +195,48 @@ class S3ArtifactStore(ArtifactStore):
                 "is no longer being written"
             )
         log.debug("uploaded %s (%d bytes)", self._location.child_uri(key), size)
-        return self._ref(sha256, size, name)
+        return self._ref(sha256, size, name), True
+
+    def _touch(self, key: str) -> None:
+        """Refresh LastModified (a copy onto itself), so gc's grace period counts from now."""
+        object_key = self._object_key(key)
+        with self._errors(self._location.child_uri(key)):
+            head = self.client.head_object(Bucket=self.bucket, Key=object_key)
+            self.client.copy_object(
+                Bucket=self.bucket,
+                Key=object_key,
+                CopySource={"Bucket": self.bucket, "Key": object_key},
+                Metadata=dict(head.get("Metadata", {})),
+                MetadataDirective="REPLACE",
+                ContentType="application/octet-stream",
+            )
+
+    def iter_objects(self) -> Iterator[StoredObject]:
+        root = f"{self.prefix}/" if self.prefix else ""
+        paginator = self.client.get_paginator("list_objects_v2")
+        with self._errors(self.uri):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{root}{HASH_DIR}/"):
+                for item in page.get("Contents", []):
+                    key = item["Key"][len(root) :]
+                    if not is_content_key(key):
+                        continue
+                    _, _, sha256, name = key.split("/")
+                    modified = item["LastModified"]
+                    yield StoredObject(
+                        uri=self._location.child_uri(key),
+                        sha256=sha256,
+                        name=name,
+                        size=int(item["Size"]),
+                        modified=modified.astimezone(dt.UTC),
+                    )
+
+    def delete(self, ref: ArtifactRef | str) -> bool:
+        key = self._key_of(ref)
+        if self._head(key) is None:
+            return False
+        with self._errors(self._location.child_uri(key)):
+            self.client.delete_object(Bucket=self.bucket, Key=self._object_key(key))
+        return True
 
     def put_bytes(self, data: bytes, name: str) -> ArtifactRef:
         name = check_name(name)

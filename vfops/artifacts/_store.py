@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import datetime as dt
 import hashlib
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, BinaryIO
@@ -36,6 +39,9 @@ log = logging.getLogger("vfops.artifacts")
 CHUNK_SIZE = 1024 * 1024
 DEFAULT_MULTIPART_THRESHOLD = 8 * 1024 * 1024
 FILE_MODE = 0o644
+DEFAULT_GC_GRACE_HOURS = 24.0
+"""Unreferenced objects younger than this are kept by a sweep: they may belong to a
+publish that has uploaded but not yet written its registry row."""
 
 StrPath = str | os.PathLike[str]
 
@@ -71,6 +77,18 @@ def open_source(path: StrPath) -> BinaryIO:
     return p.open("rb")
 
 
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """An object found in a store by :meth:`ArtifactStore.iter_objects`."""
+
+    uri: str
+    sha256: str
+    name: str
+    size: int
+    modified: dt.datetime
+    """When the bytes were last written (UTC)."""
+
+
 class ArtifactStore(abc.ABC):
     """A content-addressed store of immutable files.
 
@@ -92,13 +110,28 @@ class ArtifactStore(abc.ABC):
 
     # -- publishing -------------------------------------------------------------------
 
-    @abc.abstractmethod
     def put_file(self, path: StrPath, name: str | None = None) -> ArtifactRef:
         """Publish a local file (streamed) under ``name`` (default: the file's name)."""
+        return self.put_file_tracked(path, name)[0]
+
+    @abc.abstractmethod
+    def put_file_tracked(self, path: StrPath, name: str | None = None) -> tuple[ArtifactRef, bool]:
+        """Like :meth:`put_file`; also whether this call wrote the object (False: it was
+        already there, and its write time is refreshed so a concurrent ``gc`` keeps it)."""
 
     @abc.abstractmethod
     def put_bytes(self, data: bytes, name: str) -> ArtifactRef:
         """Publish in-memory bytes under ``name``."""
+
+    # -- housekeeping -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def iter_objects(self) -> Iterator[StoredObject]:
+        """Every artifact under this store's ``sha256/`` layout (other keys are skipped)."""
+
+    @abc.abstractmethod
+    def delete(self, ref: ArtifactRef | str) -> bool:
+        """Remove an artifact; True if it was there."""
 
     # -- reading ----------------------------------------------------------------------
 

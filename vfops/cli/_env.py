@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vfops._errors import VfopsError
+from vfops.artifacts import DEFAULT_GC_GRACE_HOURS
 
 app = typer.Typer(help="Create, install and list environment packages.", no_args_is_help=True)
 
@@ -140,6 +141,35 @@ def publish_command(
     print(
         f"published {result.env_name}@{result.version} (content {result.content_hash[:12]}, "
         f"code {result.code_hash[:12]}; datasets {splits})"
+    )
+
+
+@app.command("gc")
+def gc_command(
+    grace_hours: Annotated[
+        float,
+        typer.Option(help="Keep unreferenced objects younger than this (a publish in flight)."),
+    ] = DEFAULT_GC_GRACE_HOURS,
+    dry_run: Annotated[
+        bool, typer.Option(help="List what would be removed; remove nothing.")
+    ] = False,
+    include_legacy: Annotated[
+        bool,
+        typer.Option(help="Also sweep <store>/sha256/ (versions published before environments/)."),
+    ] = False,
+) -> None:
+    """Remove published artifacts that no registry row refers to (e.g. of a lost publish)."""
+    from vfops.publishing import collect_garbage
+
+    report = collect_garbage(
+        grace_hours=grace_hours, dry_run=dry_run, include_legacy=include_legacy
+    )
+    verb = "would remove" if dry_run else "removed"
+    for obj in report.removed:
+        print(f"{verb} {obj.uri} ({obj.size} bytes, written {obj.modified:%Y-%m-%d %H:%M} UTC)")
+    print(
+        f"{verb} {len(report.removed)} unreferenced object(s), {report.removed_bytes} bytes; "
+        f"kept {report.kept} referenced and {report.young} younger than {grace_hours:g} h"
     )
 
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from vfops._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
+    "GcReport": "vfops.publishing._gc",
+    "collect_garbage": "vfops.publishing._gc",
     "content_hash": "vfops.publishing._hashing",
     "installed_code_hash": "vfops.publishing._hashing",
     "wheel_code_hash": "vfops.publishing._hashing",
@@ -19,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "InstalledEnvironment": "vfops.publishing._provenance",
     "inspect_installed": "vfops.publishing._provenance",
     "PublishResult": "vfops.publishing._publish",
+    "environment_store": "vfops.publishing._publish",
     "find_published": "vfops.publishing._publish",
     "install_published": "vfops.publishing._publish",
     "parse_ref": "vfops.publishing._publish",
@@ -27,10 +30,13 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "EnvironmentProject",
+    "GcReport",
     "InstalledEnvironment",
     "PublishResult",
     "bumped",
+    "collect_garbage",
     "content_hash",
+    "environment_store",
     "find_published",
     "inspect_installed",
     "install_published",
@@ -44,11 +50,13 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:
+    from vfops.publishing._gc import GcReport, collect_garbage
     from vfops.publishing._hashing import content_hash, installed_code_hash, wheel_code_hash
     from vfops.publishing._project import EnvironmentProject, bumped, read_project
     from vfops.publishing._provenance import InstalledEnvironment, inspect_installed
     from vfops.publishing._publish import (
         PublishResult,
+        environment_store,
         find_published,
         install_published,
         parse_ref,

@@ -8,6 +8,7 @@ one transaction at the end.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import tempfile
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from vfops._errors import VfopsError
@@ -29,12 +30,16 @@ from vfops.publishing._project import (
     read_project,
     write_version,
 )
+from vfops.publishing._wheel import check_wheel_identity
 from vfops.registry import EnvironmentVersionRow, list_versions
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from vfops.artifacts import ArtifactRef
+    from vfops.artifacts import ArtifactRef, ArtifactStore
+
+
+log = logging.getLogger("vfops.publishing")
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,6 @@ def publish_environment(
     artifacts_uri: str | None = None,
 ) -> PublishResult:
     """Build, hash, snapshot, upload and register an environment package."""
-    from vfops.artifacts import open_store
     from vfops.registry import get_engine
 
     path = path.resolve()
@@ -74,23 +78,121 @@ def publish_environment(
         write_version(path, new_version)
     try:
         project = read_project(path)
-        store = open_store(artifacts_uri)
+        store = environment_store(artifacts_uri)
         with tempfile.TemporaryDirectory(prefix="vfops-publish-") as tmp:
             work = Path(tmp)
             built = build_distributions(project, work / "dist")
+            # The wheel must be what the row will say it is (a build backend may disagree
+            # with the pyproject.toml vfops read).
+            check_wheel_identity(
+                built.wheel,
+                env_name=project.env_name,
+                version=project.version,
+                entry_point=project.entry_point,
+                distribution=project.distribution,
+            )
             code = wheel_code_hash(built.wheel, project.top_level_module)
             snapshots = snapshot_datasets(project, _mkdir(work / "data"))
-            wheel_ref = store.put_file(built.wheel)
-            sdist_ref = store.put_file(built.sdist)
-            datasets = {}
-            for snap in snapshots:
-                ref = store.put_file(snap.path)
-                datasets[snap.split] = {"uri": ref.uri, "sha256": ref.sha256, "rows": snap.rows}
-        row = _register(engine, project, digest, code, wheel_ref, sdist_ref, datasets)
+            uploads = _Uploads(store)
+            try:
+                wheel_ref = uploads.put(built.wheel)
+                sdist_ref = uploads.put(built.sdist)
+                datasets = {}
+                for snap in snapshots:
+                    ref = uploads.put(snap.path)
+                    datasets[snap.split] = {
+                        "uri": ref.uri,
+                        "sha256": ref.sha256,
+                        "rows": snap.rows,
+                    }
+                row, won = _register(engine, project, digest, code, wheel_ref, sdist_ref, datasets)
+            except BaseException:
+                uploads.remove_unreferenced(engine)
+                raise
+            if not won:  # a concurrent publish of the same content registered first
+                uploads.remove_unreferenced(engine)
+                return _result(row, "unchanged")
+            uploads.ensure_present()
     except BaseException:
         (path / "pyproject.toml").write_text(original_pyproject)
         raise
     return _result(row, "published")
+
+
+def environment_store(artifacts_uri: str | None = None) -> ArtifactStore:
+    """The ``environments/`` part of the artifact store (``VFOPS_ARTIFACTS``).
+
+    Published wheels, sdists and dataset snapshots live there, content-addressed
+    (``environments/sha256/<ab>/<sha256>/<file>``), so ``vfops env gc`` can sweep them
+    without touching anything else kept in the store. Versions published before this
+    layout point at ``<store>/sha256/...``; their URIs are read as they are.
+    """
+    from vfops.artifacts import open_store
+
+    root = open_store(artifacts_uri)
+    return open_store(f"{root.uri.rstrip('/')}/{ENVIRONMENTS_PREFIX}")
+
+
+ENVIRONMENTS_PREFIX = "environments"
+
+
+class _Uploads:
+    """The artifacts one publish put in the store, and which of them it wrote itself."""
+
+    def __init__(self, store: ArtifactStore) -> None:
+        self.store = store
+        self.sources: list[tuple[Path, ArtifactRef]] = []
+        self.created: list[ArtifactRef] = []
+
+    def put(self, path: Path) -> ArtifactRef:
+        ref, created = self.store.put_file_tracked(path)
+        self.sources.append((path, ref))
+        if created:
+            self.created.append(ref)
+        return ref
+
+    def remove_unreferenced(self, engine: Engine) -> None:
+        """After a failed or lost publish: delete what only this publish wrote.
+
+        An object that was already in the store is someone else's; one this publish
+        wrote is kept when a registry row points at it (the winner wrote the same bytes).
+        Best effort: what is left behind is for ``vfops env gc``.
+        """
+        if not self.created:
+            return
+        from vfops.registry import referenced_artifact_uris, session_scope
+
+        try:
+            with session_scope(engine) as session:
+                referenced = artifact_keys(referenced_artifact_uris(session))
+            for ref in self.created:
+                if (ref.sha256, ref.name) not in referenced:
+                    self.store.delete(ref)
+                    log.info("removed %s: no published version refers to it", ref.uri)
+        except Exception as exc:  # the original error matters more than the clean-up's
+            log.warning("could not remove this publish's artifacts (%s); run vfops env gc", exc)
+
+    def ensure_present(self) -> None:
+        """Re-upload any artifact deleted between its upload and the row (a racing gc or
+        a racing loser's clean-up), so a published row never points at nothing."""
+        for path, ref in self.sources:
+            if not self.store.exists(ref):
+                log.warning("%s vanished while publishing; uploading it again", ref.uri)
+                self.store.put_file(path)
+
+
+def artifact_keys(uris: set[str]) -> set[tuple[str, str]]:
+    """(sha256, file name) of each artifact URI: the same bytes whatever the store's URI."""
+    from vfops.artifacts import InvalidArtifactURIError, parse_artifact_uri
+
+    keys = set()
+    for uri in uris:
+        try:
+            parsed = parse_artifact_uri(uri)
+        except InvalidArtifactURIError:
+            continue
+        keys.add((parsed.sha256, parsed.name))
+    return keys
 
 
 def _mkdir(path: Path) -> Path:
@@ -132,12 +234,31 @@ def _register(
     wheel_ref: ArtifactRef,
     sdist_ref: ArtifactRef,
     datasets: dict[str, Any],
-) -> EnvironmentVersionRow:
-    """Write the version row (one transaction; a concurrent identical publish wins once)."""
-    from vfops.registry import add_environment_version, session_scope
+) -> tuple[EnvironmentVersionRow, bool]:
+    """Write the version row in one transaction; return it and whether this call wrote it.
+
+    Two concurrent publishes of one version: one row wins. The other gets the winner's
+    row back when the content is the same (a no-op), else a one-line error.
+    """
+    from vfops.registry import (
+        add_environment_version,
+        find_version,
+        get_or_create_environment,
+        session_scope,
+    )
 
     try:
         with session_scope(engine) as session:
+            # First the environment row: on PostgreSQL a concurrent first publish of the
+            # name blocks here until the other one commits, so the version lookup below
+            # then sees the winner's row.
+            get_or_create_environment(session, project.env_name)
+            existing = find_version(session, project.env_name, project.version)
+            if existing is not None and existing.content_hash == digest:
+                _ = existing.environment
+                return existing, False  # a retried or concurrent publish of this content
+            if existing is not None:  # registered since this publish checked: it lost
+                raise _lost(project, existing.content_hash)
             row = add_environment_version(
                 session,
                 project.env_name,
@@ -154,12 +275,36 @@ def _register(
                 readme=project.readme,
             )
             _ = row.environment  # loaded while the session is open
-    except IntegrityError as exc:
-        raise VfopsError(
+            if (row.wheel_uri, row.sdist_uri) != (wheel_ref.uri, sdist_ref.uri):
+                return row, False  # committed between the lookup and the insert: theirs
+    except (IntegrityError, OperationalError, VfopsError) as exc:
+        # PostgreSQL: the loser's insert waits for the winner's commit, then sees its row
+        # (VfopsError from add_environment_version) or hits the unique index.
+        if isinstance(exc, OperationalError) and "locked" not in str(exc).lower():
+            raise
+        with Session(engine, expire_on_commit=False) as session:
+            winner = find_version(session, project.env_name, project.version)
+            if winner is not None:
+                _ = winner.environment
+        if winner is not None and winner.content_hash == digest:
+            return winner, False
+        if isinstance(exc, VfopsError) and winner is None:
+            raise
+        raise _lost(project, winner.content_hash if winner is not None else None) from exc
+    return row, True
+
+
+def _lost(project: EnvironmentProject, winner_content: str | None) -> VfopsError:
+    if winner_content is None:
+        return VfopsError(
             f"{project.env_name}@{project.version} was published concurrently; "
             "run vfops env publish again (identical content is a no-op)"
-        ) from exc
-    return row
+        )
+    return VfopsError(
+        f"{project.env_name}@{project.version} was published concurrently with other content "
+        f"(content hash {winner_content[:12]}); versions are immutable: publish a new one "
+        f"with: vfops env publish {project.path} --bump patch"
+    )
 
 
 def _result(row: EnvironmentVersionRow, status: Literal["published", "unchanged"]) -> PublishResult:
@@ -218,7 +363,9 @@ def install_published(
     with tempfile.TemporaryDirectory(prefix="vfops-install-") as tmp:
         wheel = Path(tmp) / row.wheel_uri.rsplit("/", 1)[-1]
         open_uri(row.wheel_uri).get_file(row.wheel_uri, wheel, row.wheel_sha256)
-        safe_extract(wheel, Path(tmp) / "check")  # refuses entries escaping the folder
+        safe_extract(wheel, Path(tmp) / "check")  # refuses escaping entries and bombs
+        # The bytes match the row's hash; the wheel inside must also be the row's version.
+        check_wheel_identity(wheel, env_name=row.environment.name, version=row.version)
         command = [python, "-m", "pip", "install", "--quiet", str(wheel)]
         if target is not None:
             command += ["--target", str(target)]

@@ -37,6 +37,7 @@ from vfops.registry._environments import (
     list_environments,
     list_versions,
     parse_version,
+    referenced_artifact_uris,
 )
 from vfops.registry._judge_cache import JudgeCacheEntry, RegistryJudgeCache
 from vfops.registry._models import (
@@ -104,6 +105,7 @@ __all__ = [
     "mask_url",
     "parse_version",
     "record_alias_event",
+    "referenced_artifact_uris",
     "rollouts_for_example",
     "session_scope",
     "set_mlflow_run_id",

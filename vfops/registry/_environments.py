@@ -146,3 +146,23 @@ def list_environments(session: Session) -> list[EnvironmentRow]:
 def list_versions(session: Session, name: str) -> list[EnvironmentVersionRow]:
     """The published versions of ``name``, newest (highest semver) first."""
     return list(session.scalars(_versions_of(name)))
+
+
+def referenced_artifact_uris(session: Session) -> set[str]:
+    """Every artifact URI a published version points at: wheels, sdists, dataset snapshots.
+
+    The artifact store's garbage collection keeps exactly these (and anything younger
+    than its grace period).
+    """
+    uris: set[str] = set()
+    query = select(
+        EnvironmentVersionRow.wheel_uri,
+        EnvironmentVersionRow.sdist_uri,
+        EnvironmentVersionRow.datasets,
+    )
+    for wheel_uri, sdist_uri, datasets in session.execute(query):
+        uris.update((wheel_uri, sdist_uri))
+        for info in (datasets or {}).values():
+            if isinstance(info, dict) and isinstance(info.get("uri"), str):
+                uris.add(info["uri"])
+    return uris

@@ -14,10 +14,17 @@ from vfops.stats._paired import (
     paired_bootstrap,
     per_example_pass,
 )
-from vfops.stats._regression import RegressionReport, compare_runs_statistically, format_p
+from vfops.stats._regression import (
+    DETECTION_POWER,
+    RegressionReport,
+    compare_runs_statistically,
+    format_p,
+    min_detectable_effect,
+)
 
 __all__ = [
     "DEFAULT_PASS_THRESHOLD",
+    "DETECTION_POWER",
     "McNemarResult",
     "NoiseFloor",
     "PairedResult",
@@ -27,6 +34,7 @@ __all__ = [
     "is_binary",
     "mcnemar",
     "mcnemar_exact_p",
+    "min_detectable_effect",
     "noise_floor",
     "paired_bootstrap",
     "per_example_pass",
