@@ -62,6 +62,12 @@ def deployment_specs(
             "GRPO training from a TOML config under the `gpu` concurrency limit.",
         ),
         DeploymentSpec(
+            "flows.train_evaluate_promote",
+            "train_evaluate_promote_flow",
+            "train-evaluate-promote",
+            "Train with GRPO, register the checkpoint, promote it to an alias on evidence.",
+        ),
+        DeploymentSpec(
             "flows.judge_score",
             "judge_score",
             "judge-score",

@@ -217,6 +217,7 @@ def test_deploy_worker_and_trigger_through_the_api(stack: dict[str, Any]) -> Non
         "publish-environment/publish-environment",
         "judge-score/judge-score",
         "nightly-eval/nightly-eval",
+        "train-evaluate-promote/train-evaluate-promote",
     ):
         assert f"deployed {name}" in deployed.stdout
     nightly_deployment = rest(stack, "GET", "/deployments/name/nightly-eval/nightly-eval")

@@ -8,6 +8,8 @@ name below is first used.
   tagged with its training run, base model and environment versions.
 - :func:`load_model_dir`: download ``models:/NAME@alias`` or ``models:/NAME/VERSION``
   to a local directory that :class:`vfops.local.LocalModelClient` can load.
+- :func:`train_evaluate_promote`: the loop in one call: train with GRPO, register
+  the checkpoint, promote it through the evidence gate (a refusal is returned).
 - :func:`promote`: evaluate a candidate version (and the current alias holder) on
   gate environments, compare them with the nightly sweep's paired test, and move
   the alias only on evidence; every decision goes to the append-only
@@ -28,6 +30,11 @@ from vfops._lazy import lazy_exports
 if TYPE_CHECKING:
     from vfops.models._checkpoints import ModelVersionInfo, load_model_dir, register_checkpoint
     from vfops.models._inprocess import is_model_uri, open_model_version_async, pin_model_uri
+    from vfops.models._loop import (
+        LoopResult,
+        train_evaluate_promote,
+        train_evaluate_promote_async,
+    )
     from vfops.models._promotion import (
         AliasEventInfo,
         EnvGateResult,
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AliasEventInfo",
     "EnvGateResult",
+    "LoopResult",
     "ModelVersionInfo",
     "PromotionDecision",
     "PromotionRefusedError",
@@ -52,6 +60,8 @@ __all__ = [
     "promote_async",
     "promotion_history",
     "register_checkpoint",
+    "train_evaluate_promote",
+    "train_evaluate_promote_async",
 ]
 
 _LAZY = {
@@ -68,6 +78,9 @@ _LAZY = {
     "promote": "vfops.models._promotion",
     "promote_async": "vfops.models._promotion",
     "promotion_history": "vfops.models._promotion",
+    "LoopResult": "vfops.models._loop",
+    "train_evaluate_promote": "vfops.models._loop",
+    "train_evaluate_promote_async": "vfops.models._loop",
 }
 
 
