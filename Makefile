@@ -20,9 +20,10 @@ $(VENV)/.installed: pyproject.toml $(ENV_PACKAGES)
 	$(PY) -m pip install --quiet -e '.[dev,train]' $(foreach p,$(ENV_PACKAGES),-e $(dir $(p)))
 	touch $@
 
+# The whole loop (publish, evaluate, train, register, promote, nightly) in a fresh folder.
 demo: setup
-	$(VENV)/bin/vfops model build-tiny $(DEMO_DIR)/tiny-model
-	$(VENV)/bin/vfops eval arithmetic -m local:$(DEMO_DIR)/tiny-model -n 20 -r 2 -o $(DEMO_DIR)/outputs
+	rm -rf $(DEMO_DIR)
+	$(VENV)/bin/vfops demo --dir $(DEMO_DIR)
 
 test: setup
 	$(VENV)/bin/ruff check vfops flows tests environments bench

@@ -42,6 +42,12 @@ def _add_model(app: typer.Typer) -> None:
     app.add_typer(_model.app, name="model")
 
 
+def _add_demo(app: typer.Typer) -> None:
+    from vfops.cli import _demo
+
+    app.command("demo")(_demo.demo_command)
+
+
 def _group(name: str) -> Callable[[typer.Typer], None]:
     def add(app: typer.Typer) -> None:
         module = importlib.import_module(f"vfops.cli._{name}")
@@ -60,6 +66,7 @@ _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "runs": _group("runs"),
     "db": _group("db"),
     "vllm": _group("vllm"),
+    "demo": _add_demo,
 }
 """Every command (group), in help order; each module is imported only when added."""
 

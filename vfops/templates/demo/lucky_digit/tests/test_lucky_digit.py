@@ -41,7 +41,7 @@ def test_reward_is_the_fraction_of_the_digit(reply: str, reward: float) -> None:
 
 
 def test_rollout_with_a_scripted_client() -> None:
-    env = lucky_digit.load_environment(num_examples=2)
+    env = lucky_digit.load_environment(digits="7", num_examples=2)
     example = next(iter(env.iter_eval_examples(1)))
     client = ScriptedClient(["777", "x7"])
 
@@ -50,6 +50,21 @@ def test_rollout_with_a_scripted_client() -> None:
         return [r.reward for r in records]
 
     assert sorted(r or 0.0 for r in asyncio.run(run())) == [0.5, 1.0]
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_a_reply_that_ignores_the_prompt_scores_at_most_half(split: str) -> None:
+    """The default task is prompt-conditional: the digits are asked for in turn, so
+    whatever constant reply a policy gives, its mean reward is at most 0.5."""
+    env = lucky_digit.load_environment()
+    rows = env.get_dataset() if split == "train" else env.get_eval_dataset()
+    asked = list(rows["answer"])
+    infos = [{"digit": digit} for digit in asked]
+    assert sorted(set(asked)) == ["0", "1"] and asked.count("0") == asked.count("1")
+    for reply in ("0", "1", "01", "0011", "x"):
+        completion = [{"role": "assistant", "content": reply}]
+        mean = sum(lucky_digit.digit_fraction(completion, i) for i in infos) / len(infos)
+        assert mean <= 0.5, (reply, mean)
 
 
 def test_bad_arguments() -> None:

@@ -1,5 +1,7 @@
 """lucky_digit: reply with the asked digit, as many times as you like (a GRPO toy task).
 
+The right answer depends on the prompt: by default the prompts ask for 0 or 1 in
+turn, so a policy that ignores the prompt scores at most 0.5 on either split.
 Built so a tiny random-initialised model learns it in minutes on a CPU: the
 reward is dense (the fraction of the reply's visible characters that are the
 asked digit), so even random completions differ in reward within a group and
@@ -46,15 +48,17 @@ def build_dataset(num_examples: int, *, digits: str, seed: int, split: str) -> l
     templates = TRAIN_TEMPLATES if split == "train" else EVAL_TEMPLATES
     words = TRAIN_WORDS if split == "train" else EVAL_WORDS
     rows: list[dict[str, Any]] = []
-    for _ in range(num_examples):
-        digit = rng.choice(digits)
+    for index in range(num_examples):
+        # digits in turn, not drawn: every step's prompts ask for each digit equally
+        # often, so "always say 0" earns nothing over "say what is asked"
+        digit = digits[index % len(digits)]
         question = rng.choice(templates).format(d=digit, w=rng.choice(words))
         rows.append({"question": question, "answer": digit, "info": {"digit": digit}})
     return rows
 
 
 def load_environment(
-    digits: str = "7",
+    digits: str = "01",
     num_train_examples: int = 256,
     num_examples: int = 64,
     seed: int = 0,
@@ -63,8 +67,8 @@ def load_environment(
     """Build the environment.
 
     Args:
-        digits: Digits the prompts ask for (``"7"``: always 7, the CPU-proof default;
-            ``"0123456789"``: the policy must read the prompt).
+        digits: Digits the prompts ask for, in turn (``"01"``: a prompt-blind policy
+            scores at most 0.5; ``"7"``: always 7, no need to read the prompt).
         num_train_examples: Rows of the train split.
         num_examples: Rows of the eval split (held-out phrasings and words).
         seed: Seed of the prompt generator.

@@ -1,0 +1,315 @@
+"""The platform's loop on embedded defaults, start to finish: ``vfops demo`` / ``make demo``.
+
+Everything runs on this machine with nothing to start by hand (no API key, no
+GPU, no server): the registry is SQLite and the artifact store a folder under
+``DIR/home``, MLflow its embedded SQLite store there, Prefect its ephemeral mode
+with its home under ``DIR/prefect``. The stages, each one line of progress:
+
+1. a tiny base model is built locally (random weights: it knows nothing);
+2. the ``lucky_digit`` environment is published (wheel + content hash in the
+   registry and the artifact store); its prompts ask for one of two digits, so a
+   policy that ignores the prompt scores at most 0.5;
+3. the base model is registered (version 1) and made ``champion``: the gate's
+   evaluation of it on the held-out split is the baseline (a registry run with
+   its MLflow run);
+4. the ``nightly-eval`` flow runs on ``models:/NAME@champion`` as yesterday's night;
+5. GRPO trains the base model on the CPU (per-step metrics in MLflow), the
+   checkpoint is registered (version 2) and promoted through the evidence gate;
+6. promoting version 1 again is refused, with the environment and delta named;
+7. the ``nightly-eval`` flow runs tonight on the new champion and is compared
+   with last night.
+
+:func:`run_demo` returns a :class:`DemoSummary` read back from the registry and
+MLflow (not from printed text); ``summary.render()`` is what ``vfops demo`` prints.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vfops._errors import VfopsError
+
+if TYPE_CHECKING:
+    from vfops.models import PromotionDecision
+
+DEMO_MODEL = "vfops-demo-policy"
+"""The registered model name the demo's base and trained checkpoints get."""
+DEMO_ENV = "lucky_digit"
+STAGES = 7
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """How big the demo is (the defaults are ``make demo``'s)."""
+
+    steps: int | None = None
+    """GRPO steps (None: the training config's)."""
+    eval_examples: int = 64
+    """Held-out examples each evaluation runs (64: the whole held-out split)."""
+    nightly: bool = True
+    """Run the two nights (Prefect, ephemeral mode)."""
+
+
+@dataclass(frozen=True)
+class Night:
+    date: str
+    run_id: str
+    model: str
+    reward: float
+    previous_run_id: str | None
+    verdict: str | None
+    delta: float | None
+
+
+@dataclass
+class DemoSummary:
+    """What the demo did, read back from the registry and MLflow."""
+
+    workdir: Path
+    environment: str
+    """``name@version`` as published."""
+    baseline_reward: float
+    trained_reward: float
+    training_run: str | None
+    """The MLflow run of the training (per-step metrics)."""
+    decisions: list[PromotionDecision] = field(default_factory=list)
+    nights: list[Night] = field(default_factory=list)
+    champion_version: str | None = None
+    wall_s: float = 0.0
+
+    def render(self) -> str:
+        home = self.workdir / "home"
+        lines = [
+            "",
+            f"vfops demo: the whole loop in {self.wall_s:.0f} s ({self.environment}, "
+            f"model {DEMO_MODEL})",
+            f"  held-out reward: {self.baseline_reward:.3f} (base model) -> "
+            f"{self.trained_reward:.3f} (trained)",
+            f"  champion: version {self.champion_version}",
+            "  promotions:",
+        ]
+        for decision in self.decisions:
+            lines.append(
+                f"    v{decision.to_version} -> @{decision.alias}: {decision.outcome}: "
+                f"{decision.reason}"
+            )
+            for env in decision.envs:
+                lines.append(
+                    f"      {env.env}: candidate run {env.candidate_run_id}"
+                    + (f", holder run {env.holder_run_id}" if env.holder_run_id else "")
+                )
+        if self.nights:
+            lines.append(f"  nightly (models:/{DEMO_MODEL}@champion):")
+        for night in self.nights:
+            compared = (
+                f"{night.verdict} ({night.delta:+.3f} vs run {night.previous_run_id})"
+                if night.previous_run_id and night.delta is not None
+                else "first night: the baseline"
+            )
+            lines.append(
+                f"    {night.date}: run {night.run_id}, {night.model}, reward "
+                f"{night.reward:.3f}, {compared}"
+            )
+        lines += [
+            f"  training: MLflow run {self.training_run or '-'}",
+            "",
+            "Browse it:",
+            f"  export VFOPS_HOME={home}",
+            "  vfops runs list                      # every run, its status and reward",
+            "  vfops runs show RUN                  # a run's rollouts and its MLflow run",
+            f"  mlflow ui --backend-store-uri sqlite:///{home}/mlflow/mlflow.db "
+            f"--default-artifact-root {home}/mlflow/artifacts",
+            f"  PREFECT_HOME={self.workdir / 'prefect'} prefect server start   "
+            "# the nightly flow runs",
+        ]
+        return "\n".join(lines)
+
+
+@contextmanager
+def demo_home(workdir: Path) -> Iterator[None]:
+    """Point the registry, the artifact store, MLflow and Prefect at ``workdir`` for
+    the block: the demo never touches a user's own registry or tracking server."""
+    home = workdir / "home"
+    values = {
+        "VFOPS_HOME": str(home),
+        "PREFECT_HOME": str(workdir / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "VFOPS_TRACKING": "1",
+        # one progress line per stage: not MLflow's download bars
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    }
+    cleared = ("VFOPS_DATABASE_URL", "VFOPS_ARTIFACTS", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
+    saved = {name: os.environ.get(name) for name in (*values, *cleared)}
+    os.environ.update(values)
+    for name in cleared:
+        os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def run_demo(workdir: Path, settings: DemoSettings | None = None, say: Say = print) -> DemoSummary:
+    """Run the loop in ``workdir`` (created; a second run starts over in a fresh one)."""
+    settings = settings or DemoSettings()
+    workdir = workdir.expanduser().resolve()
+    if (workdir / "home").exists():
+        raise VfopsError(
+            f"{workdir} holds an earlier demo; remove it (rm -r {workdir}) or pass another --dir"
+        )
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with demo_home(workdir):
+        summary = _run(workdir, settings, say)
+    summary.wall_s = time.perf_counter() - started
+    return summary
+
+
+def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
+    from vfops.demo._assets import demo_train_config, environment_project
+    from vfops.local import build_tiny_model
+    from vfops.models import promote, register_checkpoint, train_evaluate_promote
+    from vfops.publishing import publish_environment
+
+    say(f"[1/{STAGES}] building a tiny base model (random weights) in {workdir / 'base-model'}")
+    base = build_tiny_model(workdir / "base-model", seed=0)
+
+    say(f"[2/{STAGES}] publishing the {DEMO_ENV} environment (registry + artifact store)")
+    published = publish_environment(environment_project())
+    _ensure_installed(published.env_name, published.version)
+    environment = f"{published.env_name}@{published.version}"
+
+    say(f"[3/{STAGES}] registering the base model and evaluating it on the held-out split")
+    register_checkpoint(base, name=DEMO_MODEL, base_model="tiny-llama", description="base")
+    first = promote(DEMO_MODEL, "1", gate_envs=[DEMO_ENV], num_examples=settings.eval_examples)
+    baseline = first.envs[0].candidate_mean
+    say(f"        base model: held-out reward {baseline:.3f}; {first.reason}")
+
+    nights: list[Night] = []
+    today = dt.datetime.now(dt.UTC).date()
+    if settings.nightly:
+        say(f"[4/{STAGES}] nightly-eval (Prefect) on models:/{DEMO_MODEL}@champion, last night")
+        nights.append(_night(today - dt.timedelta(days=1), settings))
+    else:
+        say(f"[4/{STAGES}] nightly-eval skipped")
+
+    say(f"[5/{STAGES}] GRPO on the CPU, then register the checkpoint and promote it on evidence")
+    config = demo_train_config(workdir)
+    loop = train_evaluate_promote(
+        config,
+        register_as=DEMO_MODEL,
+        gate_envs=[DEMO_ENV],
+        steps=settings.steps,
+        gate_examples=settings.eval_examples,
+        progress=_training_progress(say, settings.steps or config.run.steps),
+    )
+    say(f"        v{loop.version}: {loop.decision.outcome}: {loop.decision.reason}")
+
+    say(f"[6/{STAGES}] asking the gate to give champion back to the base model (v1)")
+    refused = promote(DEMO_MODEL, "1", gate_envs=[DEMO_ENV], num_examples=settings.eval_examples)
+    say(f"        v1: {refused.outcome}: {refused.reason}")
+
+    if settings.nightly:
+        say(f"[7/{STAGES}] nightly-eval tonight on the new champion, compared with last night")
+        nights.append(_night(today, settings))
+    else:
+        say(f"[7/{STAGES}] nightly-eval skipped")
+    trained = next(
+        (env.candidate_mean for env in loop.decision.envs if env.env == DEMO_ENV),
+        loop.training.final_eval_reward,
+    )
+    return DemoSummary(
+        workdir=workdir,
+        environment=environment,
+        baseline_reward=baseline,
+        trained_reward=trained,
+        training_run=loop.training.mlflow_run_id,
+        decisions=[first, loop.decision, refused],
+        nights=nights,
+        champion_version=_champion_version(),
+    )
+
+
+def _ensure_installed(name: str, version: str) -> None:
+    """A checkout has the environment installed (editable); a pip install of vfops
+    gets the published wheel."""
+    from vfops.envs import installed_environments
+    from vfops.publishing import install_published
+
+    if name not in installed_environments():
+        install_published(f"{name}@{version}")
+
+
+def _training_progress(say: Say, steps: int) -> Callable[[str, int, dict[str, float]], None]:
+    every = max(1, steps // 10)
+
+    def progress(kind: str, step: int, metrics: dict[str, float]) -> None:
+        if kind == "eval":
+            say(f"        step {step}/{steps}: held-out reward {metrics['eval_reward']:.3f}")
+        elif step % every == 0:
+            say(f"        step {step}/{steps}: reward {metrics['reward_mean']:.3f}")
+
+    return progress
+
+
+def _night(day: dt.date, settings: DemoSettings) -> Night:
+    from vfops.nightly import NightlyConfig
+
+    # the flow itself (the flows package ships with vfops); imported by name: flows/
+    # is a thin Prefect layer outside vfops's strictly typed package
+    nightly_eval = importlib.import_module("flows.nightly").nightly_eval
+
+    config = NightlyConfig(
+        environments=[DEMO_ENV],
+        endpoints=[f"models:/{DEMO_MODEL}@champion"],
+        num_examples=settings.eval_examples,
+        rollouts_per_example=1,
+        date=day.isoformat(),
+    )
+    results: list[dict[str, Any]] = nightly_eval(config)
+    (result,) = results
+    report = result.get("report") or {}
+    run = _registry_run(str(result["run_id"]))
+    return Night(
+        date=day.isoformat(),
+        run_id=run.id,
+        model=run.model,
+        reward=float(run.summary.get("reward_mean") or 0.0),
+        previous_run_id=result.get("previous_run_id"),
+        verdict=report.get("verdict"),
+        delta=report.get("delta"),
+    )
+
+
+def _registry_run(run_id: str) -> Any:
+    from vfops.registry import get_engine, get_run, session_scope
+
+    with session_scope(get_engine(), write=False) as session:
+        run = get_run(session, run_id)
+        if run is None:
+            raise VfopsError(f"nightly run {run_id} is not in the registry")
+        session.expunge(run)
+        return run
+
+
+def _champion_version() -> str | None:
+    from vfops.tracking import mlflow_client
+
+    try:
+        return str(mlflow_client().get_model_version_by_alias(DEMO_MODEL, "champion").version)
+    except Exception:  # no champion: the summary says so
+        return None
