@@ -205,3 +205,19 @@ async def test_jsonl_lines_are_whole_records(tmp_path: Path) -> None:
     assert result.run_dir is not None
     for line in (result.run_dir / "results.jsonl").read_bytes().splitlines():
         assert set(orjson.loads(line)) >= {"trace_id", "example_id", "reward", "completion"}
+
+
+async def test_an_infinite_reward_is_an_error_on_its_rollout_not_a_score(tmp_path: Path) -> None:
+    def infinite(completion: Messages, answer: str) -> float:
+        return float("inf") if answer == "0" else 1.0
+
+    rows = [{"question": f"{i}", "answer": str(i)} for i in range(3)]
+    env = SingleTurnEnv(eval_dataset=Dataset.from_list(rows), rubric=Rubric(funcs=[infinite]))
+    result = await run(env, echo_client(), request(n=3, r=1), tmp_path)
+    by_example = {record.example_id: record for record in iter_records(result.run_dir)}
+    bad = by_example[0]
+    assert bad.reward is None and bad.error is not None
+    assert bad.error.type == "InvalidReward" and "infinite" in bad.error.message
+    assert "inf" in bad.error.message
+    assert result.summary.errors == {"scoring:InvalidReward": 1}
+    assert result.summary.reward.mean == 1.0  # the mean is over finite rewards only
