@@ -6,10 +6,13 @@ and nightly cells, promotion gates and tests all call it.
 
 from vfops.evaluation._compare import compare_runs, per_example_rewards
 from vfops.evaluation._evaluate import (
+    DEFAULT_MAX_ERROR_RATE,
     DEFAULT_OUTPUT_ROOT,
+    EXIT_CODES,
     EvalProgress,
     EvalResult,
     OpenedRun,
+    Outcome,
     evaluate,
     evaluate_async,
     registry_summary,
@@ -23,13 +26,16 @@ from vfops.evaluation._store import iter_records, load_results, read_metadata
 from vfops.evaluation._summary import EvalSummary, pass_at_k
 
 __all__ = [
+    "DEFAULT_MAX_ERROR_RATE",
     "DEFAULT_OUTPUT_ROOT",
+    "EXIT_CODES",
     "EvalProgress",
     "EvalRequest",
     "EvalResult",
     "EvalSummary",
     "ModelOptions",
     "OpenedRun",
+    "Outcome",
     "Provenance",
     "SinkError",
     "compare_runs",

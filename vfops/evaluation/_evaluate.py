@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from vfops._errors import VfopsError
 from vfops._paths import check_writable_folder
@@ -65,7 +65,18 @@ if TYPE_CHECKING:
 
 Action = Literal["created", "resumed", "reused"]
 Existing = Literal["new", "resume", "reuse"]
+Outcome = Literal["completed", "completed_with_errors", "interrupted", "failed"]
 DEFAULT_OUTPUT_ROOT = Path("outputs")
+DEFAULT_MAX_ERROR_RATE: Final = 0.0
+"""The share of errored rollouts above which a completed run is reported as
+``completed_with_errors`` (``vfops eval --max-error-rate``): by default any error."""
+EXIT_CODES: Final[dict[Outcome, int]] = {
+    "completed": 0,
+    "failed": 1,
+    # 2 is bad input (VfopsError), caught before a run is recorded
+    "completed_with_errors": 3,
+    "interrupted": 130,  # 128 + SIGINT; SIGTERM exits 143 (the CLI knows which came)
+}
 
 _CATCH_UP_BATCH = 512
 
@@ -89,11 +100,51 @@ class EvalResult:
     error: str | None = None
     """Why a failed run failed, and how to finish it."""
 
-    def raise_for_status(self) -> None:
-        """Raise :class:`VfopsError` unless the run completed."""
+    def outcome(self, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> Outcome:
+        """What happened, in one word: ``completed``, ``completed_with_errors`` (more
+        than ``max_error_rate`` of the rollouts errored, or every one did),
+        ``interrupted`` or ``failed``."""
         if self.status != "completed":
-            label = self.run_id or self.run_dir
-            raise VfopsError(self.error or f"eval run {label} ended {self.status}")
+            return "interrupted" if self.status == "interrupted" else "failed"
+        errors, rollouts = self.summary.error_count, self.summary.rollouts
+        if errors and (errors == rollouts or errors > max_error_rate * rollouts):
+            return "completed_with_errors"
+        return "completed"
+
+    def exit_code(self, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> int:
+        """The process exit status that says :meth:`outcome` (0 only when it completed).
+        An interruption by a signal exits 128 + the signal's number instead (the CLI)."""
+        return EXIT_CODES[self.outcome(max_error_rate)]
+
+    def problem(self, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> str | None:
+        """One line saying what went wrong and what to do; ``None`` when it completed."""
+        outcome = self.outcome(max_error_rate)
+        label = self.run_id or self.run_dir
+        if outcome == "completed":
+            return None
+        if outcome == "completed_with_errors":
+            summary = self.summary
+            kinds = ", ".join(f"{kind}: {n}" for kind, n in summary.errors.most_common(3))
+            return (
+                f"completed with errors: {summary.error_count} of {summary.rollouts} rollouts "
+                f"errored ({kinds}); see each kind's message above, fix the endpoint or raise "
+                "--max-retries and rerun, or accept a share of errors with --max-error-rate"
+            )
+        return self.error or f"eval run {label} ended {self.status}"
+
+    def raise_for_status(self, max_error_rate: float | None = None) -> None:
+        """Raise :class:`VfopsError` unless the run completed (and, when
+        ``max_error_rate`` is given, unless its errors stay within it: by default a
+        run with errored rollouts is a result, which :meth:`outcome` describes)."""
+        if max_error_rate is None and self.status == "completed":
+            return
+        problem = self.problem(DEFAULT_MAX_ERROR_RATE if max_error_rate is None else max_error_rate)
+        if problem is not None:
+            error = VfopsError(problem)
+            error.exit_code = self.exit_code(
+                DEFAULT_MAX_ERROR_RATE if max_error_rate is None else max_error_rate
+            )
+            raise error
 
 
 @dataclass(frozen=True)
@@ -493,6 +544,7 @@ async def _run(
     done: set[tuple[int, int]] = set()
     status, error = "interrupted", None
     missing_on_disk: set[tuple[int, int]] = set()
+    in_delivery: set[asyncio.Future[None]] = set()
     started = time.perf_counter()
     try:
         await _catch_up(run_dir, plan, sinks, summary, done)
@@ -501,14 +553,23 @@ async def _run(
         if progress is not None:
             progress.opened(OpenedRun(plan.run_id, run_dir, plan.action, planned, len(done)))
 
-        async def handle(records: list[RolloutRecord]) -> None:
-            writer.write_group(records)  # first: what is on disk survives a crash
+        async def to_sinks(records: list[RolloutRecord]) -> None:
             for sink in sinks:
                 await sink.write_group(records)
             for record in records:
                 summary.add(record)
             if progress is not None:
                 progress.group(records, summary)
+
+        async def handle(records: list[RolloutRecord]) -> None:
+            writer.write_group(records)  # first: what is on disk survives a crash
+            # A group on disk reaches every sink even when the run is interrupted
+            # meanwhile (SIGINT/SIGTERM): the registry then holds what the folder holds.
+            delivering = asyncio.ensure_future(to_sinks(records))
+            in_delivery.add(delivering)
+            delivering.add_done_callback(in_delivery.discard)
+            await asyncio.wait({delivering})
+            delivering.result()
 
         await run_rollouts(env, client, request, done, handle)
         status = "completed"
@@ -525,6 +586,11 @@ async def _run(
         writer.close()
 
         async def settle() -> EvalResult:
+            if in_delivery:  # an interrupted group's delivery ends before the sinks close
+                delivering = set(in_delivery)
+                await asyncio.wait(delivering)
+                for late in delivering:  # a sink's failure is raised again by its close
+                    _ = late.cancelled() or late.exception()
             opened_engine = engine if opening is None else await _opened(opening)
             _add_provenance(metadata, plan)
             tracking_sink = None
