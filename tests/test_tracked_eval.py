@@ -57,27 +57,43 @@ def only_run_id(db_url: str) -> str:
     return str(run_id)
 
 
-def _kill_9_mid_run(args: list[str], env: dict[str, str], tmp_path: Path, db_url: str) -> Path:
+def _kill_9_mid_run(
+    args: list[str],
+    env: dict[str, str],
+    tmp_path: Path,
+    db_url: str,
+    *,
+    rows_in_registry: bool = False,
+) -> Path:
     """Start ``vfops eval``, SIGKILL it once rollouts are on disk and the registry holds
-    the run (it is opened while the first rollouts run); return results.jsonl."""
+    the run (it is opened while the first rollouts run) and, with ``rows_in_registry``,
+    some of its rollouts; return results.jsonl."""
     process = subprocess.Popen(
         [sys.executable, "-m", "vfops", *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 60
-    results = None
-    while time.monotonic() < deadline:
-        found = list(tmp_path.glob("evals/*/*/results.jsonl"))
-        if found and found[0].stat().st_size > 20_000 and _run_count(db_url) == 1:
-            results = found[0]
-            break
-        time.sleep(0.05)
-    assert results is not None, "the run never got going"
+    results = _wait_until_mid_run(tmp_path, db_url, rows_in_registry=rows_in_registry)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     return results
+
+
+def _wait_until_mid_run(tmp_path: Path, db_url: str, *, rows_in_registry: bool) -> Path:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = list(tmp_path.glob("evals/*/*/results.jsonl"))
+        if found and found[0].stat().st_size > 20_000 and _run_count(db_url) == 1:
+            if not rows_in_registry or _rollout_count(db_url) > 0:
+                return found[0]
+        time.sleep(0.05)
+    raise AssertionError("the run never got going")
+
+
+def _rollout_count(db_url: str) -> int:
+    with get_engine(db_url).connect() as connection:
+        return int(connection.execute(text("SELECT count(*) FROM rollouts")).scalar_one())
 
 
 def _run_count(db_url: str) -> int:
@@ -106,13 +122,59 @@ def test_kill_9_then_resume_gives_exactly_n_times_r(
 ) -> None:
     env = cli_env(db_url, env_site)
     get_engine(db_url)  # the schema exists, as for any run but a machine's first
-    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=50)) as stub:
+    # ~4 s of rollouts: killed once the registry holds some and the folder more
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=200)) as stub:
         args = _kill_args(stub.base_url, tmp_path)
-        _kill_9_mid_run(args, env, tmp_path, db_url)
+        results = _kill_9_mid_run(args, env, tmp_path, db_url, rows_in_registry=True)
         run_id = only_run_id(db_url)
-        assert count_rollouts(get_engine(db_url), run_id) < 300
+        assert 0 < count_rollouts(get_engine(db_url), run_id) < 300
+        lines = results.read_bytes().splitlines()
+        on_disk = len(lines) - (not lines[-1].endswith(b"}"))  # a torn last line is redone
+        asked = stub.stats["requests"]
         resumed = run(*args, "--resume", run_id, env=env)
         assert resumed.returncode == 0, resumed.stderr
+        # resume generated only what the folder did not hold; a request the killed
+        # process sent may be counted late: at most its in-flight (-c 16) more
+        missing = 300 - on_disk
+        assert missing <= stub.stats["requests"] - asked <= missing + 16
+    _assert_exactly_once(db_url, run_id)
+
+
+def test_sigterm_mid_run_is_interrupted_flushed_and_resumable(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """SIGTERM (what workers and orchestrators send) is handled like SIGINT: exit 143,
+    status interrupted in the registry and the folder, every row on disk also in the
+    registry, and --resume completes to exactly N x R generating only what is missing."""
+    env = cli_env(db_url, env_site, VFOPS_TRACKING="0")
+    get_engine(db_url)
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=200)) as stub:
+        args = _kill_args(stub.base_url, tmp_path)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vfops", *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        results = _wait_until_mid_run(tmp_path, db_url, rows_in_registry=True)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 143, stderr
+        assert "Traceback" not in stderr and "interrupted" in stderr and "--resume" in stderr
+        run_id = only_run_id(db_url)
+        on_disk = len(results.read_bytes().splitlines())
+        assert 0 < on_disk < 300
+        assert count_rollouts(get_engine(db_url), run_id) == on_disk  # every row flushed
+        with get_engine(db_url).connect() as connection:
+            status = connection.execute(text("SELECT status FROM eval_runs")).scalar_one()
+        assert status == "interrupted"
+        metadata = orjson.loads((results.parent / "metadata.json").read_bytes())
+        assert metadata["status"] == "interrupted"
+        asked = stub.stats["requests"]
+        resumed = run(*args, "--resume", run_id, env=env)
+        assert resumed.returncode == 0, resumed.stderr
+        assert stub.stats["requests"] - asked == 300 - on_disk
     _assert_exactly_once(db_url, run_id)
 
 
