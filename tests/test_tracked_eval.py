@@ -84,9 +84,9 @@ def _wait_until_mid_run(tmp_path: Path, db_url: str, *, rows_in_registry: bool) 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         found = list(tmp_path.glob("evals/*/*/results.jsonl"))
-        if found and found[0].stat().st_size > 20_000 and _run_count(db_url) == 1:
-            if not rows_in_registry or _rollout_count(db_url) > 0:
-                return found[0]
+        going = found and found[0].stat().st_size > 20_000 and _run_count(db_url) == 1
+        if going and (not rows_in_registry or _rollout_count(db_url) > 0):
+            return found[0]
         time.sleep(0.05)
     raise AssertionError("the run never got going")
 
