@@ -221,3 +221,29 @@ async def test_an_infinite_reward_is_an_error_on_its_rollout_not_a_score(tmp_pat
     assert "inf" in bad.error.message
     assert result.summary.errors == {"scoring:InvalidReward": 1}
     assert result.summary.reward.mean == 1.0  # the mean is over finite rewards only
+
+
+async def test_two_resumes_of_one_folder_at_once_the_second_is_refused(tmp_path: Path) -> None:
+    """Without the registry the run folder's lock keeps a second process (or task) off."""
+    from vfops.evaluation._lock import RunFolderBusyError
+
+    first = await run(make_env(20), echo_client(), request(n=20, r=2), tmp_path)
+    assert first.run_dir is not None
+    results = first.run_dir / "results.jsonl"
+    results.write_bytes(b"".join(results.read_bytes().splitlines(keepends=True)[:10]))
+    generating = asyncio.Event()
+
+    def reply(messages: Messages, tools: object) -> str:
+        generating.set()  # the first resume holds the folder once it generates
+        return str(messages[-1]["content"])
+
+    slow, second = ScriptedClient(reply, delay_s=0.05), echo_client()
+    resuming = asyncio.create_task(
+        run(make_env(20), slow, request(n=20, r=2), tmp_path, resume=first.run_dir)
+    )
+    await generating.wait()
+    with pytest.raises(RunFolderBusyError, match=r"is being worked on by pid \d+ on host"):
+        await run(make_env(20), second, request(n=20, r=2), tmp_path, resume=first.run_dir)
+    assert (await resuming).status == "completed"
+    assert second.calls == [] and len(slow.calls) == 30
+    assert keys(first.run_dir) == [(e, i) for e in range(20) for i in range(2)]

@@ -178,6 +178,54 @@ def test_sigterm_mid_run_is_interrupted_flushed_and_resumable(
     _assert_exactly_once(db_url, run_id)
 
 
+def _lease_owner(db_url: str) -> str | None:
+    with get_engine(db_url).connect() as connection:
+        owner = connection.execute(text("SELECT lease_owner FROM eval_runs")).scalar_one()
+    return None if owner is None else str(owner)
+
+
+def test_two_concurrent_resumes_of_one_run_the_second_is_refused(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """A run killed mid-way (its dead process's lease is taken over), resumed twice at
+    once: the second exits at once, naming the first; the first completes it exactly,
+    and the endpoint is asked only for the missing rollouts."""
+    env = cli_env(db_url, env_site, VFOPS_TRACKING="0")
+    get_engine(db_url)
+    # slow rollouts (~8 s to finish the run): the second resume starts while the first runs
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=500)) as stub:
+        args = _kill_args(stub.base_url, tmp_path)
+        results = _kill_9_mid_run(args, env, tmp_path, db_url, rows_in_registry=True)
+        run_id = only_run_id(db_url)
+        lines = results.read_bytes().splitlines()
+        on_disk = len(lines) - (not lines[-1].endswith(b"}"))
+        asked = stub.stats["requests"]
+        first = subprocess.Popen(
+            [sys.executable, "-m", "vfops", *args, "--resume", run_id],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while f"@{first.pid}:" not in (_lease_owner(db_url) or ""):
+            assert time.monotonic() < deadline and first.poll() is None, "no lease taken"
+            time.sleep(0.05)
+        second = run(*args, "--resume", run_id, env=env)
+        assert first.poll() is None  # it was refused while the first was working
+        _, first_err = first.communicate(timeout=120)
+        assert first.returncode == 0, first_err
+    assert second.returncode == 4, second.stderr
+    (line,) = second.stderr.strip().splitlines()
+    assert line.startswith(f"error: run {run_id} is being worked on by pid {first.pid} on host")
+    assert "wait for it to end" in line
+    assert len(results.read_bytes().splitlines()) == 300
+    missing = 300 - on_disk  # a request of the killed process may be counted late
+    assert missing <= stub.stats["requests"] - asked <= missing + 16
+    _assert_exactly_once(db_url, run_id)
+    assert _lease_owner(db_url) is None  # released at the end
+
+
 def test_a_run_killed_before_it_was_recorded_resumes_from_its_folder(
     db_url: str, env_site: Path, tmp_path: Path
 ) -> None:
