@@ -17,9 +17,10 @@ from typing import Any
 import orjson
 import pytest
 from datasets import load_from_disk
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from tests.registry_fixtures import DIALECTS, database_url
+from tests.tcp_proxy import TcpProxy
 from vfops.registry import count_rollouts, get_engine, iter_rollouts
 from vfops.testing import StubConfig, StubServer
 
@@ -595,3 +596,72 @@ def test_no_secret_reaches_tables_logs_or_exports(
         assert secret not in logs
         assert not any(secret in row for row in dump)
         assert secret.encode() not in files
+
+
+@pytest.fixture
+def pg_url(tmp_path: Path) -> Iterator[str]:
+    yield from database_url("postgresql", tmp_path)
+
+
+@pytest.mark.parametrize("comes_back", [True, False], ids=["comes-back", "stays-down"])
+def test_registry_outage_mid_eval_is_waited_out_or_fails_resumably(
+    comes_back: bool, pg_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """PostgreSQL stops accepting connections mid-eval (a real TCP proxy in front of
+    it is cut): generation pauses while the writes are retried; if the database comes
+    back the run completes, if not the run fails in one line (status failed in its
+    folder, exit 1) and --resume completes it to exactly N x R."""
+    target = make_url(pg_url)
+    with TcpProxy(target.host or "127.0.0.1", target.port or 5432) as proxy:
+        through = target.set(host="127.0.0.1", port=proxy.port)
+        retry_s = "60" if comes_back else "3"
+        env = cli_env(
+            through.render_as_string(hide_password=False), env_site,
+            VFOPS_TRACKING="0", VFOPS_REGISTRY_RETRY_S=retry_s,
+        )  # fmt: skip
+        get_engine(pg_url)
+        with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=200)) as stub:
+            args = _kill_args(stub.base_url, tmp_path)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "vfops", *args],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            assert process.stderr is not None
+            results = _wait_until_mid_run(tmp_path, pg_url, rows_in_registry=True)
+            proxy.cut()
+            noticed = process.stderr.readline()  # the first thing it says: it is waiting
+            assert "registry: the database does not answer" in noticed, noticed
+            assert f"retrying for up to {retry_s} s" in noticed
+            asked_at_outage = stub.stats["requests"]
+            if comes_back:
+                proxy.restore()
+                rest = process.communicate(timeout=120)[1]
+                assert process.returncode == 0, noticed + rest
+                assert "answers again" in rest and "error" not in rest
+            else:
+                rest = process.communicate(timeout=120)[1]
+                assert process.returncode == 1, noticed + rest
+                assert "Traceback" not in rest
+                error_lines = [line for line in rest.splitlines() if line.startswith("error:")]
+                assert len(error_lines) == 1 and rest.strip().splitlines()[-1] == error_lines[0]
+                assert error_lines[0].startswith(
+                    f"error: registry: the database did not answer for {retry_s} s"
+                )
+                assert "--resume" in error_lines[0]
+                metadata = orjson.loads((results.parent / "metadata.json").read_bytes())
+                assert metadata["status"] == "failed"
+                on_disk = len(results.read_bytes().splitlines())
+                assert on_disk < 300
+                # generation paused: after the outage was noticed only the groups already
+                # scheduled ran (2 x ceil(c / r) groups of r rollouts: 32)
+                assert stub.stats["requests"] - asked_at_outage <= 32
+                proxy.restore()
+                asked = stub.stats["requests"]
+                resumed = run(*args, "--resume", only_run_id(pg_url), env=env)
+                assert resumed.returncode == 0, resumed.stderr
+                assert stub.stats["requests"] - asked == 300 - on_disk
+    assert len(results.read_bytes().splitlines()) == 300
+    _assert_exactly_once(pg_url, only_run_id(pg_url))
