@@ -225,7 +225,7 @@ async def test_an_infinite_reward_is_an_error_on_its_rollout_not_a_score(tmp_pat
 
 async def test_two_resumes_of_one_folder_at_once_the_second_is_refused(tmp_path: Path) -> None:
     """Without the registry the run folder's lock keeps a second process (or task) off."""
-    from vfops.evaluation._lock import RunFolderBusyError
+    from vfops.evaluation import RunFolderBusyError
 
     first = await run(make_env(20), echo_client(), request(n=20, r=2), tmp_path)
     assert first.run_dir is not None

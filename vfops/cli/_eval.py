@@ -136,8 +136,9 @@ def eval_command(
     """Run N examples x R rollouts and save every trace as it completes.
 
     Exit status: 0 completed; 1 failed (finish it with --resume); 2 bad input;
-    3 completed with errors above --max-error-rate; 130 interrupted (SIGINT), 143
-    interrupted (SIGTERM): both resumable with --resume.
+    3 completed with errors above --max-error-rate; 4 another process is working on
+    the run; 130 interrupted (SIGINT), 143 interrupted (SIGTERM): both resumable
+    with --resume.
     """
     if not 0.0 <= max_error_rate <= 1.0:  # also rejects NaN
         raise VfopsError(

@@ -18,6 +18,7 @@ from vfops.evaluation._evaluate import (
     registry_summary,
 )
 from vfops.evaluation._export import export_run, run_metadata
+from vfops.evaluation._lock import RunFolderBusyError
 from vfops.evaluation._model import ModelOptions, resolve_model_name
 from vfops.evaluation._provenance import Provenance, config_fingerprint, resolve_provenance
 from vfops.evaluation._runner import EvalRequest
@@ -37,6 +38,7 @@ __all__ = [
     "OpenedRun",
     "Outcome",
     "Provenance",
+    "RunFolderBusyError",
     "SinkError",
     "compare_runs",
     "config_fingerprint",

@@ -36,7 +36,7 @@ from vfops._rollout import RolloutRecord
 from vfops._settings import registry_retry_s
 from vfops._twins import blocking_twin
 from vfops.clients._base import ModelClient
-from vfops.evaluation._lock import RunFolderBusyError, RunFolderLock
+from vfops.evaluation._lock import RunFolderLock
 from vfops.evaluation._model import ModelOptions, connect_model
 from vfops.evaluation._runner import (
     EvalRequest,
@@ -78,6 +78,7 @@ EXIT_CODES: Final[dict[Outcome, int]] = {
     "failed": 1,
     # 2 is bad input (VfopsError), caught before a run is recorded
     "completed_with_errors": 3,
+    # 4: the run is busy (another process holds its lease or folder lock): RunBusyError
     "interrupted": 130,  # 128 + SIGINT; SIGTERM exits 143 (the CLI knows which came)
 }
 
@@ -548,12 +549,13 @@ async def _run(
     if plan.run_id is not None:
         metadata["run_id"] = plan.run_id
         _add_provenance(metadata, plan)
-    if plan.resume_folder:
-        metadata = check_resumable(run_dir, request, metadata)
     folder_lock = RunFolderLock(run_dir)
     try:
+        if plan.resume_folder:
+            metadata = check_resumable(run_dir, request, metadata)
         folder_lock.acquire()  # before anything in the folder is written
-    except RunFolderBusyError:
+    except (VfopsError, OSError):
+        # refused before anything ran: the run is free again for a corrected command
         if engine is not None and plan.run_id is not None and plan.lease is not None:
             await asyncio.to_thread(_release_lease, engine, plan.run_id, plan.lease)
         raise
