@@ -219,13 +219,13 @@ async def evaluate_async(
     options = model_options or ModelOptions()
     options.validate()
     output_root = output_root or DEFAULT_OUTPUT_ROOT
+    if registry:
+        registry_retry_s()  # a bad VFOPS_REGISTRY_RETRY_S is one line, before any run
     if resume is None:  # a new run's folder goes there: checked before it is recorded
         fix = "pass a folder with -o/--output"
         check_writable_folder(output_root, what="output folder", fix=fix)
     if resume is not None and not registry:
         read_metadata(Path(resume))  # a clear one-line error on a wrong folder, now
-    if registry:
-        registry_retry_s()  # a bad VFOPS_REGISTRY_RETRY_S is one line, before any run
     track = registry and _tracking_on(tracking)
     # first: MLflow's start-up in the tracker overlaps everything below. A run handed
     # off at the end starts its tracker then: nobody waits for it, and its start-up
