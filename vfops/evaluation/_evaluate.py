@@ -22,6 +22,7 @@ the same places with the same provenance:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -557,7 +558,9 @@ async def _run(
     except (VfopsError, OSError):
         # refused before anything ran: the run is free again for a corrected command
         if engine is not None and plan.run_id is not None and plan.lease is not None:
-            await asyncio.to_thread(_release_lease, engine, plan.run_id, plan.lease)
+            # best effort: an unreleased lease expires anyway; the refusal is the news
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(_release_lease, engine, plan.run_id, plan.lease)
         raise
     try:
         return await _run_locked(
