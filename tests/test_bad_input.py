@@ -130,6 +130,11 @@ CASES = [
          r"--request-timeout must be > 0"),
     Case("eval-max-retries-negative", (*EVAL, "--max-retries", "-1"),
          r"--max-retries must be >= 0"),
+    Case("eval-max-error-rate-above-1", (*EVAL, "--max-error-rate", "1.5"),
+         r"--max-error-rate must be between 0 and 1"),
+    Case("eval-registry-retry-negative", (*EVAL,),
+         r"VFOPS_REGISTRY_RETRY_S must be a number of seconds >= 0.*fix or unset it",
+         env={"VFOPS_REGISTRY_RETRY_S": "-1"}),
     # ------------------------------------------------------------------ eval: files, places
     Case("eval-unknown-env", ("eval", "no_such_env", "-m", "m", "-b", "{stub}", "-o", "{tmp}/out"),
          r"no_such_env.*vfops env (list|install)"),

@@ -159,6 +159,59 @@ def test_eval_completes_against_a_faulty_endpoint(
         kinds = {e["type"] for e in errors}  # type: ignore[index]
         assert kinds <= {"InternalServerError", "APITimeoutError"}, kinds
         assert "InternalServerError" in kinds
+        # a script can tell: completed with errors exits 3 and says how many, in one line
+        assert result.returncode == 3, result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"error: completed with errors: {len(errors)} of 200 rollouts")
+        assert "generation:InternalServerError" in line and "--max-error-rate" in line
+
+
+@pytest.mark.parametrize(
+    ("failing", "flags", "code"),
+    [
+        ("none", [], 0),
+        ("some", [], 3),  # the default tolerates no error
+        ("some", ["--max-error-rate", "0.5"], 0),  # 2 of 8 errored: within 50 %
+        ("some", ["--max-error-rate", "0.2"], 3),
+        ("all", ["--max-error-rate", "1"], 3),  # every rollout failed: never a success
+    ],
+)
+def test_exit_status_says_whether_rollouts_errored(
+    failing: str, flags: list[str], code: int, env_site: Path, tmp_path: Path
+) -> None:
+    config = {
+        "none": StubConfig(reply_mode="echo_answer"),
+        # the first 2 chat requests fail (retries off): 2 of 8 rollouts errored
+        "some": StubConfig(reply_mode="echo_answer", fail_first_n=2),
+        "all": StubConfig(reply_mode="echo_answer", rate_500=1.0),
+    }[failing]
+    with StubServer(config) as server:
+        result = run_cli(
+            "eval", "echo_env", "-m", "stub-model", "-b", server.base_url, "-n", "8", "-r", "1",
+            "-c", "1", "--max-retries", "0", *flags, "-o", str(tmp_path), site=env_site,
+        )  # fmt: skip
+    assert result.returncode == code, result.stderr
+    errored = sum(r["error"] is not None for r in records(tmp_path))
+    assert errored == {"none": 0, "some": 2, "all": 8}[failing]
+    if code == 3:
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"error: completed with errors: {errored} of 8 rollouts errored")
+    (metadata_path,) = tmp_path.glob("evals/*/*/metadata.json")
+    assert orjson.loads(metadata_path.read_bytes())["status"] == "completed"
+
+
+@pytest.mark.parametrize("rate", ["-0.1", "1.5", "nan"])
+def test_max_error_rate_outside_0_to_1_is_refused_in_one_line(
+    rate: str, env_site: Path, stub: StubServer, tmp_path: Path
+) -> None:
+    result = run_cli(
+        "eval", "echo_env", "-m", "stub-model", "-b", stub.base_url, "--max-error-rate", rate,
+        "-o", str(tmp_path), site=env_site,
+    )  # fmt: skip
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: --max-error-rate must be between 0 and 1")
+    assert not tmp_path.joinpath("evals").exists()
 
 
 def test_eval_of_a_model_the_endpoint_does_not_serve(env_site: Path, tmp_path: Path) -> None:

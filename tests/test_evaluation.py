@@ -205,3 +205,45 @@ async def test_jsonl_lines_are_whole_records(tmp_path: Path) -> None:
     assert result.run_dir is not None
     for line in (result.run_dir / "results.jsonl").read_bytes().splitlines():
         assert set(orjson.loads(line)) >= {"trace_id", "example_id", "reward", "completion"}
+
+
+async def test_an_infinite_reward_is_an_error_on_its_rollout_not_a_score(tmp_path: Path) -> None:
+    def infinite(completion: Messages, answer: str) -> float:
+        return float("inf") if answer == "0" else 1.0
+
+    rows = [{"question": f"{i}", "answer": str(i)} for i in range(3)]
+    env = SingleTurnEnv(eval_dataset=Dataset.from_list(rows), rubric=Rubric(funcs=[infinite]))
+    result = await run(env, echo_client(), request(n=3, r=1), tmp_path)
+    by_example = {record.example_id: record for record in iter_records(result.run_dir)}
+    bad = by_example[0]
+    assert bad.reward is None and bad.error is not None
+    assert bad.error.type == "InvalidReward" and "infinite" in bad.error.message
+    assert "inf" in bad.error.message
+    assert result.summary.errors == {"scoring:InvalidReward": 1}
+    assert result.summary.reward.mean == 1.0  # the mean is over finite rewards only
+
+
+async def test_two_resumes_of_one_folder_at_once_the_second_is_refused(tmp_path: Path) -> None:
+    """Without the registry the run folder's lock keeps a second process (or task) off."""
+    from vfops.evaluation import RunFolderBusyError
+
+    first = await run(make_env(20), echo_client(), request(n=20, r=2), tmp_path)
+    assert first.run_dir is not None
+    results = first.run_dir / "results.jsonl"
+    results.write_bytes(b"".join(results.read_bytes().splitlines(keepends=True)[:10]))
+    generating = asyncio.Event()
+
+    def reply(messages: Messages, tools: object) -> str:
+        generating.set()  # the first resume holds the folder once it generates
+        return str(messages[-1]["content"])
+
+    slow, second = ScriptedClient(reply, delay_s=0.05), echo_client()
+    resuming = asyncio.create_task(
+        run(make_env(20), slow, request(n=20, r=2), tmp_path, resume=first.run_dir)
+    )
+    await generating.wait()
+    with pytest.raises(RunFolderBusyError, match=r"is being worked on by pid \d+ on host"):
+        await run(make_env(20), second, request(n=20, r=2), tmp_path, resume=first.run_dir)
+    assert (await resuming).status == "completed"
+    assert second.calls == [] and len(slow.calls) == 30
+    assert keys(first.run_dir) == [(e, i) for e in range(20) for i in range(2)]

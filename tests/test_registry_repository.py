@@ -461,3 +461,138 @@ def test_records_compare_by_value() -> None:
     # the round-trip tests rely on dataclass equality of nested records
     assert make_record(1, 2, trace_id="t") == make_record(1, 2, trace_id="t")
     assert isinstance(make_record(1, 2), RolloutRecord)
+
+
+# --- run leases -------------------------------------------------------------------------
+
+
+def _lease_of(engine: Engine, run_id: str) -> str | None:
+    with session_scope(engine, write=False) as session:
+        row = get_run(session, run_id)
+        assert row is not None
+        return row.lease_owner
+
+
+def test_a_run_lease_is_held_by_one_owner_until_released_or_expired(engine: Engine) -> None:
+    import subprocess
+    import sys
+
+    from vfops.registry import (
+        LeaseOwner,
+        RunBusyError,
+        release_run_lease,
+        renew_run_lease,
+        take_run_lease,
+    )
+
+    first, second = LeaseOwner.this_process(), LeaseOwner.this_process()
+    run_id = _run(engine, lease_owner=first).id
+    assert _lease_of(engine, run_id) == str(first)
+    busy = rf"run {run_id} is being worked on by pid \d+"
+    with pytest.raises(RunBusyError, match=busy), session_scope(engine) as session:
+        take_run_lease(session, run_id, second)
+    assert renew_run_lease(engine, run_id, first)
+    with session_scope(engine) as session:
+        take_run_lease(session, run_id, first)  # its own lease: taken again (renewed)
+        release_run_lease(session, run_id, second)  # not its lease: nothing happens
+    assert _lease_of(engine, run_id) == str(first)
+
+    # expired: taken over, and the old owner learns it when it renews
+    with session_scope(engine) as session:
+        take_run_lease(session, run_id, first, ttl_s=-1)
+        take_run_lease(session, run_id, second)
+    assert _lease_of(engine, run_id) == str(second)
+    assert not renew_run_lease(engine, run_id, first)
+
+    # a dead process of this host holds it: taken over before it expires
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    dead = LeaseOwner(first.host, int(finished.stdout), "gone")
+    with session_scope(engine) as session:
+        release_run_lease(session, run_id, second)
+        take_run_lease(session, run_id, dead, ttl_s=3600)
+        take_run_lease(session, run_id, first)
+    assert _lease_of(engine, run_id) == str(first)
+    # another host's process cannot be checked: its lease must expire first
+    remote = LeaseOwner("elsewhere.example", 1, "remote")
+    with session_scope(engine) as session:
+        release_run_lease(session, run_id, first)
+        take_run_lease(session, run_id, remote, ttl_s=3600)
+    remote_busy = r"pid 1 on host elsewhere\.example"
+    with pytest.raises(RunBusyError, match=remote_busy), session_scope(engine) as session:
+        take_run_lease(session, run_id, first)
+    with session_scope(engine) as session:
+        release_run_lease(session, run_id, remote)
+    assert _lease_of(engine, run_id) is None
+
+
+def test_concurrent_takers_of_one_lease_one_wins(engine: Engine) -> None:
+    """The compare-and-set: threads racing for a free lease, exactly one holds it."""
+    from vfops.registry import LeaseOwner, RunBusyError, take_run_lease
+
+    run_id = _run(engine).id
+    owners = [LeaseOwner.this_process() for _ in range(8)]
+    won: list[LeaseOwner] = []
+    barrier = threading.Barrier(len(owners))
+
+    def take(owner: LeaseOwner) -> None:
+        barrier.wait()
+        try:
+            with session_scope(engine) as session:
+                take_run_lease(session, run_id, owner)
+            won.append(owner)
+        except RunBusyError:
+            pass
+
+    threads = [threading.Thread(target=take, args=(owner,)) for owner in owners]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(won) == 1 and _lease_of(engine, run_id) == str(won[0])
+
+
+@pytest.fixture
+def pg_engine(tmp_path: Path) -> Iterator[Engine]:
+    urls = database_url("postgresql", tmp_path)
+    yield get_engine(next(urls))
+    next(urls, None)  # drops the schema
+
+
+def test_a_lease_taken_between_the_read_and_the_write_is_not_overwritten(
+    pg_engine: Engine,
+) -> None:
+    """The compare-and-set, made deterministic: another machine takes the lease just
+    before this process's UPDATE runs (PostgreSQL; SQLite's BEGIN IMMEDIATE already
+    serialises whole transactions)."""
+    import datetime as dt
+
+    from sqlalchemy import event, update
+
+    from vfops.registry import LeaseOwner, RunBusyError, take_run_lease
+
+    run_id = _run(pg_engine).id
+    intruder = LeaseOwner("elsewhere.example", 7, "intruder")
+    fired: list[bool] = []
+
+    def intrude(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.startswith("UPDATE eval_runs SET lease_owner") and not fired:
+            fired.append(True)
+            with pg_engine.begin() as other:  # another connection: another process
+                other.execute(
+                    update(EvalRunRow)
+                    .where(EvalRunRow.id == run_id)
+                    .values(
+                        lease_owner=str(intruder),
+                        lease_expires=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1),
+                    )
+                )
+
+    event.listen(pg_engine, "before_cursor_execute", intrude)
+    try:
+        busy = r"pid 7 on host elsewhere\.example"
+        with pytest.raises(RunBusyError, match=busy), session_scope(pg_engine) as session:
+            take_run_lease(session, run_id, LeaseOwner.this_process())
+    finally:
+        event.remove(pg_engine, "before_cursor_execute", intrude)
+    assert fired and _lease_of(pg_engine, run_id) == str(intruder)

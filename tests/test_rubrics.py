@@ -262,7 +262,7 @@ async def test_raising_group_function_marks_every_rollout() -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["1.0", None, [1.0], float("nan")],
+    ["1.0", None, [1.0], float("nan"), float("inf"), float("-inf")],
 )
 async def test_non_numeric_return_is_an_error(value: Any) -> None:
     def odd() -> Any:
@@ -272,6 +272,37 @@ async def test_non_numeric_return_is_an_error(value: Any) -> None:
     assert score.reward is None
     assert score.error is not None
     assert "odd" in score.error.message
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+async def test_non_finite_reward_is_an_invalid_reward_naming_function_and_value(
+    value: float,
+) -> None:
+    def blows_up() -> float:
+        return value
+
+    async def blows_up_async() -> float:
+        return value
+
+    def blows_up_group(completions: list[Messages]) -> list[float]:
+        return [value for _ in completions]
+
+    for func in (blows_up, blows_up_async, blows_up_group):
+        [score] = await Rubric([func]).score_group([make_state()])
+        assert score.reward is None
+        assert score.error is not None
+        assert score.error.type == "InvalidReward"
+        assert func.__name__ in score.error.message
+        assert str(value) in score.error.message
+
+
+async def test_weighted_sum_that_overflows_is_an_invalid_reward() -> None:
+    def huge() -> float:
+        return 1e308
+
+    [score] = await Rubric([huge], weights=[10.0]).score_group([make_state()])
+    assert score.reward is None
+    assert score.error is not None and score.error.type == "InvalidReward"
 
 
 async def test_bool_and_int_returns_are_numbers() -> None:

@@ -7,7 +7,10 @@ environment packages installed in the development virtualenv.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import os
 import shutil
+import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -16,13 +19,13 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from tests.registry_fixtures import DIALECTS, database_url
 from vfops._config import ConfigError
 from vfops._errors import VfopsError
-from vfops.registry import EvalRunRow, count_rollouts, get_engine, iter_rollouts
+from vfops.registry import EvalRunRow, RunBusyError, count_rollouts, get_engine, iter_rollouts
 from vfops.sweeps import (
     Cell,
     SamplingConfig,
@@ -364,9 +367,26 @@ async def test_interrupted_cell_is_resumed_to_exactly_n_times_r(
         with engine.connect() as connection:
             status = connection.execute(text("SELECT status FROM eval_runs")).scalar_one()
         assert status == "interrupted"
-        # a killed worker leaves its run "running": that is resumed the same way
+        # a killed worker leaves its run "running": that is resumed the same way, but
+        # not while a live process holds its lease (here another evaluation of this one)
+        holder = f"{socket.gethostname()}@{os.getpid()}:elsewhere"
+        now = dt.datetime.now(dt.UTC)
         with engine.begin() as connection:
-            connection.execute(text("UPDATE eval_runs SET status = 'running'"))
+            connection.execute(
+                update(EvalRunRow).values(
+                    status="running",
+                    lease_owner=holder,
+                    lease_expires=now + dt.timedelta(hours=1),
+                )
+            )
+        with pytest.raises(RunBusyError, match=rf"pid {os.getpid()} on host .*wait for it"):
+            await run_cell_async(cell, output_root=tmp_path)
+        assert count_rollouts(engine, run_id) == stored
+        # an expired lease (its holder died on another machine) is taken over
+        with engine.begin() as connection:
+            connection.execute(
+                update(EvalRunRow).values(lease_expires=now - dt.timedelta(seconds=1))
+            )
 
         resumed = await run_cell_async(cell, output_root=tmp_path)
     assert resumed.action == "resumed" and resumed.run_id == run_id

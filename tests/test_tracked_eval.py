@@ -17,9 +17,10 @@ from typing import Any
 import orjson
 import pytest
 from datasets import load_from_disk
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from tests.registry_fixtures import DIALECTS, database_url
+from tests.tcp_proxy import TcpProxy
 from vfops.registry import count_rollouts, get_engine, iter_rollouts
 from vfops.testing import StubConfig, StubServer
 
@@ -57,27 +58,43 @@ def only_run_id(db_url: str) -> str:
     return str(run_id)
 
 
-def _kill_9_mid_run(args: list[str], env: dict[str, str], tmp_path: Path, db_url: str) -> Path:
+def _kill_9_mid_run(
+    args: list[str],
+    env: dict[str, str],
+    tmp_path: Path,
+    db_url: str,
+    *,
+    rows_in_registry: bool = False,
+) -> Path:
     """Start ``vfops eval``, SIGKILL it once rollouts are on disk and the registry holds
-    the run (it is opened while the first rollouts run); return results.jsonl."""
+    the run (it is opened while the first rollouts run) and, with ``rows_in_registry``,
+    some of its rollouts; return results.jsonl."""
     process = subprocess.Popen(
         [sys.executable, "-m", "vfops", *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 60
-    results = None
-    while time.monotonic() < deadline:
-        found = list(tmp_path.glob("evals/*/*/results.jsonl"))
-        if found and found[0].stat().st_size > 20_000 and _run_count(db_url) == 1:
-            results = found[0]
-            break
-        time.sleep(0.05)
-    assert results is not None, "the run never got going"
+    results = _wait_until_mid_run(tmp_path, db_url, rows_in_registry=rows_in_registry)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     return results
+
+
+def _wait_until_mid_run(tmp_path: Path, db_url: str, *, rows_in_registry: bool) -> Path:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = list(tmp_path.glob("evals/*/*/results.jsonl"))
+        going = found and found[0].stat().st_size > 20_000 and _run_count(db_url) == 1
+        if going and (not rows_in_registry or _rollout_count(db_url) > 0):
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError("the run never got going")
+
+
+def _rollout_count(db_url: str) -> int:
+    with get_engine(db_url).connect() as connection:
+        return int(connection.execute(text("SELECT count(*) FROM rollouts")).scalar_one())
 
 
 def _run_count(db_url: str) -> int:
@@ -106,14 +123,108 @@ def test_kill_9_then_resume_gives_exactly_n_times_r(
 ) -> None:
     env = cli_env(db_url, env_site)
     get_engine(db_url)  # the schema exists, as for any run but a machine's first
-    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=50)) as stub:
+    # ~4 s of rollouts: killed once the registry holds some and the folder more
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=200)) as stub:
         args = _kill_args(stub.base_url, tmp_path)
-        _kill_9_mid_run(args, env, tmp_path, db_url)
+        results = _kill_9_mid_run(args, env, tmp_path, db_url, rows_in_registry=True)
         run_id = only_run_id(db_url)
-        assert count_rollouts(get_engine(db_url), run_id) < 300
+        assert 0 < count_rollouts(get_engine(db_url), run_id) < 300
+        lines = results.read_bytes().splitlines()
+        on_disk = len(lines) - (not lines[-1].endswith(b"}"))  # a torn last line is redone
+        asked = stub.stats["requests"]
         resumed = run(*args, "--resume", run_id, env=env)
         assert resumed.returncode == 0, resumed.stderr
+        # resume generated only what the folder did not hold; a request the killed
+        # process sent may be counted late: at most its in-flight (-c 16) more
+        missing = 300 - on_disk
+        assert missing <= stub.stats["requests"] - asked <= missing + 16
     _assert_exactly_once(db_url, run_id)
+
+
+def test_sigterm_mid_run_is_interrupted_flushed_and_resumable(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """SIGTERM (what workers and orchestrators send) is handled like SIGINT: exit 143,
+    status interrupted in the registry and the folder, every row on disk also in the
+    registry, and --resume completes to exactly N x R generating only what is missing."""
+    env = cli_env(db_url, env_site, VFOPS_TRACKING="0")
+    get_engine(db_url)
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=200)) as stub:
+        args = _kill_args(stub.base_url, tmp_path)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vfops", *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        results = _wait_until_mid_run(tmp_path, db_url, rows_in_registry=True)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 143, stderr
+        assert "Traceback" not in stderr and "interrupted" in stderr and "--resume" in stderr
+        run_id = only_run_id(db_url)
+        on_disk = len(results.read_bytes().splitlines())
+        assert 0 < on_disk < 300
+        assert count_rollouts(get_engine(db_url), run_id) == on_disk  # every row flushed
+        with get_engine(db_url).connect() as connection:
+            status = connection.execute(text("SELECT status FROM eval_runs")).scalar_one()
+        assert status == "interrupted"
+        metadata = orjson.loads((results.parent / "metadata.json").read_bytes())
+        assert metadata["status"] == "interrupted"
+        asked = stub.stats["requests"]
+        resumed = run(*args, "--resume", run_id, env=env)
+        assert resumed.returncode == 0, resumed.stderr
+        assert stub.stats["requests"] - asked == 300 - on_disk
+    _assert_exactly_once(db_url, run_id)
+
+
+def _lease_owner(db_url: str) -> str | None:
+    with get_engine(db_url).connect() as connection:
+        owner = connection.execute(text("SELECT lease_owner FROM eval_runs")).scalar_one()
+    return None if owner is None else str(owner)
+
+
+def test_two_concurrent_resumes_of_one_run_the_second_is_refused(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """A run killed mid-way (its dead process's lease is taken over), resumed twice at
+    once: the second exits at once, naming the first; the first completes it exactly,
+    and the endpoint is asked only for the missing rollouts."""
+    env = cli_env(db_url, env_site, VFOPS_TRACKING="0")
+    get_engine(db_url)
+    # slow rollouts (~8 s to finish the run): the second resume starts while the first runs
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=500)) as stub:
+        args = _kill_args(stub.base_url, tmp_path)
+        results = _kill_9_mid_run(args, env, tmp_path, db_url, rows_in_registry=True)
+        run_id = only_run_id(db_url)
+        lines = results.read_bytes().splitlines()
+        on_disk = len(lines) - (not lines[-1].endswith(b"}"))
+        asked = stub.stats["requests"]
+        first = subprocess.Popen(
+            [sys.executable, "-m", "vfops", *args, "--resume", run_id],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while f"@{first.pid}:" not in (_lease_owner(db_url) or ""):
+            assert time.monotonic() < deadline and first.poll() is None, "no lease taken"
+            time.sleep(0.05)
+        second = run(*args, "--resume", run_id, env=env)
+        assert first.poll() is None  # it was refused while the first was working
+        _, first_err = first.communicate(timeout=120)
+        assert first.returncode == 0, first_err
+    assert second.returncode == 4, second.stderr
+    (line,) = second.stderr.strip().splitlines()
+    assert line.startswith(f"error: run {run_id} is being worked on by pid {first.pid} on host")
+    assert "wait for it to end" in line
+    assert len(results.read_bytes().splitlines()) == 300
+    missing = 300 - on_disk  # a request of the killed process may be counted late
+    assert missing <= stub.stats["requests"] - asked <= missing + 16
+    _assert_exactly_once(db_url, run_id)
+    assert _lease_owner(db_url) is None  # released at the end
 
 
 def test_a_run_killed_before_it_was_recorded_resumes_from_its_folder(
@@ -485,3 +596,72 @@ def test_no_secret_reaches_tables_logs_or_exports(
         assert secret not in logs
         assert not any(secret in row for row in dump)
         assert secret.encode() not in files
+
+
+@pytest.fixture
+def pg_url(tmp_path: Path) -> Iterator[str]:
+    yield from database_url("postgresql", tmp_path)
+
+
+@pytest.mark.parametrize("comes_back", [True, False], ids=["comes-back", "stays-down"])
+def test_registry_outage_mid_eval_is_waited_out_or_fails_resumably(
+    comes_back: bool, pg_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """PostgreSQL stops accepting connections mid-eval (a real TCP proxy in front of
+    it is cut): generation pauses while the writes are retried; if the database comes
+    back the run completes, if not the run fails in one line (status failed in its
+    folder, exit 1) and --resume completes it to exactly N x R."""
+    target = make_url(pg_url)
+    with TcpProxy(target.host or "127.0.0.1", target.port or 5432) as proxy:
+        through = target.set(host="127.0.0.1", port=proxy.port)
+        retry_s = "60" if comes_back else "3"
+        env = cli_env(
+            through.render_as_string(hide_password=False), env_site,
+            VFOPS_TRACKING="0", VFOPS_REGISTRY_RETRY_S=retry_s,
+        )  # fmt: skip
+        get_engine(pg_url)
+        with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=200)) as stub:
+            args = _kill_args(stub.base_url, tmp_path)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "vfops", *args],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            assert process.stderr is not None
+            results = _wait_until_mid_run(tmp_path, pg_url, rows_in_registry=True)
+            proxy.cut()
+            noticed = process.stderr.readline()  # the first thing it says: it is waiting
+            assert "registry: the database does not answer" in noticed, noticed
+            assert f"retrying for up to {retry_s} s" in noticed
+            asked_at_outage = stub.stats["requests"]
+            if comes_back:
+                proxy.restore()
+                rest = process.communicate(timeout=120)[1]
+                assert process.returncode == 0, noticed + rest
+                assert "answers again" in rest and "error" not in rest
+            else:
+                rest = process.communicate(timeout=120)[1]
+                assert process.returncode == 1, noticed + rest
+                assert "Traceback" not in rest
+                error_lines = [line for line in rest.splitlines() if line.startswith("error:")]
+                assert len(error_lines) == 1 and rest.strip().splitlines()[-1] == error_lines[0]
+                assert error_lines[0].startswith(
+                    f"error: registry: the database did not answer for {retry_s} s"
+                )
+                assert "--resume" in error_lines[0]
+                metadata = orjson.loads((results.parent / "metadata.json").read_bytes())
+                assert metadata["status"] == "failed"
+                on_disk = len(results.read_bytes().splitlines())
+                assert on_disk < 300
+                # generation paused: after the outage was noticed only the groups already
+                # scheduled ran (2 x ceil(c / r) groups of r rollouts: 32)
+                assert stub.stats["requests"] - asked_at_outage <= 32
+                proxy.restore()
+                asked = stub.stats["requests"]
+                resumed = run(*args, "--resume", only_run_id(pg_url), env=env)
+                assert resumed.returncode == 0, resumed.stderr
+                assert stub.stats["requests"] - asked == 300 - on_disk
+    assert len(results.read_bytes().splitlines()) == 300
+    _assert_exactly_once(pg_url, only_run_id(pg_url))

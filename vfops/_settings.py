@@ -6,12 +6,16 @@
   (default: ``$VFOPS_HOME/artifacts``).
 - ``VFOPS_S3_ENDPOINT_URL``: an S3-compatible endpoint (MinIO, moto); credentials come from
   the usual AWS variables and are never stored by vfops.
+- ``VFOPS_REGISTRY_RETRY_S`` (default 60): how long an evaluation keeps retrying the
+  registry when its database stops answering, before it fails the run (resumable).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
+from typing import Final
 
 from vfops._errors import VfopsError
 
@@ -45,3 +49,23 @@ def artifacts_uri() -> str:
 
 def s3_endpoint_url() -> str | None:
     return os.environ.get("VFOPS_S3_ENDPOINT_URL") or None
+
+
+DEFAULT_REGISTRY_RETRY_S: Final = 60.0
+"""How long the registry may be unreachable mid-evaluation before the run fails."""
+
+
+def registry_retry_s() -> float:
+    """``VFOPS_REGISTRY_RETRY_S`` (seconds, >= 0), else :data:`DEFAULT_REGISTRY_RETRY_S`."""
+    raw = os.environ.get("VFOPS_REGISTRY_RETRY_S")
+    if not raw:
+        return DEFAULT_REGISTRY_RETRY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise VfopsError(
+            f"VFOPS_REGISTRY_RETRY_S must be a number of seconds >= 0, not {raw!r}; fix or unset it"
+        )
+    return value

@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import typer
 
+from vfops._errors import VfopsError
 from vfops._jsonarg import parse_json_object
 from vfops.cli._eval_display import EvalDisplay, print_summary
-from vfops.evaluation import DEFAULT_OUTPUT_ROOT, EvalRequest, ModelOptions, evaluate_async
+from vfops.evaluation import (
+    DEFAULT_MAX_ERROR_RATE,
+    DEFAULT_OUTPUT_ROOT,
+    EvalRequest,
+    ModelOptions,
+    evaluate_async,
+)
 
 # The flags' defaults are the library's (defined once, on EvalRequest and ModelOptions).
 _DEFAULTS = EvalRequest(env_name="", model="")
 _MODEL_DEFAULTS = ModelOptions()
+T = TypeVar("T")
 
 
 def eval_command(
@@ -114,9 +124,26 @@ def eval_command(
     pass_threshold: Annotated[
         float, typer.Option(help="A rollout passes (for pass@k) when reward >= this.")
     ] = _DEFAULTS.pass_threshold,
+    max_error_rate: Annotated[
+        float,
+        typer.Option(
+            help="Share of errored rollouts (0 to 1) a completed run may hold and still exit 0; "
+            "above it (or when every rollout errored) the run exits 3.",
+        ),
+    ] = DEFAULT_MAX_ERROR_RATE,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Run N examples x R rollouts and save every trace as it completes."""
+    """Run N examples x R rollouts and save every trace as it completes.
+
+    Exit status: 0 completed; 1 failed (finish it with --resume); 2 bad input;
+    3 completed with errors above --max-error-rate; 4 another process is working on
+    the run; 130 interrupted (SIGINT), 143 interrupted (SIGTERM): both resumable
+    with --resume.
+    """
+    if not 0.0 <= max_error_rate <= 1.0:  # also rejects NaN
+        raise VfopsError(
+            f"--max-error-rate must be between 0 and 1 (a share of rollouts), not {max_error_rate}"
+        )
     sampling = parse_json_object(sampling_args, "--sampling-args")
     if temperature is not None:
         sampling["temperature"] = temperature
@@ -142,18 +169,22 @@ def eval_command(
         check_model=check_model,
     )
     display = EvalDisplay(enabled=not quiet and sys.stderr.isatty())
+    signals: list[int] = []
     try:
         with display:
             result = asyncio.run(
-                evaluate_async(
-                    request,
-                    model_options=options,
-                    output_root=output,
-                    resume=resume,
-                    registry=registry,
-                    tracking=tracking,
-                    hand_off_tracking=not wait_for_tracking,
-                    progress=display,
+                _stopped_by_sigterm(
+                    evaluate_async(
+                        request,
+                        model_options=options,
+                        output_root=output,
+                        resume=resume,
+                        registry=registry,
+                        tracking=tracking,
+                        hand_off_tracking=not wait_for_tracking,
+                        progress=display,
+                    ),
+                    signals,
                 )
             )
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -165,8 +196,29 @@ def eval_command(
             f"vfops eval {env} -m {model} ... --resume {label}",
             file=sys.stderr,
         )
-        raise typer.Exit(130) from None
+        # 128 + the signal's number, as a shell reports a process killed by it
+        raise typer.Exit(128 + (signals[0] if signals else signal.SIGINT)) from None
     print_summary(result)
-    if result.status != "completed":
-        print(f"error: {result.error or 'the run ' + result.status}", file=sys.stderr)
-        raise typer.Exit(1)
+    problem = result.problem(max_error_rate)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        raise typer.Exit(result.exit_code(max_error_rate))
+
+
+async def _stopped_by_sigterm(evaluation: Coroutine[Any, Any, T], signals: list[int]) -> T:
+    """Run ``evaluation``; SIGTERM (what workers and orchestrators send) cancels it as
+    SIGINT does, so the run is recorded ``interrupted`` with every row flushed, and
+    is appended to ``signals``."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def stop() -> None:
+        signals.append(signal.SIGTERM)
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        return await evaluation
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)

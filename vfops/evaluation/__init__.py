@@ -6,15 +6,19 @@ and nightly cells, promotion gates and tests all call it.
 
 from vfops.evaluation._compare import compare_runs, per_example_rewards
 from vfops.evaluation._evaluate import (
+    DEFAULT_MAX_ERROR_RATE,
     DEFAULT_OUTPUT_ROOT,
+    EXIT_CODES,
     EvalProgress,
     EvalResult,
     OpenedRun,
+    Outcome,
     evaluate,
     evaluate_async,
     registry_summary,
 )
 from vfops.evaluation._export import export_run, run_metadata
+from vfops.evaluation._lock import RunFolderBusyError
 from vfops.evaluation._model import ModelOptions, resolve_model_name
 from vfops.evaluation._provenance import Provenance, config_fingerprint, resolve_provenance
 from vfops.evaluation._runner import EvalRequest
@@ -23,14 +27,18 @@ from vfops.evaluation._store import iter_records, load_results, read_metadata
 from vfops.evaluation._summary import EvalSummary, pass_at_k
 
 __all__ = [
+    "DEFAULT_MAX_ERROR_RATE",
     "DEFAULT_OUTPUT_ROOT",
+    "EXIT_CODES",
     "EvalProgress",
     "EvalRequest",
     "EvalResult",
     "EvalSummary",
     "ModelOptions",
     "OpenedRun",
+    "Outcome",
     "Provenance",
+    "RunFolderBusyError",
     "SinkError",
     "compare_runs",
     "config_fingerprint",

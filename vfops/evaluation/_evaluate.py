@@ -22,19 +22,22 @@ the same places with the same provenance:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from vfops._errors import VfopsError
 from vfops._paths import check_writable_folder
 from vfops._rollout import RolloutRecord
+from vfops._settings import registry_retry_s
 from vfops._twins import blocking_twin
 from vfops.clients._base import ModelClient
+from vfops.evaluation._lock import RunFolderLock
 from vfops.evaluation._model import ModelOptions, connect_model
 from vfops.evaluation._runner import (
     EvalRequest,
@@ -61,11 +64,24 @@ if TYPE_CHECKING:
 
     from vfops.envs._environment import Environment
     from vfops.evaluation._provenance import Provenance
+    from vfops.registry import LeaseOwner
     from vfops.tracking import Tracker
 
 Action = Literal["created", "resumed", "reused"]
 Existing = Literal["new", "resume", "reuse"]
+Outcome = Literal["completed", "completed_with_errors", "interrupted", "failed"]
 DEFAULT_OUTPUT_ROOT = Path("outputs")
+DEFAULT_MAX_ERROR_RATE: Final = 0.0
+"""The share of errored rollouts above which a completed run is reported as
+``completed_with_errors`` (``vfops eval --max-error-rate``): by default any error."""
+EXIT_CODES: Final[dict[Outcome, int]] = {
+    "completed": 0,
+    "failed": 1,
+    # 2 is bad input (VfopsError), caught before a run is recorded
+    "completed_with_errors": 3,
+    # 4: the run is busy (another process holds its lease or folder lock): RunBusyError
+    "interrupted": 130,  # 128 + SIGINT; SIGTERM exits 143 (the CLI knows which came)
+}
 
 _CATCH_UP_BATCH = 512
 
@@ -89,11 +105,51 @@ class EvalResult:
     error: str | None = None
     """Why a failed run failed, and how to finish it."""
 
-    def raise_for_status(self) -> None:
-        """Raise :class:`VfopsError` unless the run completed."""
+    def outcome(self, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> Outcome:
+        """What happened, in one word: ``completed``, ``completed_with_errors`` (more
+        than ``max_error_rate`` of the rollouts errored, or every one did),
+        ``interrupted`` or ``failed``."""
         if self.status != "completed":
-            label = self.run_id or self.run_dir
-            raise VfopsError(self.error or f"eval run {label} ended {self.status}")
+            return "interrupted" if self.status == "interrupted" else "failed"
+        errors, rollouts = self.summary.error_count, self.summary.rollouts
+        if errors and (errors == rollouts or errors > max_error_rate * rollouts):
+            return "completed_with_errors"
+        return "completed"
+
+    def exit_code(self, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> int:
+        """The process exit status that says :meth:`outcome` (0 only when it completed).
+        An interruption by a signal exits 128 + the signal's number instead (the CLI)."""
+        return EXIT_CODES[self.outcome(max_error_rate)]
+
+    def problem(self, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> str | None:
+        """One line saying what went wrong and what to do; ``None`` when it completed."""
+        outcome = self.outcome(max_error_rate)
+        label = self.run_id or self.run_dir
+        if outcome == "completed":
+            return None
+        if outcome == "completed_with_errors":
+            summary = self.summary
+            kinds = ", ".join(f"{kind}: {n}" for kind, n in summary.errors.most_common(3))
+            return (
+                f"completed with errors: {summary.error_count} of {summary.rollouts} rollouts "
+                f"errored ({kinds}); see each kind's message above, fix the endpoint or raise "
+                "--max-retries and rerun, or accept a share of errors with --max-error-rate"
+            )
+        return self.error or f"eval run {label} ended {self.status}"
+
+    def raise_for_status(self, max_error_rate: float | None = None) -> None:
+        """Raise :class:`VfopsError` unless the run completed (and, when
+        ``max_error_rate`` is given, unless its errors stay within it: by default a
+        run with errored rollouts is a result, which :meth:`outcome` describes)."""
+        if max_error_rate is None and self.status == "completed":
+            return
+        problem = self.problem(DEFAULT_MAX_ERROR_RATE if max_error_rate is None else max_error_rate)
+        if problem is not None:
+            error = VfopsError(problem)
+            error.exit_code = self.exit_code(
+                DEFAULT_MAX_ERROR_RATE if max_error_rate is None else max_error_rate
+            )
+            raise error
 
 
 @dataclass(frozen=True)
@@ -128,6 +184,8 @@ class _Plan:
     provenance: Provenance | None = None
     done_in_registry: set[tuple[int, int]] = field(default_factory=set)
     resume_folder: bool = False
+    lease: LeaseOwner | None = None
+    """This evaluation's lease on the registry run (set once the run is open)."""
 
 
 async def evaluate_async(
@@ -162,6 +220,8 @@ async def evaluate_async(
     options = model_options or ModelOptions()
     options.validate()
     output_root = output_root or DEFAULT_OUTPUT_ROOT
+    if registry:
+        registry_retry_s()  # a bad VFOPS_REGISTRY_RETRY_S is one line, before any run
     if resume is None:  # a new run's folder goes there: checked before it is recorded
         fix = "pass a folder with -o/--output"
         check_writable_folder(output_root, what="output folder", fix=fix)
@@ -309,7 +369,7 @@ def _open_in_background(
             "new",
             new_run=(run_id, run_dir),
         )
-        plan.provenance = opened.provenance
+        plan.provenance, plan.lease = opened.provenance, opened.lease
         return opened_engine
 
     return plan, asyncio.create_task(open_run())
@@ -328,6 +388,7 @@ def _open_registry_run(
     to create (generated by the caller)."""
     from vfops.evaluation._provenance import config_fingerprint, resolve_provenance
     from vfops.registry import (
+        LeaseOwner,
         completed_keys,
         create_run,
         find_completed_run,
@@ -335,10 +396,12 @@ def _open_registry_run(
         get_run,
         session_scope,
         set_run_status,
+        take_run_lease,
     )
 
     provenance = resolve_provenance(engine, request.env_name)
     request.env_version = provenance.version
+    lease = LeaseOwner.this_process()  # this evaluation's, on whichever run it works
     fingerprint = config_fingerprint(request, provenance)
     with session_scope(engine) as session:
         found = None
@@ -388,6 +451,7 @@ def _open_registry_run(
                 config_fingerprint=fingerprint,
                 tags=request.tags,
                 run_id=new_run[0] if new_run else None,
+                lease_owner=lease,
             )
             run_dir = (
                 new_run[1]
@@ -398,9 +462,13 @@ def _open_registry_run(
             if resume is not None:  # recorded late: resumed from its folder
                 return _Plan(
                     request, run_dir, "resumed", run_id=run.id, provenance=provenance,
-                    resume_folder=True,
+                    resume_folder=True, lease=lease,
                 )  # fmt: skip
-            return _Plan(request, run_dir, "created", run_id=run.id, provenance=provenance)
+            return _Plan(
+                request, run_dir, "created", run_id=run.id, provenance=provenance, lease=lease
+            )
+        # one process per run: refused here (naming the holder) before anything changes
+        take_run_lease(session, found.id, lease)
         set_run_status(session, found.id, "running")
         run_dir = Path(found.output_dir) if found.output_dir else Path(resume or output_root)
         run_id = found.id
@@ -412,6 +480,7 @@ def _open_registry_run(
         provenance=provenance,
         done_in_registry=completed_keys(engine, run_id),
         resume_folder=(run_dir / "metadata.json").exists(),
+        lease=lease,
     )
 
 
@@ -481,18 +550,64 @@ async def _run(
     if plan.run_id is not None:
         metadata["run_id"] = plan.run_id
         _add_provenance(metadata, plan)
-    if plan.resume_folder:
-        metadata = check_resumable(run_dir, request, metadata)
+    folder_lock = RunFolderLock(run_dir)
+    try:
+        if plan.resume_folder:
+            metadata = check_resumable(run_dir, request, metadata)
+        folder_lock.acquire()  # before anything in the folder is written
+    except (VfopsError, OSError):
+        # refused before anything ran: the run is free again for a corrected command
+        if engine is not None and plan.run_id is not None and plan.lease is not None:
+            # best effort: an unreleased lease expires anyway; the refusal is the news
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(_release_lease, engine, plan.run_id, plan.lease)
+        raise
+    try:
+        return await _run_locked(
+            env, client, plan, metadata, planned=planned, engine=engine, opening=opening,
+            tracker=tracker, track=track, mlflow_parent_run_id=mlflow_parent_run_id,
+            hand_off_tracking=hand_off_tracking, progress=progress,
+        )  # fmt: skip
+    finally:
+        folder_lock.release()
+
+
+def _release_lease(engine: Engine, run_id: str, lease: LeaseOwner) -> None:
+    from vfops.registry import release_run_lease, session_scope
+
+    with session_scope(engine) as session:
+        release_run_lease(session, run_id, lease)
+
+
+async def _run_locked(
+    env: Environment,
+    client: ModelClient,
+    plan: _Plan,
+    metadata: dict[str, Any],
+    *,
+    planned: int,
+    engine: Engine | None,
+    opening: asyncio.Task[Engine] | None,
+    tracker: Tracker | None,
+    track: bool,
+    mlflow_parent_run_id: str | None,
+    hand_off_tracking: bool,
+    progress: EvalProgress | None,
+) -> EvalResult:
+    request, run_dir = plan.request, plan.run_dir
     writer = RolloutWriter(run_dir)
     write_metadata(run_dir, metadata)
     sinks: list[Sink] = [ArrowSink(run_dir)]
     registry_source = opening or engine
     if registry_source is not None and plan.run_id is not None:
-        sinks.append(RegistrySink(registry_source, plan.run_id))
+        registry_sink = RegistrySink(registry_source, plan.run_id, lease=lambda: plan.lease)
+        registry_sink.start()  # renews the run's lease from now on, however slow the rollouts
+        sinks.append(registry_sink)
     summary = EvalSummary(pass_threshold=request.pass_threshold)
     done: set[tuple[int, int]] = set()
     status, error = "interrupted", None
     missing_on_disk: set[tuple[int, int]] = set()
+    in_delivery: set[asyncio.Future[None]] = set()
     started = time.perf_counter()
     try:
         await _catch_up(run_dir, plan, sinks, summary, done)
@@ -501,14 +616,23 @@ async def _run(
         if progress is not None:
             progress.opened(OpenedRun(plan.run_id, run_dir, plan.action, planned, len(done)))
 
-        async def handle(records: list[RolloutRecord]) -> None:
-            writer.write_group(records)  # first: what is on disk survives a crash
+        async def to_sinks(records: list[RolloutRecord]) -> None:
             for sink in sinks:
                 await sink.write_group(records)
             for record in records:
                 summary.add(record)
             if progress is not None:
                 progress.group(records, summary)
+
+        async def handle(records: list[RolloutRecord]) -> None:
+            writer.write_group(records)  # first: what is on disk survives a crash
+            # A group on disk reaches every sink even when the run is interrupted
+            # meanwhile (SIGINT/SIGTERM): the registry then holds what the folder holds.
+            delivering = asyncio.ensure_future(to_sinks(records))
+            in_delivery.add(delivering)
+            delivering.add_done_callback(in_delivery.discard)
+            await asyncio.wait({delivering})
+            delivering.result()
 
         await run_rollouts(env, client, request, done, handle)
         status = "completed"
@@ -525,6 +649,11 @@ async def _run(
         writer.close()
 
         async def settle() -> EvalResult:
+            if in_delivery:  # an interrupted group's delivery ends before the sinks close
+                delivering = set(in_delivery)
+                await asyncio.wait(delivering)
+                for late in delivering:  # a sink's failure is raised again by its close
+                    _ = late.cancelled() or late.exception()
             opened_engine = engine if opening is None else await _opened(opening)
             _add_provenance(metadata, plan)
             tracking_sink = None
@@ -643,7 +772,8 @@ async def _finish(
             )
             stored_summary.wall_s = summary.wall_s
             stored_summary.new_rollouts = summary.new_rollouts
-        await _record_end(engine, plan.run_id, finish, stored_summary)
+        registry_sink = next((s for s in sinks if isinstance(s, RegistrySink)), None)
+        await _record_end(engine, plan.run_id, finish, stored_summary, plan.lease, registry_sink)
     mlflow_run_id = None
     if tracking_sink is not None and finish.status == "completed":
         if arrow_complete:
@@ -677,8 +807,17 @@ async def _finish(
     )
 
 
-async def _record_end(engine: Engine, run_id: str, finish: RunFinish, summary: EvalSummary) -> None:
-    from vfops.registry import finish_run, session_scope
+async def _record_end(
+    engine: Engine,
+    run_id: str,
+    finish: RunFinish,
+    summary: EvalSummary,
+    lease: LeaseOwner | None = None,
+    registry_sink: RegistrySink | None = None,
+) -> None:
+    """Record the end in the registry (retried while the database does not answer,
+    unless the run failed because it did not: then once)."""
+    from vfops.registry import finish_run, release_run_lease, session_scope
 
     stored = summary.to_dict()
     if finish.error:
@@ -687,9 +826,14 @@ async def _record_end(engine: Engine, run_id: str, finish: RunFinish, summary: E
     def write() -> None:
         with session_scope(engine) as session:
             finish_run(session, run_id, finish.status, stored)
+            if lease is not None:  # the run is free for the next process at once
+                release_run_lease(session, run_id, lease)
 
     try:
-        await asyncio.to_thread(write)
+        if registry_sink is not None and not registry_sink.gave_up:
+            await registry_sink.retrying(write)
+        else:
+            await asyncio.to_thread(write)
     except Exception as exc:
         # The registry itself is down: the folder says failed; --resume fixes both.
         finish.status = "failed"

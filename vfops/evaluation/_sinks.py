@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import os
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import orjson
 
@@ -32,6 +35,9 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from vfops.evaluation._summary import EvalSummary
+    from vfops.registry import LeaseOwner
+
+T = TypeVar("T")
 
 
 class SinkError(VfopsError):
@@ -182,6 +188,17 @@ class _RunNotOpened(VfopsError):
     """The registry run, opened in the background, could not be created."""
 
 
+class _RegistryDown(VfopsError):
+    """The registry's database did not answer for the whole retry window."""
+
+
+class _LeaseLost(VfopsError):
+    """Another process took the run over (this one could not renew its lease in time)."""
+
+
+log = logging.getLogger("vfops.evaluation")
+
+
 class RegistrySink:
     """Batches scored groups into the registry from a background writer.
 
@@ -190,6 +207,13 @@ class RegistrySink:
     memory stays constant in the number of rollouts. A failed insert stops the
     run at the next group (it is never swallowed); ``--resume`` sends the rows
     on disk that the registry misses.
+
+    When the database stops answering (connection errors), every write is retried
+    with backoff for up to ``retry_s`` (``VFOPS_REGISTRY_RETRY_S``), and meanwhile
+    ``write_group`` waits: no more rollouts are generated than are in flight, so
+    an outage does not burn the endpoint. If the database comes back the run goes
+    on; if not, the run fails and ``--resume`` finishes it. The writer also renews
+    the run's lease (``lease``: this evaluation's, once the run is open).
     """
 
     name = "registry"
@@ -202,7 +226,11 @@ class RegistrySink:
         batch_rows: int = 512,
         flush_interval_s: float = 1.0,
         max_pending_batches: int = 4,
+        lease: Callable[[], LeaseOwner | None] | None = None,
+        retry_s: float | None = None,
     ) -> None:
+        from vfops._settings import registry_retry_s
+
         # a future: the run is being opened meanwhile; rows wait in the buffer for it
         self._engine = engine
         self._run_id = run_id
@@ -211,12 +239,27 @@ class RegistrySink:
         self._buffer: list[RolloutRecord] = []
         self._queue: asyncio.Queue[list[RolloutRecord] | None] = asyncio.Queue(max_pending_batches)
         self._writer: asyncio.Task[None] | None = None
+        self._lease = lease
+        self._retry_s = registry_retry_s() if retry_s is None else retry_s
+        self._answering = asyncio.Event()  # cleared while the database does not answer
+        self._answering.set()
         self.inserted = 0
+
+    def start(self) -> None:
+        """Start the writer now (it renews the lease even before the first group)."""
+        self._start()
 
     async def write_group(self, records: list[RolloutRecord]) -> None:
         writer = self._start()
         if writer.done():
             self._raise_failure(writer)
+        if not self._answering.is_set():
+            # the database is down: wait for it (or for the writer to give up)
+            answering = asyncio.ensure_future(self._answering.wait())
+            await asyncio.wait({answering, writer}, return_when=asyncio.FIRST_COMPLETED)
+            answering.cancel()
+            if writer.done():
+                self._raise_failure(writer)
         self._buffer.extend(records)
         if len(self._buffer) >= self._batch_rows:
             await self._put(self._take())
@@ -237,6 +280,7 @@ class RegistrySink:
 
     def _raise_failure(self, writer: asyncio.Task[None]) -> None:
         exc = writer.exception() if not writer.cancelled() else None
+        resume = f"vfops eval ... --resume {self._run_id}"
         if isinstance(exc, _RunNotOpened):
             raise SinkError(
                 self.name,
@@ -244,12 +288,24 @@ class RegistrySink:
                 "fix the database (VFOPS_DATABASE_URL), then run the evaluation again "
                 "(the rollouts so far are in its folder)",
             ) from exc
+        if isinstance(exc, _RegistryDown):
+            raise SinkError(
+                self.name,
+                f"the database did not answer for {self._retry_s:g} s ({exc})",
+                "bring it back (VFOPS_DATABASE_URL; wait longer with VFOPS_REGISTRY_RETRY_S), "
+                f"then finish the run with {resume}",
+            ) from exc
+        if isinstance(exc, _LeaseLost):
+            raise SinkError(
+                self.name,
+                f"another process took run {self._run_id} over ({exc})",
+                "let that process finish it (never work on one run twice at once)",
+            ) from exc
         problem = first_line(exc) if exc is not None else "the writer stopped"
         raise SinkError(
             self.name,
             f"could not store rollouts of run {self._run_id} ({problem})",
-            "fix the database (VFOPS_DATABASE_URL), then finish the run with "
-            f"vfops eval ... --resume {self._run_id}",
+            f"fix the database (VFOPS_DATABASE_URL), then finish the run with {resume}",
         ) from exc
 
     def _take(self) -> list[RolloutRecord]:
@@ -266,19 +322,75 @@ class RegistrySink:
 
     async def _write_loop(self) -> None:
         engine = await self._opened_engine()
-        from vfops.registry import insert_rollouts
+        from vfops.registry import LEASE_TTL_S, insert_rollouts
 
+        renew_every = LEASE_TTL_S / 4
+        next_renewal = time.monotonic() + renew_every
         while True:
+            wait_s = max(0.0, min(self._flush_interval_s, next_renewal - time.monotonic()))
             try:
-                batch = await asyncio.wait_for(self._queue.get(), self._flush_interval_s)
+                batch = await asyncio.wait_for(self._queue.get(), wait_s)
             except TimeoutError:
                 batch = self._take()  # a slow run still reaches the registry every second
             if batch is None:
                 return
             if batch:
-                self.inserted += await asyncio.to_thread(
-                    insert_rollouts, engine, self._run_id, batch
-                )
+                self.inserted += await self.retrying(insert_rollouts, engine, self._run_id, batch)
+            if time.monotonic() >= next_renewal:
+                await self._renew(engine)
+                next_renewal = time.monotonic() + renew_every
+
+    async def _renew(self, engine: Engine) -> None:
+        from vfops.registry import renew_run_lease
+
+        lease = self._lease() if self._lease is not None else None
+        if lease is not None and not await self.retrying(
+            renew_run_lease, engine, self._run_id, lease
+        ):
+            raise _LeaseLost("its lease lapsed while the registry did not answer")
+
+    async def retrying(self, write: Callable[..., T], *args: Any) -> T:
+        """``write(*args)`` in a thread; retried with backoff while the database does not
+        answer (connection errors only: a refused row is not retried), for ``retry_s``."""
+        from sqlalchemy.exc import InterfaceError, OperationalError
+
+        down_since: float | None = None
+        delay = 0.25
+        while True:
+            try:
+                result = await asyncio.to_thread(write, *args)
+            except (OperationalError, InterfaceError) as exc:
+                now = time.monotonic()
+                if down_since is None:
+                    down_since = now
+                    self._answering.clear()
+                    log.warning(
+                        "registry: the database does not answer (%s); rollouts paused, "
+                        "retrying for up to %g s (VFOPS_REGISTRY_RETRY_S)",
+                        first_line(exc),
+                        self._retry_s,
+                    )
+                left = self._retry_s - (now - down_since)
+                if left <= 0:
+                    raise _RegistryDown(first_line(exc)) from exc
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, _MAX_RETRY_DELAY_S)
+                continue
+            if down_since is not None:
+                self._answering.set()
+                log.warning("registry: the database answers again; rollouts resumed")
+            return result
+
+    @property
+    def gave_up(self) -> bool:
+        """The writer stopped because the database did not answer (no use retrying now)."""
+        writer = self._writer
+        return (
+            writer is not None
+            and writer.done()
+            and not writer.cancelled()
+            and isinstance(writer.exception(), _RegistryDown)
+        )
 
     async def close(self, finish: RunFinish) -> None:
         """Flush everything buffered and stop the writer (raises if a write failed)."""
@@ -288,6 +400,10 @@ class RegistrySink:
         await asyncio.wait({writer})
         if writer.cancelled() or writer.exception() is not None:
             self._raise_failure(writer)
+
+
+_MAX_RETRY_DELAY_S: Final = 5.0
+"""The longest pause between two tries of an unanswered registry write."""
 
 
 class TrackingSink:

@@ -145,6 +145,9 @@ class EvalRunRow(Base):
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
     # e.g. ["nightly", "nightly:2026-11-29"]: which schedule produced the run
     tags: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
+    # The process working on the run ("host:pid:token") and until when: see _runs.py
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires: Mapped[dt.datetime | None]
 
 
 # The per-rollout columns come from the one declaration of the rollout schema.

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import socket
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from vfops._errors import VfopsError
@@ -18,6 +21,127 @@ from vfops.registry._models import EvalRunRow, utcnow
 RUN_STATUSES: Final = frozenset({"running", "completed", "failed", "interrupted"})
 # a run in any other status can be resumed (its missing rollouts generated)
 _FINISHED: Final = "completed"
+
+
+LEASE_TTL_S: Final = 60.0
+"""How long a run's lease lasts unless renewed (the running process renews it every
+quarter of this): how long a run whose process died on another machine stays locked."""
+
+
+class RunBusyError(VfopsError):
+    """Another process holds the run's lease (or its folder's lock)."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True)
+class LeaseOwner:
+    """Who works on a run: a host, a process and a token unique to one evaluation."""
+
+    host: str
+    pid: int
+    token: str
+
+    @classmethod
+    def this_process(cls) -> LeaseOwner:
+        return cls(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:12])
+
+    @classmethod
+    def parse(cls, text: str) -> LeaseOwner:
+        host, _, rest = text.rpartition("@")
+        pid, _, token = rest.partition(":")
+        return cls(host, int(pid) if pid.isdigit() else -1, token)
+
+    def __str__(self) -> str:
+        return f"{self.host}@{self.pid}:{self.token}"
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on host {self.host}"
+
+    def is_dead(self) -> bool:
+        """Known dead: a process of this host that no longer exists (another host's
+        process cannot be checked: its lease must expire)."""
+        if self.host != socket.gethostname() or self.pid <= 0:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        return False
+
+
+def _aware(moment: dt.datetime) -> dt.datetime:
+    # SQLite hands back naive datetimes; every stored time is UTC
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+def take_run_lease(
+    session: Session, run_id: str, owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S
+) -> None:
+    """Make ``owner`` the one process working on ``run_id`` (in the caller's transaction).
+
+    Compare-and-set: the UPDATE only matches while the lease is as read (free,
+    expired, or held by a dead process of this host), so two processes, on any
+    machines, cannot both take it. Raises :class:`RunBusyError` naming the holder.
+    """
+    now = utcnow()
+    row = session.execute(
+        select(EvalRunRow.lease_owner, EvalRunRow.lease_expires).where(EvalRunRow.id == run_id)
+    ).one_or_none()
+    if row is None:
+        raise VfopsError(f"no eval run with id {run_id!r}")
+    held_by, expires = row
+    if held_by is not None and held_by != str(owner):
+        holder = LeaseOwner.parse(held_by)
+        if expires is not None and _aware(expires) > now and not holder.is_dead():
+            raise _busy(run_id, holder, _aware(expires))
+    unchanged = (
+        EvalRunRow.lease_owner.is_(None) if held_by is None else EvalRunRow.lease_owner == held_by
+    )
+    # Core on the session's connection: the rowcount tells whether the CAS matched
+    taken = session.connection().execute(
+        update(EvalRunRow)
+        .where(EvalRunRow.id == run_id, unchanged)
+        .values(lease_owner=str(owner), lease_expires=now + dt.timedelta(seconds=ttl_s))
+    )
+    if taken.rowcount != 1:  # another process took it between the read and the write
+        row = session.execute(
+            select(EvalRunRow.lease_owner, EvalRunRow.lease_expires).where(EvalRunRow.id == run_id)
+        ).one()
+        raise _busy(run_id, LeaseOwner.parse(row[0] or "?@0:"), _aware(row[1] or now))
+
+
+def _busy(run_id: str, holder: LeaseOwner, expires: dt.datetime) -> RunBusyError:
+    until = expires.strftime("%H:%M:%S UTC")
+    return RunBusyError(
+        f"run {run_id} is being worked on by {holder.describe()} (lease until {until}, "
+        "renewed while it runs); wait for it to end, or if that process is gone, "
+        "resume after the lease expires"
+    )
+
+
+def renew_run_lease(
+    engine: Engine, run_id: str, owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S
+) -> bool:
+    """Extend ``owner``'s lease; ``False`` when another process has taken the run over."""
+    with transaction(engine) as connection:
+        result = connection.execute(
+            update(EvalRunRow)
+            .where(EvalRunRow.id == run_id, EvalRunRow.lease_owner == str(owner))
+            .values(lease_expires=utcnow() + dt.timedelta(seconds=ttl_s))
+        )
+        return result.rowcount == 1
+
+
+def release_run_lease(session: Session, run_id: str, owner: LeaseOwner) -> None:
+    """Clear ``owner``'s lease (a lease another process took over is left alone)."""
+    session.connection().execute(
+        update(EvalRunRow)
+        .where(EvalRunRow.id == run_id, EvalRunRow.lease_owner == str(owner))
+        .values(lease_owner=None, lease_expires=None)
+    )
 
 
 def _check_status(status: str) -> None:
@@ -43,8 +167,10 @@ def create_run(
     run_id: str | None = None,
     status: str = "running",
     tags: Sequence[str] = (),
+    lease_owner: LeaseOwner | None = None,
 ) -> EvalRunRow:
-    """Insert a new eval run (id: 32 hex characters unless given) and return it."""
+    """Insert a new eval run (id: 32 hex characters unless given) and return it;
+    ``lease_owner``: the process that will work on it (see :func:`take_run_lease`)."""
     _check_status(status)
     run = EvalRunRow(
         id=run_id or uuid.uuid4().hex,
@@ -65,6 +191,8 @@ def create_run(
         vfops_version=__version__,
         output_dir=output_dir,
         tags=list(tags),
+        lease_owner=None if lease_owner is None else str(lease_owner),
+        lease_expires=None if lease_owner is None else utcnow() + dt.timedelta(seconds=LEASE_TTL_S),
     )
     session.add(run)
     session.flush()

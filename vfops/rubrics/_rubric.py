@@ -60,7 +60,7 @@ class _RewardSpec:
 
 
 class _ScoringError(Exception):
-    """A reward function's result is unusable (wrong type, length or NaN)."""
+    """A reward function's result is unusable (wrong type, length, NaN or infinite)."""
 
 
 def _func_name(func: RewardFunc) -> str:
@@ -90,9 +90,10 @@ def _as_float(value: Any, name: str) -> float:
             f"reward function {name!r} returned {type(value).__name__} {value!r:.80}, "
             "expected a number"
         )
-    if math.isnan(result):
-        # A NaN reward would silently poison every mean it enters.
-        raise _ScoringError(f"reward function {name!r} returned NaN")
+    if not math.isfinite(result):
+        # A NaN or infinite reward would silently poison every mean it enters (and
+        # JSON has no Inf: the run folder would say null where the registry says Inf).
+        raise _ScoringError(f"reward function {name!r} returned {result}, expected a finite number")
     return result
 
 
@@ -279,6 +280,13 @@ class Rubric:
                 metrics[spec.name] = value
                 if reward is not None and spec.weight:
                     reward += spec.weight * value
+            if first_error is None and reward is not None and not math.isfinite(reward):
+                # finite values whose weighted sum overflows: as unusable as an Inf
+                first_error = RolloutError(
+                    type="InvalidReward",
+                    message=f"the weighted sum of the reward functions is {reward}",
+                    stage="scoring",
+                )
             if first_error is not None:
                 reward = None
             # Wall-clock of the whole group: rollouts of a group are scored together.
