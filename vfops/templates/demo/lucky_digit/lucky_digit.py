@@ -20,10 +20,15 @@ import vfops
 
 SYSTEM_PROMPT = "Reply with the digit only."
 
+# Varied phrasings, the digit at different places: the policy learns to find the
+# digit, not where one template puts it (the held-out templates are new to it).
 TRAIN_TEMPLATES = (
     "Say the digit {d}. ({w})",
     "Write {d} now, {w}.",
     "Digit {d} please: {w}",
+    "{w}, then reply {d}.",
+    "The {w} wants {d}.",
+    "Reply {d} ({w})",
 )
 EVAL_TEMPLATES = (
     "Give me the digit {d} ({w})",

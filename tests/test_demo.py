@@ -1,0 +1,137 @@
+"""``vfops demo`` end to end, checked in the registry and MLflow (not in its printed text).
+
+The whole loop as ``make demo`` runs it (the shipped CPU config, full size): the
+environment is published, the base model is evaluated (baseline), trained with
+GRPO, registered and promoted to champion on evidence, a worse version is refused
+with its reason, and the nightly flow runs on the champion twice, the second
+night compared with the first.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from vfops.demo import DEMO_ENV, DEMO_MODEL
+
+pytestmark = [pytest.mark.train, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("demo") / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VFOPS_", "MLFLOW_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "vfops", "demo", "--dir", str(workdir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    home = workdir / "home"
+    saved = {k: os.environ.get(k) for k in ("VFOPS_HOME", "MLFLOW_TRACKING_URI")}
+    os.environ["VFOPS_HOME"] = str(home)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    try:
+        yield {"workdir": workdir, "stdout": result.stdout}
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _runs() -> list[Any]:
+    from vfops.registry import get_engine, list_runs, session_scope
+
+    with session_scope(get_engine(), write=False) as session:
+        runs = list_runs(session, env_name=DEMO_ENV, limit=None)
+        for run in runs:
+            session.expunge(run)
+        return runs
+
+
+def test_the_environment_is_published(demo: dict[str, Any]) -> None:
+    from vfops.publishing import find_published
+    from vfops.registry import get_engine, session_scope
+
+    with session_scope(get_engine(), write=False) as session:
+        row = find_published(session, DEMO_ENV)
+        assert row.wheel_uri.startswith("file://") and row.wheel_sha256
+
+
+def test_reward_rises_from_the_baseline_past_the_prompt_blind_cap(demo: dict[str, Any]) -> None:
+    by_model: dict[str, list[float]] = {}
+    for run in _runs():
+        if run.status == "completed" and "nightly" not in (run.tags or []):
+            by_model.setdefault(run.model, []).append(float(run.summary["reward_mean"]))
+    base, trained = by_model[f"models:/{DEMO_MODEL}/1"], by_model[f"models:/{DEMO_MODEL}/2"]
+    assert max(base) <= 0.2 and min(trained) >= 0.8, by_model
+
+
+def test_the_trained_checkpoint_is_champion_and_a_worse_one_was_refused(
+    demo: dict[str, Any],
+) -> None:
+    from vfops.models import promotion_history
+    from vfops.tracking import mlflow_client
+
+    client = mlflow_client()
+    champion = client.get_model_version_by_alias(DEMO_MODEL, "champion")
+    assert champion.version == "2"
+    assert champion.tags["vfops.training_run_id"]  # registered by the training run
+    history = promotion_history(DEMO_MODEL, alias="champion")
+    outcomes = [(event.to_version, event.outcome) for event in history]
+    assert outcomes == [("1", "promoted"), ("2", "promoted"), ("1", "refused")], outcomes
+    refusal = history[-1]
+    assert DEMO_ENV in refusal.reason and "delta" in refusal.reason, refusal.reason
+
+
+def test_training_logged_per_step_metrics(demo: dict[str, Any]) -> None:
+    from vfops.tracking import mlflow_client
+
+    client = mlflow_client()
+    version = client.get_model_version(DEMO_MODEL, "2")
+    history = client.get_metric_history(version.tags["vfops.training_run_id"], "reward_mean")
+    assert len(history) >= 100 and history[-1].value > history[0].value
+
+
+def test_two_nights_on_the_champion_each_in_mlflow(demo: dict[str, Any]) -> None:
+    from vfops.tracking import mlflow_client
+
+    nights = sorted(
+        (run for run in _runs() if "nightly" in (run.tags or [])), key=lambda r: r.started_at
+    )
+    assert [run.model for run in nights] == [f"models:/{DEMO_MODEL}/1", f"models:/{DEMO_MODEL}/2"]
+    assert all(run.status == "completed" and run.mlflow_run_id for run in nights)
+    client = mlflow_client()
+    for run in nights:
+        assert client.get_run(run.mlflow_run_id).data.metrics["reward_mean"] == pytest.approx(
+            run.summary["reward_mean"]
+        )
+    last, first = nights[-1].summary["reward_mean"], nights[0].summary["reward_mean"]
+    assert last >= 0.8 > 0.2 >= first
+    assert f"nightly (models:/{DEMO_MODEL}@champion)" in demo["stdout"]  # reported, too
+
+
+def test_a_second_demo_in_the_same_folder_is_refused(demo: dict[str, Any]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "vfops", "demo", "--dir", str(demo["workdir"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode != 0
+    (line,) = result.stderr.strip().splitlines()
+    assert "earlier demo" in line and "rm -r" in line
