@@ -25,6 +25,7 @@ MLflow (not from printed text); ``summary.render()`` is what ``vfops demo`` prin
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import importlib
 import os
@@ -147,6 +148,8 @@ def demo_home(workdir: Path) -> Iterator[None]:
         "VFOPS_TRACKING": "1",
         # one progress line per stage: not MLflow's download bars
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        # the demo trains on the CPU: say so, rather than DeepSpeed warning it found no GPU
+        "DS_ACCELERATOR": "cpu",
     }
     cleared = ("VFOPS_DATABASE_URL", "VFOPS_ARTIFACTS", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
     saved = {name: os.environ.get(name) for name in (*values, *cleared)}
@@ -280,7 +283,7 @@ def _night(day: dt.date, settings: DemoSettings) -> Night:
         rollouts_per_example=1,
         date=day.isoformat(),
     )
-    results: list[dict[str, Any]] = nightly_eval(config)
+    results: list[dict[str, Any]] = asyncio.run(nightly_eval(config))
     (result,) = results
     report = result.get("report") or {}
     run = _registry_run(str(result["run_id"]))
