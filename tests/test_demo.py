@@ -88,7 +88,7 @@ def test_the_trained_checkpoint_is_champion_and_a_worse_one_was_refused(
 
     client = mlflow_client()
     champion = client.get_model_version_by_alias(DEMO_MODEL, "champion")
-    assert champion.version == "2"
+    assert str(champion.version) == "2"
     assert champion.tags["vfops.training_run_id"]  # registered by the training run
     history = promotion_history(DEMO_MODEL, alias="champion")
     outcomes = [(event.to_version, event.outcome) for event in history]

@@ -115,3 +115,59 @@ def test_flow_and_cli_are_layers_over_the_one_entry_point(
 
 STEP_METRICS = ("reward_mean", "reward_std", "loss", "kl", "clip_fraction", "generation_s",
                 "training_s", "weight_sync_s", "tokens_per_s")  # fmt: skip
+
+
+def test_train_evaluate_promote_flow_trains_registers_and_gates(
+    harness: None, tmp_path: Path
+) -> None:
+    """The loop as one flow run: the checkpoint is registered and put through the
+    gate (the first version of a model has no holder: promoted on its evaluation)."""
+    from prefect.client.orchestration import get_client
+
+    from flows.train_evaluate_promote import train_evaluate_promote_flow
+    from vfops.models import promotion_history
+    from vfops.tracking import mlflow_client
+
+    model = build_tiny_model_for(tmp_path)
+    result = asyncio.run(
+        train_evaluate_promote_flow(
+            str(_config_at(tmp_path, model)),
+            register_as="loop-tiny",
+            gate_envs=["lucky_digit"],
+            steps=2,
+            output_dir=str(tmp_path / "out"),
+            gate_examples=4,
+        )
+    )
+    assert result["model_uri"] == "models:/loop-tiny/1"
+    assert result["training"]["steps"] == 2
+    assert result["decision"]["outcome"] == "promoted"
+    assert mlflow_client().get_model_version_by_alias("loop-tiny", "champion").version == 1
+    (event,) = promotion_history("loop-tiny")
+    assert (event.to_version, event.outcome) == ("1", "promoted")
+    (gate,) = result["decision"]["envs"]
+    assert gate["env"] == "lucky_digit" and gate["candidate_run_id"]
+
+    async def report() -> str:
+        async with get_client() as client:
+            artifact = await client.read_latest_artifacts()
+            found = [a for a in artifact if a.key == "train-evaluate-promote-loop-tiny"]
+            return str(found[0].data) if found else ""
+
+    assert "`models:/loop-tiny/1`: promoted" in asyncio.run(report())
+
+
+def build_tiny_model_for(tmp_path: Path) -> Path:
+    from vfops.local import build_tiny_model
+
+    return build_tiny_model(tmp_path / "tiny", seed=0)
+
+
+def _config_at(tmp_path: Path, model: Path) -> Path:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        CPU_CONFIG.read_text().replace(
+            'path = "../../.vfops-train/tiny-model"', f'path = "{model}"'
+        )
+    )
+    return config
