@@ -29,6 +29,7 @@ import asyncio
 import datetime as dt
 import importlib
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -192,7 +193,13 @@ def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
     base = build_tiny_model(workdir / "base-model", seed=0)
 
     say(f"[2/{STAGES}] publishing the {DEMO_ENV} environment (registry + artifact store)")
-    published = publish_environment(environment_project())
+    # published from a copy: building writes into the project folder, which may sit
+    # in a read-only site-packages
+    project = workdir / DEMO_ENV
+    shutil.copytree(
+        environment_project(), project, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
+    published = publish_environment(project)
     _ensure_installed(published.env_name, published.version)
     environment = f"{published.env_name}@{published.version}"
 
