@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
