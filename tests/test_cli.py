@@ -288,7 +288,9 @@ def test_bad_input_is_one_line_and_non_zero(
 def test_ctrl_c_keeps_completed_rollouts_and_resume_finishes(
     env_site: Path, tmp_path: Path
 ) -> None:
-    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=100)) as server:
+    # 200 rollouts, 4 at a time, 200 ms each: 10 s, so the signal (sent once some
+    # groups are on disk) lands mid-run even on a loaded machine
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=200)) as server:
         args = [
             "eval",
             "echo_env",
@@ -301,7 +303,7 @@ def test_ctrl_c_keeps_completed_rollouts_and_resume_finishes(
             "-r",
             "2",
             "-c",
-            "8",
+            "4",
             "-o",
             str(tmp_path),
         ]
@@ -310,9 +312,8 @@ def test_ctrl_c_keeps_completed_rollouts_and_resume_finishes(
             [VFOPS, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         deadline = time.monotonic() + 60
-        while not list(tmp_path.glob("evals/*/*/results.jsonl")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)
+        while len(_lines(tmp_path)) < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
         assert process.returncode == 130, stderr
@@ -326,6 +327,11 @@ def test_ctrl_c_keeps_completed_rollouts_and_resume_finishes(
     keys = [(r["example_id"], r["rollout_index"]) for r in rows]
     assert len(keys) == len(set(keys)) == 200
     assert [r["trace_id"] for r in rows[: len(kept)]] == [r["trace_id"] for r in kept]
+
+
+def _lines(root: Path) -> list[str]:
+    found = list(root.glob("evals/*/*/results.jsonl"))
+    return found[0].read_text().splitlines() if found else []
 
 
 def test_api_key_is_used_but_never_written(env_site: Path, tmp_path: Path) -> None:

@@ -120,6 +120,17 @@ def test_paths_resolve_against_the_files_folder(tmp_path: Path) -> None:
     assert built.model.path == "m" and built.run.output_dir == "outputs/train"
 
 
+def test_a_linked_config_resolves_against_the_links_folder(tmp_path: Path) -> None:
+    # configs/train/cpu_lucky_digit.toml links to the copy vfops ships: its relative
+    # paths land in the checkout, not inside the package
+    (tmp_path / "package").mkdir()
+    real = _write(tmp_path / "package", "")
+    (tmp_path / "checkout").mkdir()
+    link = tmp_path / "checkout" / "c.toml"
+    link.symlink_to(real)
+    assert load_config(link).model.path == str(tmp_path / "checkout" / "m")
+
+
 def test_overrides_are_validated_like_the_file(tmp_path: Path) -> None:
     path = _write(tmp_path, "[run]\nsteps = 10\n")
     config = load_config(path)

@@ -200,7 +200,9 @@ def load_toml(
         data,
         source=str(file),
         section=section,
-        context={CONFIG_DIR: file.resolve().parent},
+        # the folder the file is named in, links not followed: a linked config
+        # (configs/train/cpu_lucky_digit.toml) resolves where the user sees it
+        context={CONFIG_DIR: file.absolute().parent},
         error=error,
     )
 
