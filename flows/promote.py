@@ -15,7 +15,7 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import acreate_markdown_artifact
 
-from vfops.models import promote_async
+from vfops.models import PromotionDecision, promote_async
 
 REPORT_KEY = "promote-checkpoint"
 
@@ -72,6 +72,22 @@ async def promote_checkpoint_flow(
         "",
         f"Previous holder: {('v' + decision.from_version) if decision.from_version else 'none'}",
         "",
+    ]
+    lines += gate_table(decision)
+    lines += ["", decision.reason]
+    await acreate_markdown_artifact(
+        markdown="\n".join(lines) + "\n",
+        key=report_key(REPORT_KEY, name),
+        description=f"{name} v{decision.to_version} -> @{alias}: {decision.outcome}",
+    )
+    decision.raise_if_refused()
+    return decision.to_dict()
+
+
+def gate_table(decision: PromotionDecision) -> list[str]:
+    """The gate's evidence as markdown table lines (ids in code spans: Prefect's
+    markdown would make ``name@version`` a mailto: link)."""
+    lines = [
         "| environment | candidate run | holder run | delta | verdict |",
         "|---|---|---|---|---|",
     ]
@@ -81,11 +97,9 @@ async def promote_checkpoint_flow(
             f"| `{r.env}` | `{r.candidate_run_id}` | `{r.holder_run_id or '-'}` | {delta} "
             f"| {r.verdict or '-'} |"
         )
-    lines += ["", decision.reason]
-    await acreate_markdown_artifact(
-        markdown="\n".join(lines) + "\n",
-        key=f"{REPORT_KEY}-{re.sub('[^a-z0-9]+', '-', name.lower()).strip('-')}",
-        description=f"{name} v{decision.to_version} -> @{alias}: {decision.outcome}",
-    )
-    decision.raise_if_refused()
-    return decision.to_dict()
+    return lines
+
+
+def report_key(prefix: str, model_name: str) -> str:
+    """A Prefect artifact key per model (keys allow lowercase letters, digits, dashes)."""
+    return f"{prefix}-{re.sub('[^a-z0-9]+', '-', model_name.lower()).strip('-')}"

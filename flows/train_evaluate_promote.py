@@ -11,12 +11,12 @@ the decision and its markdown artifact names the environment and the delta.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_markdown_artifact
 
+from flows.promote import gate_table, report_key
 from flows.train import _gpu_slots, _log_progress
 from vfops.models import LoopResult, train_evaluate_promote_async
 
@@ -68,7 +68,7 @@ async def train_evaluate_promote_flow(
         )
     logger.info("%s: %s", result.model_uri, result.decision.reason)
     await acreate_markdown_artifact(
-        key=f"{REPORT_KEY}-{re.sub('[^a-z0-9]+', '-', register_as.lower()).strip('-')}",
+        key=report_key(REPORT_KEY, register_as),
         markdown=report_markdown(result),
         description=f"{result.model_uri} -> @{alias}: {result.decision.outcome}",
     )
@@ -86,14 +86,7 @@ def report_markdown(result: LoopResult) -> str:
         f"{training.final_eval_reward:.4f} after {training.steps} steps "
         f"(MLflow run `{training.mlflow_run_id or '-'}`).",
         "",
-        "| environment | candidate run | holder run | delta | verdict |",
-        "|---|---|---|---|---|",
     ]
-    for env in decision.envs:
-        delta = "-" if env.delta is None else f"{env.delta:+.3f}"
-        lines.append(
-            f"| `{env.env}` | `{env.candidate_run_id}` | `{env.holder_run_id or '-'}` | {delta} "
-            f"| {env.verdict or '-'} |"
-        )
+    lines += gate_table(decision)
     lines += ["", decision.reason]
     return "\n".join(lines) + "\n"
