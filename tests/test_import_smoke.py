@@ -116,14 +116,15 @@ def test_a_piped_eval_imports_neither_rich_nor_pydantic(registry: str, tmp_path:
     # Off a terminal there is no progress bar and the summary is plain text: rich's
     # import (~60-100 ms) would sit between the last rollout and the exit. pydantic
     # (~0.1 s) is for config files; an eval without one (and its provenance record,
-    # and typer's parsing of its flags) does not need it.
+    # typer's parsing of its flags, the check of -k's variable name) does not need it.
     code = (
         "import contextlib, io, os, sys\n"
-        f"os.environ.update(VFOPS_HOME={str(tmp_path / 'home')!r}, VFOPS_TRACKING='0')\n"
+        f"os.environ.update(VFOPS_HOME={str(tmp_path / 'home')!r}, VFOPS_TRACKING='0',"
+        " STUB_KEY='k')\n"
         "from vfops.testing import StubConfig, StubServer\n"
         "with StubServer(StubConfig(reply_mode='arithmetic')) as server:\n"
         "    sys.argv = ['vfops', 'eval', 'arithmetic', '-m', 'stub-model', '-b',\n"
-        f"        server.base_url, '-n', '3', '-r', '1', {registry!r},\n"
+        f"        server.base_url, '-k', 'STUB_KEY', '-n', '3', '-r', '1', {registry!r},\n"
         f"        '-o', {str(tmp_path)!r}]\n"
         "    from vfops.cli._app import run\n"
         "    out = io.StringIO()\n"

@@ -8,6 +8,7 @@ Nothing here needs a Prefect server (see test_flow_judge_score.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import subprocess
 import sys
@@ -218,12 +219,19 @@ async def test_failed_judge_requests_are_counted_and_retried_by_a_rerun(engine: 
 async def test_rescore_streams_with_bounded_concurrency(engine: Engine) -> None:
     run_id = _make_run(engine, _records(60, 1))
     in_flight = peak = 0
+    # The first judges wait until five are in flight: on a loaded machine the page
+    # reader may otherwise lag, and the peak would measure the reader, not the bound.
+    five_in_flight = asyncio.Event()
 
     async def judge(messages: Messages, tools: Any) -> str:
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)
-        await asyncio.sleep(0.005)
+        if in_flight >= 5:
+            five_in_flight.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(five_in_flight.wait(), timeout=10)
+        await asyncio.sleep(0.01)
         in_flight -= 1
         return "yes"
 

@@ -23,6 +23,7 @@ from typing import Annotated, Any, ClassVar, Self, TypeVar, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo
 
+from vfops._env_vars import check_env_var_name
 from vfops._errors import VfopsError
 
 __all__ = [
@@ -57,20 +58,6 @@ def _resolve_relative(value: str, info: ValidationInfo) -> str:
 
 RelativePath = Annotated[str, AfterValidator(_resolve_relative)]
 """A path string that, in a loaded file, resolves against the file's folder."""
-
-_ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def check_env_var_name(value: str) -> str:
-    """``value`` unless it is not an environment variable name (never echoed: it may be
-    a key pasted into the wrong field); ``""`` passes (no variable)."""
-    if value and not _ENV_VAR_NAME.fullmatch(value):
-        raise ValueError(
-            "must be the NAME of an environment variable (letters, digits, _), not the key "
-            'itself; e.g. api_key_var = "OPENAI_API_KEY"'
-        )
-    return value
-
 
 EnvVarName = Annotated[str, AfterValidator(check_env_var_name)]
 """The name of an environment variable that holds a secret; the secret never goes here."""

@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from vfops._env_vars import check_env_var_name
 from vfops._errors import EndpointError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -53,8 +54,6 @@ def _check_base_url(base_url: str, where: str) -> None:
 
 
 def _check_var(name: str, where: str) -> None:
-    from vfops._config import check_env_var_name
-
     try:
         check_env_var_name(name)
     except ValueError as exc:  # the message never echoes the value: it may be a key
