@@ -3,6 +3,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+import pytest
+
 # Nothing in the test suite may reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -23,3 +25,30 @@ pytest_plugins = [
     "tests.prefect_fixtures",
     "tests.env_fixtures",
 ]
+
+# `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`):
+# most tests wait on subprocesses and servers, so two at a time nearly halve the wall
+# time on two cores. Each file stays on one worker (its module fixtures start once),
+# and the files that train or run a model on the CPU share one group, so two torch
+# workloads never compete for the cores (their timeouts assume one at a time). That
+# group goes first: it is the longest chain, and started last it would be the tail.
+TORCH_HEAVY_FILES = frozenset(
+    {
+        "test_demo.py",
+        "test_training_recipe.py",
+        "test_training_cli.py",
+        "test_training_run.py",
+        "test_training_flow.py",
+        "test_training.py",
+        "test_local_model.py",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist turns the marks into scheduling groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        group = "torch-heavy" if name in TORCH_HEAVY_FILES else str(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.path.name not in TORCH_HEAVY_FILES)  # stable

@@ -152,6 +152,10 @@ def demo_home(workdir: Path) -> Iterator[None]:
         # the demo trains on the CPU: say so, rather than DeepSpeed warning it found no GPU
         "DS_ACCELERATOR": "cpu",
     }
+    # Prefect's ephemeral server gets 20 s to answer by default, too little for a
+    # 2-core machine that is also training; a user's own setting wins.
+    startup = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+    values[startup] = os.environ.get(startup) or "120"
     cleared = ("VFOPS_DATABASE_URL", "VFOPS_ARTIFACTS", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
     saved = {name: os.environ.get(name) for name in (*values, *cleared)}
     os.environ.update(values)
