@@ -197,18 +197,37 @@ def test_compose_services_are_healthchecked_pinned_and_ordered() -> None:
     assert gpu_only == {"vllm", "trainer"}
 
 
-def _installed_version(distribution: str) -> str:
+def _pinned(distribution: str) -> tuple[str, str]:
+    """The project's requirement specifier for ``distribution`` and the installed version."""
+    import tomllib
     from importlib.metadata import version
 
-    return version(distribution)
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (requirement,) = [
+        Requirement(line)
+        for line in project["dependencies"]
+        if Requirement(line).name == distribution
+    ]
+    return str(requirement.specifier), version(distribution)
 
 
 def test_compose_images_match_the_pinned_libraries() -> None:
-    """MLflow's server and Prefect's server run the versions the project is tested with."""
+    """MLflow's and Prefect's servers run a version the project allows, of the major
+    version its clients have (a fresh install may resolve a newer minor)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
     mlflow_dockerfile = (INFRA / "docker" / "mlflow.Dockerfile").read_text()
-    assert f"ghcr.io/mlflow/mlflow:v{_installed_version('mlflow')}" in mlflow_dockerfile
+    mlflow_tag = re.search(r"^FROM ghcr\.io/mlflow/mlflow:v(\S+)$", mlflow_dockerfile, re.M)
     prefect_image = load_compose()["services"]["prefect-server"]["image"]
-    assert prefect_image == f"prefecthq/prefect:{_installed_version('prefect')}-python3.11"
+    prefect_tag = re.fullmatch(r"prefecthq/prefect:(\S+)-python3\.11", prefect_image)
+    assert mlflow_tag and prefect_tag, "pin MLflow's and Prefect's images to a version"
+    for distribution, tag in (("mlflow", mlflow_tag[1]), ("prefect", prefect_tag[1])):
+        specifier, installed = _pinned(distribution)
+        assert Version(tag) in SpecifierSet(specifier), f"{distribution} {tag} vs {specifier}"
+        assert Version(tag).major == Version(installed).major, (distribution, tag, installed)
 
 
 # --- Kubernetes ------------------------------------------------------------------------
