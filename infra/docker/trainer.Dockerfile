@@ -45,9 +45,11 @@ RUN pip install --no-cache-dir -e '.[train]' \
     && python -m compileall -q vfops flows > /dev/null
 
 # /outputs and /sync owned by the run-time user: named volumes mounted there start
-# with this ownership (infra/compose.yaml trainer).
+# with this ownership (infra/compose.yaml trainer); /opt/vfops/outputs for flow runs
+# started in /opt/vfops (the GPU work pool).
 RUN useradd --create-home --uid 10001 vfops \
-    && mkdir -p /outputs /sync && chown 10001:10001 /outputs /sync
+    && mkdir -p /outputs /sync /opt/vfops/outputs \
+    && chown 10001:10001 /outputs /sync /opt/vfops/outputs
 USER 10001
 ENV VFOPS_HOME=/home/vfops/.vfops \
     PREFECT_HOME=/home/vfops/.prefect

@@ -32,7 +32,10 @@ RUN pip install --no-cache-dir -e '.[train,k8s]' \
     && python -m compileall -q vfops flows > /dev/null
 
 # Never root at run time; state (VFOPS_HOME, Prefect's home) under the user's home.
-RUN useradd --create-home --uid 10001 vfops
+# Flow runs start in /opt/vfops (the deployments' working directory): evaluations
+# without an output folder write ./outputs there.
+RUN useradd --create-home --uid 10001 vfops \
+    && mkdir -p /opt/vfops/outputs && chown 10001:10001 /opt/vfops/outputs
 USER 10001
 ENV VFOPS_HOME=/home/vfops/.vfops \
     PREFECT_HOME=/home/vfops/.prefect
