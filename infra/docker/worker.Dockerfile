@@ -1,0 +1,45 @@
+# vfops Prefect worker (CPU). Build from the repository root:
+#   docker build -f infra/docker/worker.Dockerfile -t vfops-worker:dev .
+# Runs the flows (eval-sweep, judge-score, nightly-eval, promote-checkpoint, ...) and
+# `vfops db upgrade`; the same image serves the process worker (compose) and the
+# kubernetes worker (infra/k8s), hence the [k8s] extra.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    # nothing is ever fetched from a model/data hub at run time
+    HF_HUB_OFFLINE=1 \
+    HF_DATASETS_OFFLINE=1
+
+# torch first, from the CPU index: otherwise the [train] extra would pull a multi-GB
+# CUDA build (same order as the Makefile).
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+
+WORKDIR /opt/vfops
+COPY pyproject.toml README.md ./
+COPY vfops ./vfops
+COPY flows ./flows
+COPY environments ./environments
+COPY configs ./configs
+# Editable: `vfops deploy` registers deployments whose source is this checkout
+# (flows/deployments.py REPO_ROOT), so /opt/vfops must be where flows/ lives.
+# [train]: promotion gates evaluate registered checkpoints in-process (transformers).
+# Byte-compiled once here, like `make setup`.
+RUN pip install --no-cache-dir -e '.[train,k8s]' \
+        ./environments/arithmetic ./environments/calculator ./environments/guess_number \
+        ./environments/judged_qa ./environments/lucky_digit ./environments/mixed \
+    && python -m compileall -q vfops flows > /dev/null
+
+# Never root at run time; state (VFOPS_HOME, Prefect's home) under the user's home.
+# Flow runs start in /opt/vfops (the deployments' working directory): evaluations
+# without an output folder write ./outputs there.
+RUN useradd --create-home --uid 10001 vfops \
+    && mkdir -p /opt/vfops/outputs && chown 10001:10001 /opt/vfops/outputs
+USER 10001
+ENV VFOPS_HOME=/home/vfops/.vfops \
+    PREFECT_HOME=/home/vfops/.prefect
+
+EXPOSE 8080
+# --with-healthcheck serves GET /health on PREFECT_WORKER_WEBSERVER_PORT (8080).
+CMD ["prefect", "worker", "start", "--pool", "vfops", "--type", "process", "--with-healthcheck"]
