@@ -28,7 +28,7 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check vfops flows tests environments bench
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest -n 2 --dist loadgroup  # two workers: see tests/conftest.py
+	$(VENV)/bin/pytest -n 2 --dist loadfile  # two workers: see tests/conftest.py
 
 lint: setup
 	$(VENV)/bin/ruff check vfops flows tests environments bench

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 import pytest
 
@@ -26,12 +27,14 @@ pytest_plugins = [
     "tests.env_fixtures",
 ]
 
-# `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`):
-# most tests wait on subprocesses and servers, so two at a time nearly halve the wall
-# time on two cores. Each file stays on one worker (its module fixtures start once),
-# and the files that train or run a model on the CPU share one group, so two torch
-# workloads never compete for the cores (their timeouts assume one at a time). That
-# group goes first: it is the longest chain, and started last it would be the tail.
+# `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadfile`): most
+# tests wait on subprocesses and servers, so two at a time nearly halve the wall time
+# on two cores. Each file stays on one worker (its module fixtures start once), and
+# the files that train or run a model on the CPU go to one worker together, so two
+# torch workloads never compete for the cores (their timeouts assume one at a time).
+# They go first: the longest chain, started last, would be the tail. (xdist's own
+# `loadgroup` cannot do this here: it marks groups by editing node ids, which pytest 9.2
+# no longer reads, so grouped tests were spread over both workers.)
 TORCH_HEAVY_FILES = frozenset(
     {
         "test_demo.py",
@@ -43,12 +46,26 @@ TORCH_HEAVY_FILES = frozenset(
         "test_local_model.py",
     }
 )
+TORCH_HEAVY_SCOPE = "torch-heavy"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist turns the marks into scheduling groups
+def _scope_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return TORCH_HEAVY_SCOPE if path.rsplit("/", 1)[-1] in TORCH_HEAVY_FILES else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the torch-heavy files as one scope (one worker)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrTorchScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope_of(nodeid)
+
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own scheduler for any other mode
+    return FileOrTorchScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        name = item.path.name
-        group = "torch-heavy" if name in TORCH_HEAVY_FILES else str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.path.name not in TORCH_HEAVY_FILES)  # stable
+    items.sort(key=lambda item: _scope_of(item.nodeid) != TORCH_HEAVY_SCOPE)  # stable
