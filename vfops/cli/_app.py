@@ -83,6 +83,8 @@ def build_app(command: str | None = None) -> typer.Typer:
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         add_completion=False,
+        # help texts are plain text: "[train]" is an extra's name, not rich markup
+        rich_markup_mode=None,
     )
     # a callback keeps the app a group even with one command (typer would otherwise
     # make that command the root, and read "eval" as its first argument)

@@ -98,11 +98,13 @@ def install_command(
     target: Annotated[
         Path | None, typer.Option(help="Install into this folder (add it to PYTHONPATH).")
     ] = None,
-    no_deps: Annotated[bool, typer.Option(help="Do not install dependencies.")] = False,
+    no_deps: Annotated[
+        bool, typer.Option("--no-deps", help="Do not install dependencies.")
+    ] = False,
 ) -> None:
     """Install an environment package so vfops can load it by name.
 
-    A folder is pip-installed as it is; ``NAME`` or ``NAME@VERSION`` downloads the
+    A folder is pip-installed as it is; NAME or NAME@VERSION downloads the
     published wheel, verifies its sha256 and its archive paths, then installs it.
     """
     path = Path(source)

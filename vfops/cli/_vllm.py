@@ -189,7 +189,7 @@ def serve(
 ) -> None:
     """Serve DIRECTORY with vLLM for GRPO training (token ids, logprobs, weight sync).
 
-    Arguments after ``--`` go to vLLM unchanged, e.g. ``-- --tensor-parallel-size 2``.
+    Arguments after '--' go to vLLM unchanged, e.g. '-- --tensor-parallel-size 2'.
     """
     if sync not in ("filesystem", "nccl"):
         raise VfopsError(f"--sync must be filesystem or nccl, got {sync!r}")
