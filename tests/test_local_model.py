@@ -512,3 +512,16 @@ def test_vfops_model_serve_stops_its_server_on_sigterm(tiny_dir: Path, tmp_path:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_build_tiny_prints_only_its_result(tmp_path: Path) -> None:
+    # no third-party warnings (DeepSpeed's "no GPU found" among them): two lines, the
+    # model's folder and its size
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    result = subprocess.run(
+        [sys.executable, "-m", "vfops", "model", "build-tiny", str(tmp_path / "m")],
+        capture_output=True, text=True, env=env, check=True, timeout=300,
+    )  # fmt: skip
+    assert result.stderr.strip() == "", result.stderr
+    assert result.stdout.splitlines()[0].endswith("/m")
+    assert result.stdout.splitlines()[1].startswith("parameters: ")

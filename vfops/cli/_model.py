@@ -82,6 +82,9 @@ def build_tiny(
     seed: Annotated[int, typer.Option(help="Seed for the corpus, tokenizer and weights.")] = 0,
 ) -> None:
     """Build a tiny random chat model offline (BPE tokenizer trained locally, ChatML)."""
+    # Building never uses an accelerator; without this, DeepSpeed (imported by
+    # transformers when installed) warns that it found no GPU.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from vfops.local._tiny import build_tiny_model, parameter_count
 
     path = build_tiny_model(directory, seed=seed)
