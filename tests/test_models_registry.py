@@ -94,7 +94,6 @@ def _stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     home = tmp_path / "home"
     monkeypatch.setenv("VFOPS_HOME", str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     monkeypatch.setenv("VFOPS_DATABASE_URL", url)
     monkeypatch.setenv("USER", "tester")
@@ -160,7 +159,11 @@ def _bucket_keys(server: MlflowServer) -> list[str]:
 
 
 def test_promotion_gate_records_every_decision(
-    tiny_base: Path, gate_env: str, mlflow_backend: MlflowServer | None, tmp_path: Path
+    tiny_base: Path,
+    gate_env: str,
+    mlflow_backend: MlflowServer | None,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     from vfops.cli._promote import promote_command
     from vfops.local import LocalModelClient
@@ -179,8 +182,11 @@ def test_promotion_gate_records_every_decision(
         "sampling_args": SAMPLING,
     }
     v1 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v1", 8), name="tiny")
+    capfd.readouterr()
     first = promote("tiny", v1.version, **gate)  # type: ignore[arg-type]
     assert first.promoted and first.from_version is None and not first.forced
+    # the gate downloaded v1 to evaluate it, without MLflow's progress bars
+    assert "Downloading artifacts" not in capfd.readouterr().err
 
     v2 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v2", 32), name="tiny")
     second = promote("tiny", v2.version, **gate)  # type: ignore[arg-type]

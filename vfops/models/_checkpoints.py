@@ -8,11 +8,13 @@ is registered is exactly what ``from_pretrained`` loads.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -194,6 +196,21 @@ def resolve_version(uri: str, client: MlflowClient | None = None) -> ModelVersio
     return ModelVersionInfo.from_mlflow(mv)
 
 
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """MLflow's per-file download bars, off unless the user turned them on: a gate or
+    an eval prints its own lines, and the bars land between them (or in a log file)."""
+    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
 def load_model_dir(uri: str | ModelVersionInfo, dst: str | Path | None = None) -> Path:
     """Download model version ``uri`` to a local folder and return it.
 
@@ -212,7 +229,10 @@ def load_model_dir(uri: str | ModelVersionInfo, dst: str | Path | None = None) -
         return target
     source = client.get_model_version_download_uri(mv.name, mv.version)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as tmp,
+        _no_progress_bar(),
+    ):
         local = Path(
             mlflow.artifacts.download_artifacts(
                 artifact_uri=source, dst_path=tmp, tracking_uri=tracking_uri()
