@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+import itertools
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from vfops._errors import VfopsError
 
@@ -55,29 +57,72 @@ def list_command(
 @app.command("show")
 def show_command(
     run_id: Annotated[str, typer.Argument(help="Run id or unique prefix.")],
-    rollouts: Annotated[int, typer.Option(help="How many rollouts to print.")] = 3,
+    example: Annotated[
+        int | None, typer.Option("--example", help="Whole transcripts of this example_id.")
+    ] = None,
+    rollout: Annotated[
+        int | None,
+        typer.Option(
+            "--rollout",
+            help="Whole transcript of rollout N: the run's N-th rollout (0-based, ordered by "
+            "example), or with --example that example's rollout N.",
+        ),
+    ] = None,
+    failed: Annotated[
+        bool,
+        typer.Option(
+            "--failed", help="Whole transcripts of rollouts that errored or scored below "
+            "--pass-threshold.",
+        ),
+    ] = False,
+    pass_threshold: Annotated[
+        float, typer.Option(help="With --failed: the reward that counts as a pass.")
+    ] = 1.0,
+    limit: Annotated[
+        int, typer.Option("--limit", "--rollouts", help="How many rollouts to print at most.")
+    ] = 3,
 ) -> None:
-    """A run's summary and a few of its rollouts."""
-    from vfops.evaluation._export import run_metadata
+    """A run's settings, ids and summary; then a few rollouts, or whole transcripts.
+
+    Without --example, --rollout or --failed: one line per rollout (its last message).
+    With them: every message of each selected rollout with its role, the tool calls
+    and their results, the expected answer, each reward function's score, the error
+    and the token counts.
+    """
+    from vfops.evaluation import format_transcript, rollout_failed, run_metadata
     from vfops.registry import iter_rollouts
 
     engine = _engine()
     metadata = run_metadata(engine, run_id)
     console = Console()
-    table = Table("field", "value", title=f"run {metadata['run_id']}")
-    for key in (
-        "env_name",
-        "env_version",
-        "model",
-        "status",
-        "num_examples",
-        "rollouts_per_example",
-        "started_at",
-        "finished_at",
-        "vfops_version",
-    ):
-        table.add_row(key, str(metadata[key]))
+    console.print(_run_table(metadata))
+    records = iter_rollouts(engine, metadata["run_id"], batch_size=max(limit, 100))
+    if example is None and rollout is None and not failed:
+        for record in itertools.islice(records, limit):
+            console.print(_preview(record), markup=False, highlight=False)
+        return
+    chosen = _select(records, example=example, rollout=rollout, failed=failed,
+                     passes=lambda r: not rollout_failed(r, pass_threshold))  # fmt: skip
+    shown = 0
+    for record in itertools.islice(chosen, limit):
+        print()
+        print(format_transcript(record, width=max(console.width, 60)))
+        shown += 1
+    if not shown:
+        raise VfopsError(f"run {metadata['run_id'][:12]}: {_selection(example, rollout, failed)}")
+
+
+def _run_table(metadata: dict[str, Any]) -> Table:
+    # values fold rather than end in "…": ids and folders are copied from here
+    table = Table("field", Column("value", overflow="fold"), title=f"run {metadata['run_id']}")
+    for key in ("env_name", "env_version", "model", "base_url", "sampling_args", "env_args",
+                "num_examples", "rollouts_per_example", "status", "started_at",
+                "finished_at", "vfops_version", "tags"):  # fmt: skip
+        if metadata.get(key) not in (None, {}, []):
+            table.add_row(key, str(metadata[key]))
     table.add_row("mlflow_run_id", metadata["mlflow_run_id"] or "not logged to MLflow")
+    if metadata.get("output_dir"):
+        table.add_row("output_dir", str(metadata["output_dir"]))
     summary = metadata["summary"] or {}
     for key in ("reward_mean", "reward_stderr", "rollouts", "errors", "truncated"):
         if key in summary:
@@ -86,17 +131,51 @@ def show_command(
         table.add_row(f"  {name}", f"{value:.4f}")
     for k, value in (summary.get("pass_at_k") or {}).items():
         table.add_row(f"pass@{k}", f"{value:.4f}")
-    console.print(table)
-    for index, record in enumerate(iter_rollouts(engine, metadata["run_id"], batch_size=rollouts)):
-        if index >= rollouts:
-            break
-        last = record.completion[-1]["content"] if record.completion else ""
-        console.print(
-            f"[bold]example {record.example_id} #{record.rollout_index}[/] "
-            f"reward={record.reward} stop={record.stop_reason}"
-            + (f" error={record.error.type}: {record.error.message}" if record.error else "")
-        )
-        console.print(f"  {str(last)[:300]!r}")
+    return table
+
+
+def _preview(record: Any) -> str:
+    last = record.completion[-1].get("content") if record.completion else ""
+    text = " ".join(str(last or "").split())
+    error = f" error={record.error.type}: {record.error.message}" if record.error else ""
+    return (
+        f"example {record.example_id} #{record.rollout_index} reward={record.reward} "
+        f"stop={record.stop_reason}{error}\n  {text[:300]}"
+    )
+
+
+def _select(
+    records: Iterator[Any],
+    *,
+    example: int | None,
+    rollout: int | None,
+    failed: bool,
+    passes: Callable[[Any], bool],
+) -> Iterator[Any]:
+    position = -1
+    for record in records:
+        if example is not None and record.example_id != example:
+            continue
+        position += 1
+        if rollout is not None:
+            index = record.rollout_index if example is not None else position
+            if index != rollout:
+                continue
+        if failed and passes(record):
+            continue
+        yield record
+
+
+def _selection(example: int | None, rollout: int | None, failed: bool) -> str:
+    parts = []
+    if example is not None:
+        parts.append(f"example {example}")
+    if rollout is not None:
+        parts.append(f"rollout {rollout}")
+    what = ", ".join(parts) or "any rollout"
+    if failed:
+        return f"no failed rollout among {what}; drop --failed to see them all"
+    return f"no {what}; see the run's rollouts with: vfops runs show RUN"
 
 
 @app.command("compare")

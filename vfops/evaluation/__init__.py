@@ -25,6 +25,7 @@ from vfops.evaluation._runner import EvalRequest
 from vfops.evaluation._sinks import SinkError
 from vfops.evaluation._store import iter_records, load_results, read_metadata
 from vfops.evaluation._summary import EvalSummary, pass_at_k
+from vfops.evaluation._transcript import format_transcript, rollout_failed
 
 __all__ = [
     "DEFAULT_MAX_ERROR_RATE",
@@ -45,6 +46,7 @@ __all__ = [
     "evaluate",
     "evaluate_async",
     "export_run",
+    "format_transcript",
     "iter_records",
     "load_results",
     "pass_at_k",
@@ -53,5 +55,6 @@ __all__ = [
     "registry_summary",
     "resolve_model_name",
     "resolve_provenance",
+    "rollout_failed",
     "run_metadata",
 ]

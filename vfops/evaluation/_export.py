@@ -45,6 +45,9 @@ def run_metadata(engine: Engine, run_id: str) -> dict[str, Any]:
             "summary": run.summary,
             "vfops_version": run.vfops_version,
             "mlflow_run_id": run.mlflow_run_id,
+            "output_dir": run.output_dir,
+            "base_url": run.base_url,
+            "tags": list(run.tags or []),
         }
 
 
