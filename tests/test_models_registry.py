@@ -18,6 +18,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -47,12 +48,13 @@ def gate_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             import vfops
 
 
-            def brevity(completion) -> float:
-                text = completion[-1]["content"] if completion else ""
-                return 1.0 / (1.0 + len(text or ""))
+            def load_environment(fail_on: str = "") -> vfops.Environment:
+                def brevity(prompt, completion) -> float:
+                    if fail_on and fail_on in str(prompt):  # a scoring bug, on purpose
+                        raise ValueError(f"cannot score {fail_on!r}")
+                    text = completion[-1]["content"] if completion else ""
+                    return 1.0 / (1.0 + len(text or ""))
 
-
-            def load_environment() -> vfops.Environment:
                 rows = [{"question": f"Tell me about item {i}.", "answer": ""} for i in range(12)]
                 return vfops.SingleTurnEnv(
                     eval_dataset=Dataset.from_list(rows), rubric=vfops.Rubric(funcs=[brevity])
@@ -314,3 +316,35 @@ def test_promote_checkpoint_flow_is_defined() -> None:
     from flows.promote import promote_checkpoint_flow
 
     assert promote_checkpoint_flow.name == "promote-checkpoint"
+
+
+def test_a_gate_run_with_errored_rollouts_decides_nothing(
+    tiny_base: Path, gate_env: str, stores: str, tmp_path: Path
+) -> None:
+    """Errored rollouts count as 0.0 in the comparison: a crashed scorer on the
+    holder's run would promote any candidate. Such a gate refuses, naming the run."""
+    from vfops.models import promote, promotion_history, register_checkpoint
+
+    gate: dict[str, Any] = {
+        "gate_envs": [gate_env], "num_examples": 6, "rollouts_per_example": 1,
+        "sampling_args": SAMPLING,
+    }  # fmt: skip
+    v1 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v1", 8), name="errs")
+    broken = {"env_args": {gate_env: {"fail_on": "item 3."}}}
+    refused = promote("errs", v1.version, **gate, **broken)
+    assert refused.outcome == "refused"
+    (result,) = refused.envs
+    assert result.inconclusive and result.candidate_errors == 1
+    assert f"{gate_env} inconclusive: run {result.candidate_run_id} of v1 has 1 errored" in (
+        refused.reason
+    )
+    assert "vfops runs show RUN --failed" in refused.reason
+    # the errored run is not reused as evidence later; a clean gate decides
+    promoted = promote("errs", v1.version, **gate)
+    assert promoted.promoted and promoted.envs[0].candidate_errors == 0
+    v2 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v2", 2), name="errs")
+    again = promote("errs", v2.version, **gate, **broken)
+    assert again.outcome == "refused" and again.envs[0].holder_errors == 1
+    assert [e.outcome for e in promotion_history("errs")] == ["refused", "promoted", "refused"]
+    forced = promote("errs", v2.version, **gate, **broken, force=True)
+    assert forced.promoted and forced.forced and "inconclusive" in forced.reason

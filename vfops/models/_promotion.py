@@ -68,6 +68,14 @@ class EnvGateResult:
     summary: str = ""
     candidate_reused: bool = False
     holder_reused: bool = False
+    candidate_errors: int = 0
+    holder_errors: int = 0
+
+    @property
+    def inconclusive(self) -> bool:
+        """A gate run has errored rollouts: they would count as 0.0, so the comparison
+        would measure the errors (a crashed judge, a flaky tool), not the models."""
+        return bool(self.candidate_errors or self.holder_errors)
 
     def describe(self, metric: str) -> str:
         if self.holder_run_id is None:
@@ -156,6 +164,13 @@ def metric_values(engine: Engine, run_id: str, metric: str) -> dict[int, list[fl
     return values
 
 
+def errored_rollouts(engine: Engine, run_id: str) -> int:
+    """How many of a run's rollouts ended with an error (its recorded summary)."""
+    run = _run_row(engine, run_id)
+    summary = (run.summary if run is not None else None) or {}
+    return int(summary.get("errors") or 0)
+
+
 @dataclass(frozen=True)
 class GateRequest:
     """What one gate evaluation runs: the same for the candidate and the holder."""
@@ -232,6 +247,8 @@ def find_reusable_run(engine: Engine, request: GateRequest, model_uri: str) -> s
             limit=None,
         )
         for run in runs:
+            if (run.summary or {}).get("errors"):
+                continue  # not evidence (see EnvGateResult.inconclusive): evaluate afresh
             if run.sampling_args == request.sampling_args and run.env_args == request.env_args:
                 return str(run.id)
     return None
@@ -276,6 +293,18 @@ async def _evaluate(
         )
     assert result.run_id is not None
     return GateRun(result.run_id, reused=False)
+
+
+def _inconclusive_detail(result: EnvGateResult, candidate: str, holder: str | None) -> str:
+    runs = [
+        f"run {run_id} of v{version} has {errors} errored rollout{'s' if errors != 1 else ''}"
+        for run_id, version, errors in (
+            (result.candidate_run_id, candidate, result.candidate_errors),
+            (result.holder_run_id, holder, result.holder_errors),
+        )
+        if errors
+    ]
+    return f"{result.env} inconclusive: {' and '.join(runs)} (they would count as 0)"
 
 
 def _mean(values: Mapping[int, Sequence[float]]) -> float:
@@ -388,9 +417,10 @@ async def promote_async(
         if holder is None:
             results.append(
                 EnvGateResult(
-                    request.env, cand.run_id, _mean(cand_values), candidate_reused=cand.reused
+                    request.env, cand.run_id, _mean(cand_values), candidate_reused=cand.reused,
+                    candidate_errors=errored_rollouts(engine, cand.run_id),
                 )
-            )
+            )  # fmt: skip
             continue
         # the holder answers exactly the candidate's request (N, R, sampling, env args)
         held = await _evaluate(request, holder, **common)
@@ -411,26 +441,37 @@ async def promote_async(
                 summary=report.summary,
                 candidate_reused=cand.reused,
                 holder_reused=held.reused,
+                candidate_errors=errored_rollouts(engine, cand.run_id),
+                holder_errors=errored_rollouts(engine, held.run_id),
             )
         )
 
     failed = [r for r in results if r.regressed]
+    inconclusive = [r for r in results if r.inconclusive]
     from_version = holder.version if holder else None
     subject = f"{name} v{version} -> @{alias}"
-    if failed:
+    if failed or inconclusive:
         detail = "; ".join(
-            f"{r.env} regressed: {metric} {r.holder_mean:.3f} -> {r.candidate_mean:.3f} "
-            f"(delta {r.delta:+.3f}, {r.verdict})"
-            for r in failed
+            [
+                f"{r.env} regressed: {metric} {r.holder_mean:.3f} -> {r.candidate_mean:.3f} "
+                f"(delta {r.delta:+.3f}, {r.verdict})"
+                for r in failed
+            ]
+            + [_inconclusive_detail(r, candidate.version, from_version) for r in inconclusive]
         )
         if force:
             outcome: Outcome = "promoted"
             reason = f"{subject} FORCED over a failed gate (holder v{from_version}): {detail}"
         else:
             outcome = "refused"
+            fix = (
+                "fix the errors' cause (vfops runs show RUN --failed) and promote again"
+                if inconclusive
+                else "improve the candidate"
+            )
             reason = (
                 f"refused {subject} (holder v{from_version}): {detail}; "
-                "improve the candidate, or pass --force (recorded as forced)"
+                f"{fix}, or pass --force (recorded as forced)"
             )
     else:
         outcome = "promoted"
@@ -458,6 +499,8 @@ async def promote_async(
             "summary": r.summary,
             "candidate_reused": r.candidate_reused,
             "holder_reused": r.holder_reused,
+            "candidate_errors": r.candidate_errors,
+            "holder_errors": r.holder_errors,
             "num_examples": q.num_examples,
             "rollouts_per_example": q.rollouts_per_example,
             "sampling_args": q.sampling_args,
