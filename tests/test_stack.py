@@ -200,7 +200,7 @@ def test_up_starts_every_service_and_says_so_when_running(stack: dict[str, Any])
     assert status.stdout.count("  ok ") == 5, status.stdout
     again = vfops("stack", "up", *stack_args(stack), "--workers", "2")
     assert again.returncode == 0, again.stderr
-    assert "is already running" in again.stdout and "started" not in again.stdout
+    assert "is already running" in again.stdout and "; started" not in again.stdout
     assert read_state(stack)["services"] == services  # nothing restarted
     # no secret in the state file or any log (the S3 keys travel in env only)
     secret = "vfops-stack-test-secret"

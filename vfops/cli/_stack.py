@@ -116,6 +116,12 @@ def status_command(directory: DirOption = _DEFAULT_DIR) -> None:
     from vfops.stack import stack_status
 
     state, services = stack_status(directory)
+    if not state.services:
+        typer.echo(
+            f"stack {state.name} in {state.dir} is stopped; start it: "
+            f"vfops stack up --dir {state.dir}"
+        )
+        raise typer.Exit(1)
     typer.echo(f"stack {state.name} in {state.dir} (pool {state.pool})")
     unhealthy = False
     for service in services:
