@@ -501,25 +501,40 @@ def _healthy(state: StackState, service: ServiceState, since: float) -> bool:
     )
 
 
-def _last_log_line(path: str) -> str:
+_EXCEPTION_LINE: Final = re.compile(r"[A-Za-z_][\w.]*(Error|Exception)\b")
+
+
+def _log_clue(path: str) -> str:
+    """What the end of a log says went wrong: the last exception line of a traceback
+    (``sqlalchemy.exc.DBAPIError: ... does not exist``), else the last line that
+    mentions an error, else the last line; quoted and cut to 200 characters."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 8192))
-            lines = handle.read().decode(errors="replace").splitlines()
+            handle.seek(max(0, handle.tell() - 65536))
+            lines = [
+                " ".join(line.split())
+                for line in handle.read().decode(errors="replace").splitlines()
+            ]
     except OSError:
         return ""
-    for line in reversed(lines):
-        text = " ".join(line.split())
-        if text:
-            return text if len(text) <= 200 else text[:197] + "..."
-    return ""
+    lines = [line for line in lines if line]
+    if not lines:
+        return ""
+    label, found = "last line", lines[-1]
+    errors = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    mentions = [line for line in lines if "error" in line.lower()]
+    if errors or mentions:
+        label, found = "last error", (errors or mentions)[-1]
+    if len(found) > 200:
+        found = found[:197] + "..."
+    return f' ({label}: "{found}")'
 
 
 def _failure(service: ServiceState, problem: str) -> VfopsError:
-    last = _last_log_line(service.log)
-    tail = f' (last line: "{last}")' if last else ""
-    return VfopsError(f"{service.name} {problem}; see its log {service.log}{tail}")
+    return VfopsError(
+        f"{service.name} {problem}; see its log {service.log}{_log_clue(service.log)}"
+    )
 
 
 def _wait_healthy(
