@@ -663,6 +663,8 @@ def _check_installed() -> None:
 
     from vfops._errors import MissingExtraError
 
+    if os.name != "posix":  # sessions, posix_spawn, flock
+        raise VfopsError("vfops stack needs a POSIX system (Linux, macOS); use infra/compose.yaml")
     for module in ("psutil", "moto", "flask"):  # moto's server mode runs on flask
         if importlib.util.find_spec(module) is None:
             raise MissingExtraError("stack", module)
