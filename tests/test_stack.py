@@ -392,6 +392,10 @@ def test_a_wrong_prefect_database_fails_up_in_one_line(tmp_path: Path) -> None:
             ["--postgres-url", "postgresql://postgres:hunter2@127.0.0.1/postgres"],
             "--postgres-url must not contain a password",
         ),
+        (
+            ["--postgres-url", "postgresql://postgres@127.0.0.1:1/postgres"],
+            "PostgreSQL is not reachable at postgresql://postgres@127.0.0.1:1/postgres (",
+        ),
         (["--workers", "-1"], "--workers must be 0 or more, not -1"),
         (["--service-env", "nope"], "--service-env 'nope' is not SERVICE:NAME=VALUE"),
         (["--service-env", "db:X=1"], "unknown service 'db' in --service-env"),

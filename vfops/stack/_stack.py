@@ -727,14 +727,16 @@ def stack_up(
             state.worker_heartbeat_s = worker_heartbeat_s
             state.services = {}
             state.next_worker = 1
+        # the databases before the state file: a server that cannot be reached leaves
+        # nothing behind to clean up
+        created = _create_databases(admin, list(state.databases.values()))
         _save(state)
+        say(
+            f"databases: {', '.join(state.databases.values())}"
+            + (f" (created {', '.join(created)})" if created else " (kept)")
+        )
         started: list[ServiceState] = []
         try:
-            created = _create_databases(admin, list(state.databases.values()))
-            say(
-                f"databases: {', '.join(state.databases.values())}"
-                + (f" (created {', '.join(created)})" if created else " (kept)")
-            )
             since = time.time()
             deadline = time.monotonic() + timeout_s
             # the slow ones first: MLflow and Prefect migrate their databases at start
