@@ -107,7 +107,7 @@ def test_a_command_imports_only_its_own_cli_module() -> None:
     ).stdout
     modules = set(out.strip().splitlines()[-1].split())
     assert "vfops.cli._eval" in modules and "Usage: vfops eval" in out
-    others = {"_deploy", "_promote", "_train", "_model", "_runs", "_db", "_vllm", "_env"}
+    others = {"_deploy", "_promote", "_train", "_model", "_runs", "_db", "_vllm", "_env", "_stack"}
     assert not modules & {f"vfops.cli.{name}" for name in others}
 
 

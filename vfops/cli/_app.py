@@ -66,6 +66,7 @@ _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "runs": _group("runs"),
     "db": _group("db"),
     "vllm": _group("vllm"),
+    "stack": _group("stack"),
     "demo": _add_demo,
 }
 """Every command (group), in help order; each module is imported only when added."""
