@@ -21,7 +21,9 @@ pytest.importorskip("torch")
 
 from vfops.demo import DEMO_ENV, DEMO_MODEL
 
-pytestmark = [pytest.mark.train, pytest.mark.slow]
+# the module fixture runs the whole demo (~4-5 min on 2 cores, more when the machine is
+# shared): above the suite's 300 s per test; the subprocess has its own 900 s limit
+pytestmark = [pytest.mark.train, pytest.mark.slow, pytest.mark.timeout(960)]
 
 
 @pytest.fixture(scope="module")

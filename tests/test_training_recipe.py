@@ -84,6 +84,7 @@ def _prompts_shuffled_in_the_loss(monkeypatch: pytest.MonkeyPatch, seed: int) ->
     monkeypatch.setattr(_recipe, "policy_loss", on_policy)
 
 
+@pytest.mark.timeout(600)  # the shipped CPU config at full size: ~2.5 min alone on 2 cores
 def test_with_prompts_shuffled_against_completions_it_does_not_learn(
     tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
