@@ -41,7 +41,16 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A Prefect server on loopback, a registry, a stub model and the process env for both."""
-    root = tmp_path_factory.mktemp("e2e")
+    with serve_stack(tmp_path_factory.mktemp("e2e")) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serve_stack(
+    root: Path, env: dict[str, str] | None = None, latency_ms: int = 40
+) -> Iterator[dict[str, Any]]:
+    """:func:`stack`'s body, for other modules' fixtures (``env``: extra variables,
+    ``latency_ms``: the stub model's latency per request)."""
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {
@@ -53,6 +62,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         "VFOPS_DATABASE_URL": f"sqlite:///{root / 'registry.db'}",
         "VFOPS_HOME": str(root / "vfops-home"),
         "PYTHONUNBUFFERED": "1",
+        **(env or {}),
     }
     env.pop("OPENAI_API_KEY", None)
     log = (root / "server.log").open("w")
@@ -73,7 +83,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise RuntimeError((root / "server.log").read_text()[-3000:]) from None
                 time.sleep(0.5)
-        with StubServer(StubConfig(reply_mode="arithmetic", latency_ms=40)) as stub:
+        with StubServer(StubConfig(reply_mode="arithmetic", latency_ms=latency_ms)) as stub:
             endpoints = root / "endpoints.toml"
             endpoints.write_text(
                 '[[endpoint]]\nalias = "stub"\nmodel = "stub-model"\n'
@@ -101,20 +111,30 @@ def kill_tree(pid: int) -> None:
 class Worker:
     """A ``prefect worker start`` process; ``kill`` takes its flow-run processes too."""
 
-    def __init__(self, stack: dict[str, Any], name: str) -> None:
+    def __init__(
+        self,
+        stack: dict[str, Any],
+        name: str,
+        *,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
         self._log = (stack["root"] / f"{name}.log").open("w")
         # the flow-run processes a worker starts inherit this marker (they run in a
         # session of their own, so killing the process group is not enough)
         self.marker = f"{name}-{os.getpid()}"
         self.process = subprocess.Popen(
-            [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--name", name],
-            env={**stack["env"], "VFOPS_E2E_WORKER": self.marker},
+            [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--name", name, *args],
+            env={**stack["env"], **(env or {}), "VFOPS_E2E_WORKER": self.marker},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
     def kill(self) -> None:
+        if self._log.closed:  # killed already
+            return
         kill_tree(self.process.pid)
         for process in psutil.process_iter():
             try:
