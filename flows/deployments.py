@@ -222,8 +222,10 @@ def cell_automations(
         ),
         actions=[
             ChangeFlowRunState(
+                name=None,
                 state=StateType.CRASHED,
                 message=f"no heartbeat for {heartbeat_timeout_s:g} s: its worker was lost",
+                force=False,
             )
         ],
     )
@@ -242,6 +244,7 @@ def cell_automations(
         ),
         actions=[
             ChangeFlowRunState(
+                name=None,
                 state=StateType.SCHEDULED,
                 message="rescheduled after a crash: another worker resumes the cell",
                 force=True,
