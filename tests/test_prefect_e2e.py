@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,16 +152,25 @@ def start_worker(stack: dict[str, Any], name: str) -> Worker:
 
 
 def rest(stack: dict[str, Any], method: str, path: str, body: Any = None) -> Any:
-    """Call the Prefect REST API (what the UI and every client use)."""
-    request = urllib.request.Request(
-        f"{stack['api']}{path}",
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        payload = response.read()
-    return json.loads(payload) if payload else None
+    """Call the Prefect REST API (what the UI and every client use); like Prefect's own
+    client, retry what a busy server answers (503 when its SQLite database is locked)."""
+    for attempt in range(6):
+        request = urllib.request.Request(
+            f"{stack['api']}{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (429, 502, 503) or attempt == 5:
+                raise
+            time.sleep(0.5 * 2**attempt)
+            continue
+        return json.loads(payload) if payload else None
+    raise AssertionError("unreachable")
 
 
 def sweep(stack: dict[str, Any], n: int, r: int, c: int) -> dict[str, Any]:

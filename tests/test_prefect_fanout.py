@@ -229,7 +229,17 @@ def test_lost_worker_cell_is_rescheduled_and_finished_elsewhere(fanout: dict[str
         assert lost is not None, "no cell ran on the victim worker"
         victim.kill()  # its process group and its flow-run processes: a lost machine
         killed_at = time.monotonic()
-        final = wait_for(fanout, parent, timeout_s=420)
+        # crashed once its heartbeats stop, then scheduled again and started elsewhere
+        deadline = killed_at + HEARTBEAT_TIMEOUT_S + 90
+        lost_run = rest(fanout, "GET", f"/flow_runs/{lost}")
+        while lost_run["run_count"] < 2 and time.monotonic() < deadline:
+            time.sleep(1)
+            lost_run = rest(fanout, "GET", f"/flow_runs/{lost}")
+        assert lost_run["run_count"] >= 2, (
+            f"the lost worker's cell was not started again ({lost_run['state_type']} "
+            f"{time.monotonic() - killed_at:.0f} s after the kill)"
+        )
+        final = wait_for(fanout, parent, timeout_s=180)
         assert final["type"] == "COMPLETED", final["message"]
     finally:
         victim.kill()
