@@ -187,7 +187,8 @@ def _distributed_latencies(api: Api, parent: str) -> list[float]:
 
 def _task_latencies(api: Api, parent: str) -> list[float]:
     tasks = api("POST", "/task_runs/filter", {"task_runs": {"flow_run_id": {"any_": [parent]}}})
-    return _latencies([t for t in tasks if t["name"].startswith("run-cell")])
+    # run-cell task runs are named after their cell (env / endpoint / sampling)
+    return _latencies([t for t in tasks if " / " in t["name"]])
 
 
 def _p90(values: list[float]) -> float:
