@@ -6,6 +6,13 @@ the worker's environment code match the requested versions, runs the cells as
 concurrent tasks with retries, and attaches a table and a markdown artifact.
 Each cell resumes or reuses the registry run with the same configuration, so a
 retried task or a re-run flow finishes only the missing rollouts.
+
+With the sweep's ``distribute`` on, each cell is instead its own flow run of the
+``eval-sweep-cell`` deployment (the same cell code), taken by any worker of the
+pool; the sweep waits for them and builds the same artifacts from the cells'
+registry runs. A cell whose worker dies stops heartbeating: the automations of
+``vfops deploy`` (flows/deployments.py) crash it and schedule it again, and the
+next worker resumes its registry run.
 """
 
 from __future__ import annotations
@@ -13,27 +20,49 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+from vfops._errors import VfopsError
 from vfops.sweeps import (
     Cell,
     SweepSpec,
+    cell_result_from_registry,
     output_root,
     prepare_environment,
     run_cell_async,
+    run_of_flow_run,
     sweep_markdown_fallback,
     sweep_table,
     validate_sweep,
+    worker_name,
 )
 
 TABLE_KEY = "eval-sweep-results"
 REPORT_KEY = "eval-sweep-report"
 CHART_KEY = "eval-sweep-chart"
+
+CELL_FLOW = "eval-sweep-cell"
+CELL_DEPLOYMENT = f"{CELL_FLOW}/{CELL_FLOW}"
+"""The deployment ``vfops deploy`` registers for the cells of a distributed sweep."""
+CELL_RETRIES = 2
+"""Retries of a cell that raised (task or flow run alike), each resuming its run."""
+MAX_CELL_RUNS = 6
+"""Starts of one cell flow run, over its retries and its reschedules after lost workers;
+past it the cell fails instead of starting again."""
+CRASHED_GRACE_S = 180.0
+"""How long the sweep waits on a Crashed cell run before counting it failed: the reschedule
+automation moves a crashed cell back to Scheduled within seconds."""
+POLL_S = 2.0
 
 
 @task(name="prepare-environment", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -45,18 +74,14 @@ def prepare_environment_task(cell: Cell) -> dict[str, Any]:
     return {"env": prepared.env_name, "version": prepared.version, "note": prepared.note}
 
 
-@task(
-    name="run-cell",
-    task_run_name="{cell.label}",
-    retries=2,
-    retry_delay_seconds=[2, 10],
-    cache_policy=NO_CACHE,  # the registry is the cache: a cell resumes or reuses its run
-)
-async def run_cell(
+async def _evaluate_cell(
     cell: Cell, output_dir: str, mlflow_parent_run_id: str | None = None
 ) -> dict[str, Any]:
-    """Evaluate one cell (creating, resuming or reusing its registry run)."""
+    """Evaluate one cell (creating, resuming or reusing its registry run): the one body of
+    both the ``run-cell`` task and the ``eval-sweep-cell`` flow."""
     from pathlib import Path
+
+    from prefect.runtime import flow_run
 
     from vfops.budget import budget_for, limit_name, prefect_limiter
 
@@ -79,20 +104,72 @@ async def run_cell(
             output_root=Path(output_dir),
             limiter=limiter,
             mlflow_parent_run_id=mlflow_parent_run_id,
+            flow_run_id=str(flow_run.get_id() or "") or None,
         )
     finally:
         if limiter is not None:
             await limiter.aclose()
     get_run_logger().info(
-        "%s: %s run %s, %d rollouts (%d new), reward %s",
+        "%s: %s run %s on worker %s, %d rollouts (%s new), reward %s",
         cell.label,
         result.action,
         result.run_id,
+        worker_name(),
         result.rollouts,
         result.new_rollouts,
         "n/a" if result.reward_mean is None else f"{result.reward_mean:.3f}",
     )
     return result.to_json()
+
+
+@task(
+    name="run-cell",
+    task_run_name="{cell.label}",
+    retries=CELL_RETRIES,
+    retry_delay_seconds=[2, 10],
+    cache_policy=NO_CACHE,  # the registry is the cache: a cell resumes or reuses its run
+)
+async def run_cell(
+    cell: Cell, output_dir: str, mlflow_parent_run_id: str | None = None
+) -> dict[str, Any]:
+    """Evaluate one cell (creating, resuming or reusing its registry run)."""
+    return await _evaluate_cell(cell, output_dir, mlflow_parent_run_id)
+
+
+@flow(
+    name="eval-sweep-cell",
+    retries=CELL_RETRIES,
+    retry_delay_seconds=5,
+    validate_parameters=True,
+    persist_result=False,  # the registry run is the result, on every machine
+)
+async def eval_sweep_cell(
+    cell: Cell, output_dir: str, mlflow_parent_run_id: str | None = None
+) -> dict[str, Any]:
+    """One cell of a distributed eval sweep, as its own flow run on any worker of the pool.
+
+    Submitted by ``eval-sweep`` when the sweep's ``distribute`` is on. A run whose
+    worker was lost is crashed and rescheduled by the automations ``vfops deploy``
+    creates; it resumes the cell's registry run (only missing rollouts are generated).
+
+    Args:
+        cell: The cell: one environment ref x one endpoint x one sampling config.
+        output_dir: Root folder for run directories on the worker.
+        mlflow_parent_run_id: The sweep's MLflow run of this environment, if tracked.
+    """
+    from prefect.runtime import flow_run
+
+    attempt = flow_run.get_run_count()
+    if attempt > MAX_CELL_RUNS:
+        # a crash that repeats (e.g. out of memory) would otherwise be rescheduled forever
+        raise VfopsError(
+            f"cell {cell.label} was started {attempt} times (the limit is {MAX_CELL_RUNS}: "
+            "retries and reschedules after a lost worker); see the earlier attempts' logs, "
+            "fix the cause and re-run the sweep (completed rollouts are kept)"
+        )
+    if attempt > 1:
+        get_run_logger().info("%s: attempt %d on worker %s", cell.label, attempt, worker_name())
+    return await _evaluate_cell(cell, output_dir, mlflow_parent_run_id)
 
 
 def _start_tracking(cells: list[Cell]) -> dict[str, str]:
@@ -127,15 +204,7 @@ def _run_cells(
         if state.is_completed():
             outcomes[index] = future.result()
         else:
-            cell = cells[index]
-            outcomes[index] = {
-                "cell": cell.label,
-                "env_ref": cell.env_ref,
-                "model_alias": cell.endpoint,
-                "sampling": cell.sampling.name,
-                "status": "failed",
-                "error": state.message or state.name or "failed",
-            }
+            outcomes[index] = _failed_row(cells[index], state.message or state.name or "failed")
 
     while queue or running:
         while queue and len(running) < parallel:
@@ -143,6 +212,118 @@ def _run_cells(
             parent = (parents or {}).get(cell.env_name)
             running[run_cell.submit(cell, output_dir, parent)] = index
         collect(next(as_completed(list(running))))
+    return [outcomes[index] for index in range(len(cells))]
+
+
+def _failed_row(cell: Cell, error: str) -> dict[str, Any]:
+    return {
+        "cell": cell.label,
+        "env_ref": cell.env_ref,
+        "model_alias": cell.endpoint,
+        "sampling": cell.sampling.name,
+        "status": "failed",
+        "error": error,
+    }
+
+
+def _cell_parameters(cell: Cell, output_dir: str, parent: str | None) -> dict[str, Any]:
+    return {
+        "cell": cell.model_dump(mode="json"),
+        "output_dir": output_dir,
+        "mlflow_parent_run_id": parent,
+    }
+
+
+def _flow_run_link(flow_run: FlowRun) -> str:
+    """The cell flow run's UI address, or its id when no UI address is configured."""
+    from prefect.utilities.urls import url_for
+
+    try:
+        url = url_for(flow_run)
+    except Exception:  # an address is a convenience, never a reason to fail the sweep
+        url = None
+    return url or str(flow_run.id)
+
+
+def _distributed_outcome(cell: Cell, flow_run: FlowRun) -> dict[str, Any]:
+    """A finished cell flow run's row, read from the registry (the source of truth on
+    every machine; Prefect's result storage is local to the worker that ran it)."""
+    state = flow_run.state
+    base = {"flow_run_id": str(flow_run.id), "flow_run": _flow_run_link(flow_run)}
+    if state is None or not state.is_completed():
+        name = "no state" if state is None else state.name or state.type.value
+        return {**_failed_row(cell, f"{name}: {(state and state.message) or name}"), **base}
+    from vfops.registry import get_engine
+
+    engine = get_engine()
+    run_id = run_of_flow_run(engine, str(flow_run.id))
+    if run_id is None:
+        return {
+            **_failed_row(cell, f"flow run {flow_run.id} completed but no registry run has it"),
+            **base,
+        }
+    since = flow_run.start_time
+    result = cell_result_from_registry(cell, run_id, engine=engine, since=since)
+    return {**result.to_json(), **base}
+
+
+def _run_cells_distributed(
+    cells: list[Cell], output_dir: str, parallel: int, parents: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """One ``eval-sweep-cell`` flow run per cell, at most ``parallel`` at a time, taken by
+    any worker of the pool; failed cells become error rows.
+
+    A cell run that reads Crashed (its worker was lost) is not final here for
+    :data:`CRASHED_GRACE_S`: the reschedule automation puts it back to Scheduled and
+    another worker resumes it.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.deployments import run_deployment
+    from prefect.runtime import flow_run as this_run
+
+    logger = get_run_logger()
+    # a retried sweep submits new cell runs (they resume or reuse the registry runs);
+    # within one attempt the key makes a repeated submission return the same run
+    attempt_key = f"{this_run.get_id()}:{this_run.get_run_count()}"
+    outcomes: dict[int, dict[str, Any]] = {}
+    running: dict[UUID, int] = {}
+    crashed_since: dict[UUID, float] = {}
+    queue = list(enumerate(cells))
+    with get_client(sync_client=True) as client:
+        while queue or running:
+            while queue and len(running) < parallel:
+                index, cell = queue.pop(0)
+                submitted: FlowRun = run_deployment(
+                    CELL_DEPLOYMENT,
+                    parameters=_cell_parameters(
+                        cell, output_dir, (parents or {}).get(cell.env_name)
+                    ),
+                    flow_run_name=cell.label,
+                    timeout=0,  # submit; this loop waits for every cell at once
+                    idempotency_key=f"{attempt_key}:{index}",
+                    as_subflow=True,
+                )
+                logger.info("%s: flow run %s", cell.label, _flow_run_link(submitted))
+                running[submitted.id] = index
+            time.sleep(POLL_S)
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(running)))
+            )
+            for run in runs:
+                state = run.state
+                if state is None or run.id not in running:
+                    continue
+                if state.is_crashed():
+                    first = crashed_since.setdefault(run.id, time.monotonic())
+                    if time.monotonic() - first < CRASHED_GRACE_S:
+                        continue  # the reschedule automation may still take it back
+                else:
+                    crashed_since.pop(run.id, None)
+                if not state.is_final():
+                    continue
+                index = running.pop(run.id)
+                outcomes[index] = _distributed_outcome(cells[index], run)
     return [outcomes[index] for index in range(len(cells))]
 
 
@@ -158,7 +339,8 @@ def _chart_and_markdown(results: list[dict[str, Any]]) -> tuple[bytes | None, st
 
 @flow(name="eval-sweep", validate_parameters=True)
 def eval_sweep(spec: SweepSpec) -> list[dict[str, Any]]:
-    """Evaluate every environment x endpoint x sampling config; one task per cell.
+    """Evaluate every environment x endpoint x sampling config; one task per cell, or
+    (``distribute``) one ``eval-sweep-cell`` flow run per cell on any worker of the pool.
 
     Args:
         spec: The sweep: environment refs (NAME, NAME@latest, NAME@1.2.3), endpoint aliases,
@@ -166,13 +348,15 @@ def eval_sweep(spec: SweepSpec) -> list[dict[str, Any]]:
     """
     logger: logging.Logger | logging.LoggerAdapter[logging.Logger] = get_run_logger()
     cells = validate_sweep(spec)  # raises a one-line VfopsError before any model call
-    logger.info("sweep of %d cells", len(cells))
-    for cell in {c.env_ref: c for c in cells}.values():  # one install per ref, in order
-        prepare_environment_task(cell)
+    logger.info("sweep of %d cells%s", len(cells), " (distributed)" if spec.distribute else "")
+    if not spec.distribute:  # distributed: each cell's worker prepares its own code
+        for cell in {c.env_ref: c for c in cells}.values():  # one install per ref, in order
+            prepare_environment_task(cell)
     parents = _start_tracking(cells)
     results: list[dict[str, Any]] = []
+    run_cells = _run_cells_distributed if spec.distribute else _run_cells
     try:
-        results = _run_cells(cells, str(output_root(spec)), spec.max_parallel_cells, parents)
+        results = run_cells(cells, str(output_root(spec)), spec.max_parallel_cells, parents)
     finally:
         if parents:
             from vfops.tracking import finish_sweep_runs
@@ -181,10 +365,15 @@ def eval_sweep(spec: SweepSpec) -> list[dict[str, Any]]:
             with contextlib.suppress(Exception):
                 finish_sweep_runs(parents, failed=failed)
 
+    table = sweep_table(results)
+    if spec.distribute:  # link every cell's own flow run
+        for row, result in zip(table, results, strict=True):
+            row["flow_run"] = result.get("flow_run", "")
     create_table_artifact(
-        table=sweep_table(results),
+        table=table,
         key=TABLE_KEY,
-        description="One row per cell: reward ± stderr, pass@k, errors, tokens, registry run id.",
+        description="One row per cell: reward ± stderr, pass@k, errors, tokens, registry run id"
+        + (", the cell's flow run." if spec.distribute else "."),
     )
     chart, markdown = _chart_and_markdown(results)
     if chart is not None:

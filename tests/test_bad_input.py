@@ -217,6 +217,12 @@ CASES = [
          write("n.toml", NIGHTLY + "[[nightly.sampling]]\nargs = {temperature = -1}\n")),
     Case("deploy-cron-without-config", ("deploy", "--nightly-cron", "0 3 * * *"),
          r"--nightly-cron needs --nightly-config"),
+    Case("deploy-unknown-pool-type", ("deploy", "--pool-type", "podman"),
+         r"vfops deploy: pool_type: .*'process'.*got 'podman'"),
+    Case("deploy-docker-without-image", ("deploy", "--pool-type", "docker"),
+         r"a docker pool runs flows in an image; pass --image"),
+    Case("deploy-heartbeat-timeout-too-short", ("deploy", "--heartbeat-timeout-s", "20"),
+         r"vfops deploy: heartbeat_timeout_s: must be >= 35"),
     # ------------------------------------------------------------------ train
     Case("train-config-missing", ("train", "{tmp}/t.toml"),
          r"t\.toml: file not found; create it or pass the right path"),

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +42,16 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A Prefect server on loopback, a registry, a stub model and the process env for both."""
-    root = tmp_path_factory.mktemp("e2e")
+    with serve_stack(tmp_path_factory.mktemp("e2e")) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serve_stack(
+    root: Path, env: dict[str, str] | None = None, latency_ms: int = 40
+) -> Iterator[dict[str, Any]]:
+    """:func:`stack`'s body, for other modules' fixtures (``env``: extra variables,
+    ``latency_ms``: the stub model's latency per request)."""
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {
@@ -53,6 +63,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         "VFOPS_DATABASE_URL": f"sqlite:///{root / 'registry.db'}",
         "VFOPS_HOME": str(root / "vfops-home"),
         "PYTHONUNBUFFERED": "1",
+        **(env or {}),
     }
     env.pop("OPENAI_API_KEY", None)
     log = (root / "server.log").open("w")
@@ -73,7 +84,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise RuntimeError((root / "server.log").read_text()[-3000:]) from None
                 time.sleep(0.5)
-        with StubServer(StubConfig(reply_mode="arithmetic", latency_ms=40)) as stub:
+        with StubServer(StubConfig(reply_mode="arithmetic", latency_ms=latency_ms)) as stub:
             endpoints = root / "endpoints.toml"
             endpoints.write_text(
                 '[[endpoint]]\nalias = "stub"\nmodel = "stub-model"\n'
@@ -101,20 +112,30 @@ def kill_tree(pid: int) -> None:
 class Worker:
     """A ``prefect worker start`` process; ``kill`` takes its flow-run processes too."""
 
-    def __init__(self, stack: dict[str, Any], name: str) -> None:
+    def __init__(
+        self,
+        stack: dict[str, Any],
+        name: str,
+        *,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
         self._log = (stack["root"] / f"{name}.log").open("w")
         # the flow-run processes a worker starts inherit this marker (they run in a
         # session of their own, so killing the process group is not enough)
         self.marker = f"{name}-{os.getpid()}"
         self.process = subprocess.Popen(
-            [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--name", name],
-            env={**stack["env"], "VFOPS_E2E_WORKER": self.marker},
+            [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--name", name, *args],
+            env={**stack["env"], **(env or {}), "VFOPS_E2E_WORKER": self.marker},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
     def kill(self) -> None:
+        if self._log.closed:  # killed already
+            return
         kill_tree(self.process.pid)
         for process in psutil.process_iter():
             try:
@@ -131,16 +152,25 @@ def start_worker(stack: dict[str, Any], name: str) -> Worker:
 
 
 def rest(stack: dict[str, Any], method: str, path: str, body: Any = None) -> Any:
-    """Call the Prefect REST API (what the UI and every client use)."""
-    request = urllib.request.Request(
-        f"{stack['api']}{path}",
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        payload = response.read()
-    return json.loads(payload) if payload else None
+    """Call the Prefect REST API (what the UI and every client use); like Prefect's own
+    client, retry what a busy server answers (503 when its SQLite database is locked)."""
+    for attempt in range(6):
+        request = urllib.request.Request(
+            f"{stack['api']}{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (429, 502, 503) or attempt == 5:
+                raise
+            time.sleep(0.5 * 2**attempt)
+            continue
+        return json.loads(payload) if payload else None
+    raise AssertionError("unreachable")
 
 
 def sweep(stack: dict[str, Any], n: int, r: int, c: int) -> dict[str, Any]:

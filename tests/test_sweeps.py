@@ -27,13 +27,16 @@ from vfops._config import ConfigError
 from vfops._errors import VfopsError
 from vfops.registry import EvalRunRow, RunBusyError, count_rollouts, get_engine, iter_rollouts
 from vfops.sweeps import (
+    WORKER_NAME_ENV_VAR,
     Cell,
     SamplingConfig,
     SweepSpec,
+    cell_result_from_registry,
     load_sweep,
     parse_env_ref,
     plan_sweep,
     run_cell_async,
+    run_of_flow_run,
     sweep_table,
     validate_sweep,
 )
@@ -320,6 +323,54 @@ async def test_same_cell_twice_reuses_the_completed_run(
     (row,) = sweep_table([first])
     assert row["environment"].startswith("arithmetic@local+") and row["model"] == "stub"
     assert row["rollouts"] == 8 and row["run_id"] == first.run_id
+
+
+async def test_a_cell_run_records_its_worker_and_reads_back_from_the_registry(
+    db_url: str,
+    endpoints: Path,
+    stub: StubServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a distributed sweep relies on: the run names its worker and flow run, and
+    the sweep rebuilds the cell's row from the registry alone (both dialects)."""
+    (cell,) = validate_sweep(spec(endpoints))
+    flow_run_id = str(uuid.uuid4())
+    monkeypatch.setenv(WORKER_NAME_ENV_VAR, "gpu-box-7")
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    direct = await run_cell_async(cell, output_root=tmp_path / "out", flow_run_id=flow_run_id)
+    engine = get_engine(db_url)
+    assert run_of_flow_run(engine, flow_run_id) == direct.run_id
+    assert run_of_flow_run(engine, str(uuid.uuid4())) is None
+    with Session(engine) as session:
+        row = session.get(EvalRunRow, direct.run_id)
+        assert row is not None
+        assert row.tags == ["worker:gpu-box-7", f"prefect.flow_run_id:{flow_run_id}"]
+
+    read = cell_result_from_registry(cell, direct.run_id, engine=engine, since=since)
+    same = "run_id env version code_hash model rollouts reward_mean reward_stderr pass_at_k "
+    same += "errors tokens status outcome action"
+    assert {k: getattr(read, k) for k in same.split()} == {
+        k: getattr(direct, k) for k in same.split()
+    }
+    assert read.new_rollouts is None and read.notes == ["workers: gpu-box-7"]
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5)
+    assert cell_result_from_registry(cell, direct.run_id, engine=engine, since=later).action == (
+        "reused"
+    )
+
+    # another worker finishing the same run adds itself; the run's identity is unchanged
+    monkeypatch.setenv(WORKER_NAME_ENV_VAR, "cpu-box-2")
+    again = await run_cell_async(cell, output_root=tmp_path / "out", flow_run_id=flow_run_id)
+    assert again.run_id == direct.run_id and again.action == "reused"
+    with Session(engine) as session:
+        row = session.get(EvalRunRow, direct.run_id)
+        assert row is not None and row.tags == [
+            "worker:gpu-box-7",
+            f"prefect.flow_run_id:{flow_run_id}",
+            "worker:cpu-box-2",
+        ]
+    assert run_rows(db_url) == 1
 
 
 async def test_other_sampling_is_another_run(

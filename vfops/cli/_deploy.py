@@ -5,11 +5,60 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Self
 
 import typer
+from pydantic import Field, model_validator
 
+from vfops._config import ConfigModel
 from vfops._errors import VfopsError
+
+IMAGE_POOL_TYPES = ("docker", "kubernetes")
+
+
+class DeployOptions(ConfigModel):
+    """Where ``vfops deploy`` registers the deployments, and how cells are recovered."""
+
+    work_pool: str = Field(
+        default="vfops-process",
+        min_length=1,
+        description="Prefect work pool; created with --pool-type when missing, used as it "
+        "is when it exists (of any type).",
+    )
+    pool_type: Literal["process", "docker", "kubernetes"] = Field(
+        default="process",
+        description="Type of the work pool when it has to be created: process, docker or "
+        "kubernetes.",
+    )
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Image the flow runs of a docker or kubernetes pool run in (the "
+        "deployments' image job variable; nothing is built or pushed).",
+    )
+    heartbeat_timeout_s: float = Field(
+        default=90.0,
+        ge=35.0,
+        description="Seconds without a heartbeat after which a cell flow run counts as lost "
+        "(crashed, then rescheduled); above the workers' PREFECT_FLOWS_HEARTBEAT_FREQUENCY "
+        "(at least 30).",
+    )
+    source: str | None = Field(
+        default=None, description="Where workers get the flows (default: this checkout)."
+    )
+
+    @model_validator(mode="after")
+    def _image_for_container_pools(self) -> Self:
+        if self.pool_type in IMAGE_POOL_TYPES and not self.image:
+            raise ValueError(
+                f"a {self.pool_type} pool runs flows in an image; pass --image "
+                "REGISTRY/NAME:TAG (an image with vfops and the flows)"
+            )
+        return self
+
+
+def _help(name: str) -> str:
+    return DeployOptions.model_fields[name].description or ""
 
 
 def _nightly_deployment(path: Path | None, cron: str | None) -> dict[str, Any]:
@@ -45,9 +94,7 @@ async def _check_api(api_url: str) -> None:
 
 
 def deploy_command(
-    work_pool: Annotated[
-        str, typer.Option(help="Prefect work pool (created as type process).")
-    ] = "vfops-process",
+    work_pool: Annotated[str, typer.Option(help=_help("work_pool"))] = "vfops-process",
     nightly_config: Annotated[
         Path | None,
         typer.Option(
@@ -59,11 +106,23 @@ def deploy_command(
         str | None,
         typer.Option(help="Cron schedule of nightly-eval; overrides the file's [schedule] cron."),
     ] = None,
-    source: Annotated[
-        str | None, typer.Option(help="Where workers get the flows (default: this checkout).")
-    ] = None,
+    source: Annotated[str | None, typer.Option(help=_help("source"))] = None,
+    pool_type: Annotated[str, typer.Option(help=_help("pool_type"))] = "process",
+    image: Annotated[str | None, typer.Option(help=_help("image"))] = None,
+    heartbeat_timeout_s: Annotated[float, typer.Option(help=_help("heartbeat_timeout_s"))] = 90.0,
 ) -> None:
-    """Register publish-environment, eval-sweep, judge-score and nightly-eval."""
+    """Register publish-environment, eval-sweep (+ eval-sweep-cell and the automations
+    that reschedule a lost worker's cell), judge-score and nightly-eval."""
+    options = DeployOptions.from_data(
+        {
+            "work_pool": work_pool,
+            "pool_type": pool_type,
+            "image": image,
+            "heartbeat_timeout_s": heartbeat_timeout_s,
+            "source": source,
+        },
+        source="vfops deploy",
+    )
     nightly = _nightly_deployment(nightly_config, nightly_cron)  # bad input: before Prefect
     try:
         from flows.deployments import deploy_all
@@ -76,7 +135,17 @@ def deploy_command(
     if api_url:
         asyncio.run(_check_api(api_url))
     api = api_url or "Prefect's ephemeral server"
-    deployed = asyncio.run(deploy_all(work_pool=work_pool, source=source, **nightly))
-    for name, deployment_id in sorted(deployed.items()):
-        print(f"deployed {name} ({deployment_id}) to {api}")
-    print(f"start a worker with: prefect worker start --pool {work_pool}")
+    deployed = asyncio.run(
+        deploy_all(
+            work_pool=options.work_pool,
+            source=options.source,
+            pool_type=options.pool_type,
+            image=options.image,
+            heartbeat_timeout_s=options.heartbeat_timeout_s,
+            **nightly,
+        )
+    )
+    for name, object_id in sorted(deployed.items()):
+        kind = "deployed" if "/" in name else "automation"
+        print(f"{kind} {name} ({object_id}) to {api}")
+    print(f"start a worker with: prefect worker start --pool {options.work_pool}")

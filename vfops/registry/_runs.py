@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, String, cast, select, update
 from sqlalchemy.orm import Session
 
 from vfops._errors import VfopsError
@@ -319,3 +319,29 @@ def set_mlflow_run_id(engine: Engine, run_id: str, mlflow_run_id: str) -> None:
     with session_scope(engine) as session:
         run = _require_run(session, run_id)
         run.mlflow_run_id = mlflow_run_id
+
+
+def add_run_tags(engine: Engine, run_id: str, tags: Sequence[str]) -> list[str]:
+    """Append the ``tags`` a run lacks (who worked on it; not part of its identity, which
+    is the configuration fingerprint); returns the run's tags."""
+    from vfops.registry._db import session_scope
+
+    with session_scope(engine) as session:
+        run = _require_run(session, run_id)
+        current = [str(tag) for tag in run.tags or []]
+        missing = [tag for tag in dict.fromkeys(tags) if tag not in current]
+        if missing:
+            run.tags = [*current, *missing]  # a new list: the JSON column sees the change
+        return [*current, *missing]
+
+
+def runs_tagged(session: Session, tag: str) -> list[EvalRunRow]:
+    """The runs carrying ``tag``, newest first (a text match narrows, Python decides: JSON
+    containment is spelled differently by each dialect)."""
+    pattern = "%" + tag.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    query = (
+        select(EvalRunRow)
+        .where(cast(EvalRunRow.tags, String).like(pattern, escape="\\"))
+        .order_by(EvalRunRow.started_at.desc(), EvalRunRow.id.desc())
+    )
+    return [run for run in session.scalars(query) if tag in (run.tags or [])]

@@ -148,6 +148,15 @@ class SweepSpec(ConfigModel):
     max_parallel_cells: int = Field(
         default=4, gt=0, description="Cells evaluated at the same time."
     )
+    distribute: bool = Field(
+        default=False,
+        description=(
+            "Run each cell as its own flow run of the eval-sweep-cell deployment, taken by "
+            "any worker of the pool (at most max_parallel_cells at a time); a cell whose "
+            "worker is lost is rescheduled by the automations vfops deploy creates. Off: "
+            "the cells run as tasks on the sweep's own worker."
+        ),
+    )
     env_args: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description=(
