@@ -60,3 +60,14 @@ def test_the_walk_reaches_every_command() -> None:
     # the texts that lost their brackets before are among those checked
     train = next(c for p, c, _ in COMMANDS if p == "vfops train")
     assert "[train]" in (train.help or "")
+
+
+def test_deploy_help_names_every_deployment() -> None:
+    from flows.deployments import deployment_specs
+
+    deploy = next(c for p, c, _ in COMMANDS if p == "vfops deploy")
+    text = " ".join((deploy.help or "").split())
+    names = [spec.name for spec in deployment_specs(nightly_parameters={})]
+    assert "nightly-eval" in names and len(names) >= 8
+    for name in names:
+        assert name in text, f"vfops deploy --help does not name {name}"

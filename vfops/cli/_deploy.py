@@ -111,8 +111,10 @@ def deploy_command(
     image: Annotated[str | None, typer.Option(help=_help("image"))] = None,
     heartbeat_timeout_s: Annotated[float, typer.Option(help=_help("heartbeat_timeout_s"))] = 90.0,
 ) -> None:
-    """Register publish-environment, eval-sweep (+ eval-sweep-cell and the automations
-    that reschedule a lost worker's cell), judge-score and nightly-eval."""
+    """Register every vfops deployment on a work pool: publish-environment, eval-sweep,
+    eval-sweep-cell, promote-checkpoint, train-grpo, train-evaluate-promote,
+    judge-score and, with --nightly-config, nightly-eval; and the automations that
+    reschedule a lost worker's sweep cell."""
     options = DeployOptions.from_data(
         {
             "work_pool": work_pool,
