@@ -188,15 +188,16 @@ def sweep(stack: dict[str, Any], n: int, r: int, c: int) -> dict[str, Any]:
     }
 
 
-def trigger(stack: dict[str, Any], parameters: dict[str, Any]) -> str:
-    """Create a flow run of the eval-sweep deployment, as the UI's form does."""
+def trigger(
+    stack: dict[str, Any], parameters: dict[str, Any], work_queue: str | None = None
+) -> str:
+    """Create a flow run of the eval-sweep deployment, as the UI's form does (on
+    ``work_queue`` of the pool when given)."""
     deployment = rest(stack, "GET", "/deployments/name/eval-sweep/eval-sweep")
-    flow_run = rest(
-        stack,
-        "POST",
-        f"/deployments/{deployment['id']}/create_flow_run",
-        {"parameters": parameters},
-    )
+    body: dict[str, Any] = {"parameters": parameters}
+    if work_queue is not None:
+        body["work_queue_name"] = work_queue
+    flow_run = rest(stack, "POST", f"/deployments/{deployment['id']}/create_flow_run", body)
     return str(flow_run["id"])
 
 

@@ -22,7 +22,16 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tests.test_prefect_e2e import BIN, POOL, Worker, cell_runs, rest, serve_stack, wait_for
+from tests.test_prefect_e2e import (
+    BIN,
+    POOL,
+    Worker,
+    cell_runs,
+    rest,
+    serve_stack,
+    trigger,
+    wait_for,
+)
 from vfops.registry import EvalRunRow, get_engine, iter_rollouts
 
 HEARTBEAT_S = 30
@@ -97,17 +106,6 @@ def distributed_sweep(
     }
 
 
-def trigger_sweep(stack: dict[str, Any], parameters: dict[str, Any]) -> str:
-    deployment = rest(stack, "GET", "/deployments/name/eval-sweep/eval-sweep")
-    flow_run = rest(
-        stack,
-        "POST",
-        f"/deployments/{deployment['id']}/create_flow_run",
-        {"parameters": parameters, "work_queue_name": SWEEP_QUEUE},
-    )
-    return str(flow_run["id"])
-
-
 def child_runs(stack: dict[str, Any], parent_id: str) -> list[dict[str, Any]]:
     """The eval-sweep-cell flow runs submitted by the sweep ``parent_id``."""
     runs = rest(
@@ -178,7 +176,7 @@ def test_distributed_sweep_runs_each_cell_on_a_worker(fanout: dict[str, Any]) ->
     workers = [cell_worker(fanout, "cells-a1"), cell_worker(fanout, "cells-a2")]
     started = time.monotonic()
     try:
-        parent = trigger_sweep(fanout, distributed_sweep(fanout, n, r, tag))
+        parent = trigger(fanout, distributed_sweep(fanout, n, r, tag), SWEEP_QUEUE)
         final = wait_for(fanout, parent, timeout_s=300)
         assert final["type"] == "COMPLETED", final["message"]
     finally:
@@ -211,7 +209,7 @@ def test_lost_worker_cell_is_rescheduled_and_finished_elsewhere(fanout: dict[str
     victim, survivor = cell_worker(fanout, "cells-b1"), cell_worker(fanout, "cells-b2")
     started = time.monotonic()
     try:
-        parent = trigger_sweep(fanout, distributed_sweep(fanout, n, r, tag, concurrent=1))
+        parent = trigger(fanout, distributed_sweep(fanout, n, r, tag, concurrent=1), SWEEP_QUEUE)
         # wait until the victim runs a cell that has rollouts in the registry
         lost: str | None = None
         deadline = time.monotonic() + 180
