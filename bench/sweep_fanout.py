@@ -1,8 +1,9 @@
 """Distributed sweep scheduling latency: the parent's submit to the cell flow's start.
 
-Starts a real ``prefect server start`` on loopback, registers everything with
-``vfops deploy``, starts two process workers on the pool and a stub model, then
-runs the same sweep twice through the API:
+Brings up the local production stack with ``vfops stack up`` (the machine's
+PostgreSQL for the registry, Prefect and MLflow; moto's S3; an MLflow server; a
+Prefect server; two process workers), registers everything with ``vfops deploy``,
+starts a stub model, then runs the same sweep twice through the API:
 
 - ``distribute = true``: each cell is an ``eval-sweep-cell`` flow run; its latency is
   the flow run's ``start_time`` minus its ``created`` time (the parent's
@@ -12,7 +13,8 @@ runs the same sweep twice through the API:
 - the baseline, in-process task mode (``distribute = false``): each cell is a
   ``run-cell`` task run of the sweep's flow run; same measure on the task run.
 
-Prints the median and p90 of both (and every cell's figure with ``--verbose``).
+Prints the median and p90 of both (and every cell's figure with ``--verbose``). The
+stack is taken down with its databases at the end (``vfops stack down --purge``).
 
     .venv/bin/python bench/sweep_fanout.py                       # 8 cells, 4 at a time
     .venv/bin/python bench/sweep_fanout.py --cells 4 --query-seconds 2
@@ -25,7 +27,7 @@ import contextlib
 import datetime as dt
 import json
 import os
-import socket
+import shlex
 import statistics
 import subprocess
 import sys
@@ -37,27 +39,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from vfops.testing import StubConfig, StubServer
 
 BIN = Path(sys.executable).parent
-POOL = "bench-fanout"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _kill_tree(pid: int) -> None:
-    with contextlib.suppress(psutil.NoSuchProcess):
-        parent = psutil.Process(pid)
-        for process in [*parent.children(recursive=True), parent]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        psutil.wait_procs([parent], timeout=10)
 
 
 class Api:
@@ -76,59 +60,38 @@ class Api:
         return json.loads(payload) if payload else None
 
 
+def _vfops(*args: str, env: dict[str, str], timeout: float = 600) -> str:
+    done = subprocess.run(
+        [str(BIN / "vfops"), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"vfops {' '.join(args)}: {done.stderr.strip() or done.stdout}")
+    return done.stdout
+
+
 @contextlib.contextmanager
-def _processes(root: Path, env: dict[str, str], query_s: float) -> Iterator[Api]:
-    """The server (ready), the deployments and two workers; everything killed after."""
-    started: list[subprocess.Popen[bytes]] = []
-    logs = []
-
-    def spawn(name: str, argv: list[str], extra: dict[str, str] | None = None) -> None:
-        log = (root / f"{name}.log").open("wb")
-        logs.append(log)
-        started.append(
-            subprocess.Popen(
-                argv,
-                env={**env, **(extra or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-
-    api = Api(env["PREFECT_API_URL"])
+def _stack(root: Path, query_s: float) -> Iterator[tuple[Api, dict[str, str]]]:
+    """``vfops stack up`` (PostgreSQL, S3, MLflow, Prefect, two workers polling every
+    ``query_s``), ``vfops deploy`` onto it; ``vfops stack down --purge`` after."""
+    directory = root / "stack"
+    name = f"vfops_bench_{uuid.uuid4().hex[:8]}"
+    base = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
-        port = env["PREFECT_API_URL"].rsplit(":", 1)[1].split("/")[0]
-        spawn("server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                         "--port", port])  # fmt: skip
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                api("GET", "/health")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError((root / "server.log").read_text()[-2000:]) from None
-                time.sleep(0.5)
-        subprocess.run(
-            [str(BIN / "vfops"), "deploy", "--work-pool", POOL],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-        for index in (1, 2):
-            name = f"worker-{index}"
-            spawn(
-                name,
-                [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--name", name],
-                {"PREFECT_WORKER_QUERY_SECONDS": f"{query_s:g}", "VFOPS_WORKER_NAME": name},
-            )
-        yield api
+        _vfops(
+            "stack", "up", "--dir", str(directory), "--name", name, "--workers", "2",
+            "--service-env", f"worker:PREFECT_WORKER_QUERY_SECONDS={query_s:g}",
+            env=base,
+        )  # fmt: skip
+        env = {k: v for k, v in base.items() if not k.startswith(("AWS_", "MLFLOW_"))}
+        for line in _vfops("stack", "env", "--dir", str(directory), env=base).splitlines():
+            name_value = shlex.split(line)[1]  # export NAME=VALUE
+            key, _, value = name_value.partition("=")
+            env[key] = value
+        env["VFOPS_HOME"] = str(root / "vfops-home")
+        _vfops("deploy", env=env, timeout=300)
+        yield Api(env["PREFECT_API_URL"]), env
     finally:
-        for process in reversed(started):
-            _kill_tree(process.pid)
-        for log in logs:
-            log.close()
+        _vfops("stack", "down", "--dir", str(directory), "--purge", env=base, timeout=300)
 
 
 def _sweep(endpoints: Path, root: Path, cells: int, distribute: bool) -> dict[str, Any]:
@@ -220,23 +183,12 @@ def main() -> None:
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
-    api_url = f"http://127.0.0.1:{_free_port()}/api"
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(root / "prefect-home"),
-        "PREFECT_API_URL": api_url,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "VFOPS_DATABASE_URL": f"sqlite:///{root / 'registry.db'}",
-        "VFOPS_HOME": str(root / "vfops-home"),
-        "VFOPS_TRACKING": "off",
-        "PYTHONUNBUFFERED": "1",
-    }
     with StubServer(StubConfig(reply_mode="arithmetic", latency_ms=20)) as stub:
         endpoints = root / "endpoints.toml"
         endpoints.write_text(
             f'[[endpoint]]\nalias = "stub"\nmodel = "stub-model"\nbase_url = "{stub.base_url}"\n'
         )
-        with _processes(root, env, args.query_seconds) as api:
+        with _stack(root, args.query_seconds) as (api, _env):
             wall = time.monotonic()
             parent = _run_sweep(api, _sweep(endpoints, root, args.cells, True), args.timeout)
             distributed_wall = time.monotonic() - wall
@@ -246,7 +198,8 @@ def main() -> None:
             distributed = _distributed_latencies(api, parent)
             tasks = _task_latencies(api, baseline)
     print(
-        f"{args.cells} cells (N=2, R=1), 4 at a time, 2 process workers, "
+        f"{args.cells} cells (N=2, R=1), 4 at a time, on vfops stack (PostgreSQL registry and "
+        f"Prefect, MLflow server, S3), 2 process workers, "
         f"PREFECT_WORKER_QUERY_SECONDS={args.query_seconds:g}"
     )
     print("scheduling latency: submit -> start, from Prefect's run timestamps")

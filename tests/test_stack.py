@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -162,6 +163,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         up = vfops(
             "stack", "up", "--dir", str(directory), "--workers", "2", "--name", name,
             "--worker-heartbeat", str(HEARTBEAT_S), "--postgres-url", ADMIN_URL,
+            "--worker-limit", "2", "--service-env", "worker:PREFECT_WORKER_QUERY_SECONDS=2",
         )  # fmt: skip
         seconds = time.monotonic() - begun
         print(f"\nvfops stack up --workers 2: {seconds:.1f} s")
@@ -194,6 +196,8 @@ def test_up_starts_every_service_and_says_so_when_running(stack: dict[str, Any])
         env = main.environ()
         assert env["VFOPS_WORKER_NAME"] == worker
         assert env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
+        assert env["PREFECT_WORKER_QUERY_SECONDS"] == "2"  # --service-env worker:...
+        assert main.cmdline()[-2:] == ["--limit", "2"]  # --worker-limit
         assert os.getsid(main.pid) == main.pid  # a session of its own
     status = vfops("stack", "status", *stack_args(stack))
     assert status.returncode == 0, status.stdout + status.stderr
@@ -286,6 +290,245 @@ def flow_run_processes(stack_id: str) -> dict[int, dict[str, str]]:
     return found
 
 
+SWEEP_N, SWEEP_R = 20, 2  # 40 model calls, 2 at a time at 250 ms: ~5 s of rollouts per cell
+SWEEP_HEARTBEAT_TIMEOUT_S = 50  # flow-run heartbeats come every 30 s on the stack
+
+
+def sweep_parameters(endpoints: Path, outputs: Path, tag: str) -> dict[str, Any]:
+    """A 12-cell distributed sweep: 1 environment x 2 endpoints x 6 sampling configs."""
+    temperatures = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    return {
+        "spec": {
+            "environments": ["arithmetic"],
+            "endpoints": ["stub-a", "stub-b"],
+            "endpoints_file": str(endpoints),
+            "sampling": [{"name": f"t{t}", "args": {"temperature": t}} for t in temperatures],
+            "num_examples": SWEEP_N,
+            "rollouts_per_example": SWEEP_R,
+            "max_concurrent": 2,
+            "max_parallel_cells": 3,
+            "distribute": True,
+            "tags": [tag],
+            "output_dir": str(outputs),
+        }
+    }
+
+
+def registry_runs(env: dict[str, str], tag: str) -> list[dict[str, Any]]:
+    """The registry runs of the sweep tagged ``tag``: id, status, tags, MLflow run, rollouts."""
+    import psycopg
+
+    url = env["VFOPS_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url) as connection:
+        rows = connection.execute(
+            "SELECT r.id, r.status, r.tags, r.mlflow_run_id, "
+            "(SELECT count(*) FROM rollouts o WHERE o.run_id = r.id), "
+            "(SELECT count(DISTINCT (o.example_id, o.rollout_index)) FROM rollouts o "
+            " WHERE o.run_id = r.id) FROM eval_runs r"
+        ).fetchall()
+    return [
+        dict(zip(("id", "status", "tags", "mlflow_run_id", "rollouts", "distinct"), r, strict=True))
+        for r in rows
+        if tag in (r[2] or [])
+    ]
+
+
+def workers_of(run: dict[str, Any]) -> set[str]:
+    return {t.split(":", 1)[1] for t in run["tags"] or [] if t.startswith("worker:")}
+
+
+def say(message: str) -> None:
+    print(f"  [{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def prefect_api(env: dict[str, str], method: str, path: str, body: Any = None) -> Any:
+    code, got = http(method, f"{env['PREFECT_API_URL']}{path}", body)
+    assert 200 <= code < 300, (code, got)
+    return got
+
+
+@pytest.mark.timeout(1200)  # 12 flow-run processes, a crash detected by missed heartbeats
+def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
+    stack: dict[str, Any], tmp_path: Path
+) -> None:
+    """The bar of the scale-out issue, with the commands of infra/README.md's
+    "Distributed sweep on the stack": 12 cells over two workers (each runs at least 3),
+    then the worker that does not run the sweep's own flow run is killed mid-cell; its
+    cells crash, are rescheduled and resumed elsewhere, and every cell ends with exactly
+    N x R rollouts in one registry run, one MLflow run on the stack's server with its
+    artifact in the stack's S3, and the sweep's artifacts on the parent flow run."""
+    import boto3
+
+    from flows.eval_sweep import REPORT_KEY, TABLE_KEY
+
+    env = stack_client_env(stack)
+    deployed = vfops("deploy", "--heartbeat-timeout-s", str(SWEEP_HEARTBEAT_TIMEOUT_S), env=env)
+    assert deployed.returncode == 0, deployed.stderr
+    tag = f"stack-sweep-{uuid.uuid4().hex[:6]}"
+    started = time.monotonic()
+    # two servers: a run's identity is its model and endpoint, so two aliases of one
+    # server would be one run per sampling config, reused by the second cell
+    with (
+        StubServer(StubConfig(reply_mode="arithmetic", latency_ms=250)) as stub_a,
+        StubServer(StubConfig(reply_mode="arithmetic", latency_ms=250)) as stub_b,
+    ):
+        endpoints = tmp_path / "endpoints.toml"
+        endpoints.write_text(
+            "".join(
+                f'[[endpoint]]\nalias = "{alias}"\nmodel = "stub-model"\n'
+                f'base_url = "{stub.base_url}"\n'
+                for alias, stub in (("stub-a", stub_a), ("stub-b", stub_b))
+            )
+        )
+        parameters = sweep_parameters(endpoints, tmp_path / "outputs", tag)
+        triggered = subprocess.run(
+            [sys.executable, "-m", "prefect", "deployment", "run", "eval-sweep/eval-sweep",
+             "--params", json.dumps(parameters)],
+            capture_output=True, text=True, env=env, timeout=120, check=False,
+        )  # fmt: skip
+        assert triggered.returncode == 0, triggered.stderr + triggered.stdout
+        found = re.search(r"UUID: ([0-9a-f-]{36})", triggered.stdout)
+        assert found, triggered.stdout
+        parent = found.group(1)
+
+        # the worker running the sweep's own flow run stays; the other one will be lost
+        deadline = time.monotonic() + 180
+        while not (
+            hosts := {
+                e["VFOPS_WORKER_NAME"]
+                for e in flow_run_processes(stack["stack_id"]).values()
+                if e["PREFECT__FLOW_RUN_ID"] == parent
+            }
+        ):
+            assert time.monotonic() < deadline, "no worker started the sweep"
+            time.sleep(1)
+        (keeper,) = hosts
+        victim = ({"worker-1", "worker-2"} - {keeper}).pop()
+        say(f"the sweep {parent} runs on {keeper}; {victim} will be lost")
+
+        # kill it once it has finished 3 cells and is in the middle of one (none Pending:
+        # a run a worker has taken but not started yet has no heartbeat to be missed)
+        deadline = time.monotonic() + 420
+        while True:
+            assert time.monotonic() < deadline, "the victim never ran 3 cells"
+            runs = registry_runs(env, tag)
+            done = [r for r in runs if r["status"] == "completed" and victim in workers_of(r)]
+            children = prefect_api(
+                env, "POST", "/flow_runs/filter",
+                {"flow_runs": {"parent_flow_run_id": {"any_": [parent]}}},
+            )  # fmt: skip
+            states = {c["id"]: c["state_type"] for c in children}
+            parent_state = prefect_api(env, "GET", f"/flow_runs/{parent}")["state"]["type"]
+            assert parent_state in {"PENDING", "RUNNING"}, f"the sweep ended early: {parent_state}"
+            on_victim = {
+                e["PREFECT__FLOW_RUN_ID"]
+                for e in flow_run_processes(stack["stack_id"]).values()
+                if e["VFOPS_WORKER_NAME"] == victim
+            }
+            mid_cell = [
+                r for r in runs
+                if r["status"] == "running" and victim in workers_of(r) and r["rollouts"] > 0
+            ]  # fmt: skip
+            if (
+                len(done) >= 3
+                and mid_cell
+                and on_victim
+                and all(states.get(i) == "RUNNING" for i in on_victim)
+                and "PENDING" not in states.values()
+            ):
+                break
+            if int(time.monotonic() - started) % 15 == 0:
+                say(f"{len(done)} cells done on {victim}; {len(runs)} registry runs")
+            time.sleep(0.5)
+        lost = sorted(on_victim)
+        assert len(runs) < 12 or any(r["status"] != "completed" for r in runs), "not mid-sweep"
+        killed = vfops("stack", "kill-worker", victim, *stack_args(stack))
+        assert killed.returncode == 0, killed.stderr
+        killed_at = time.monotonic()
+        say(f"killed {victim} while it ran {lost}; {len(runs)} registry runs")
+        # a lost machine is replaced (as an operator, or an autoscaler, would)
+        replaced = vfops("stack", "up", *stack_args(stack), "--workers", "2")
+        assert replaced.returncode == 0, replaced.stderr
+
+        deadline = time.monotonic() + 600
+        while (state := prefect_api(env, "GET", f"/flow_runs/{parent}")["state"])["type"] not in {
+            "COMPLETED", "FAILED", "CRASHED", "CANCELLED"
+        }:  # fmt: skip
+            assert time.monotonic() < deadline, f"the sweep did not finish: {state}"
+            if int(time.monotonic() - started) % 15 == 0:
+                done = [r for r in registry_runs(env, tag) if r["status"] == "completed"]
+                say(f"waiting for the sweep: {len(done)} cells completed")
+            time.sleep(1)
+    print(
+        f"\n12-cell distributed sweep on the stack: {time.monotonic() - started:.1f} s, "
+        f"{time.monotonic() - killed_at:.1f} s after {victim} was killed"
+    )
+    assert state["type"] == "COMPLETED", state["message"]
+
+    # every cell: one completed registry run with exactly N x R distinct rollouts
+    runs = registry_runs(env, tag)
+    assert len(runs) == 12, [r["id"] for r in runs]
+    for run in runs:
+        assert run["status"] == "completed", run
+        assert run["rollouts"] == run["distinct"] == SWEEP_N * SWEEP_R, run
+    # spread over both workers, each at least 3 cells; the worker is on every run
+    per_worker = {w: sum(w in workers_of(r) for r in runs) for w in ("worker-1", "worker-2")}
+    assert all(count >= 3 for count in per_worker.values()), per_worker
+    assert all(workers_of(r) for r in runs)
+    # the cells lost with the victim crashed, were started again and finished elsewhere
+    children = prefect_api(
+        env, "POST", "/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [parent]}}}
+    )
+    assert len(children) == 12 and {c["state_type"] for c in children} == {"COMPLETED"}
+    for flow_run_id in lost:
+        history = prefect_api(env, "GET", f"/flow_run_states/?flow_run_id={flow_run_id}")
+        assert "CRASHED" in {s["type"] for s in history}, flow_run_id
+        (run,) = [r for r in runs if f"prefect.flow_run_id:{flow_run_id}" in r["tags"]]
+        assert workers_of(run) - {victim}, run  # resumed by another worker
+
+    # every cell is one MLflow run on the stack's server, its rollouts in the stack's S3
+    mlflow = env["MLFLOW_TRACKING_URI"]
+    s3 = boto3.session.Session(
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    ).client("s3", endpoint_url=env["VFOPS_S3_ENDPOINT_URL"], region_name="us-east-1")
+    try:
+        bucket = read_state(stack)["buckets"]["mlflow"]
+        paginator = s3.get_paginator("list_objects_v2")
+        pages = paginator.paginate(Bucket=bucket)
+        keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+    finally:
+        s3.close()
+    code, experiments = http(
+        "POST", f"{mlflow}/api/2.0/mlflow/experiments/search", {"max_results": 1000}
+    )
+    assert code == 200, experiments
+    experiment_ids = [e["experiment_id"] for e in experiments["experiments"]]
+    for run in runs:
+        code, found_runs = http(
+            "POST",
+            f"{mlflow}/api/2.0/mlflow/runs/search",
+            {"experiment_ids": experiment_ids, "filter": f"tags.`vfops.run_id` = '{run['id']}'"},
+        )
+        assert code == 200, found_runs
+        (mlflow_run,) = found_runs["runs"]  # exactly one, also for a resumed cell
+        assert mlflow_run["info"]["run_id"] == run["mlflow_run_id"]
+        assert mlflow_run["info"]["status"] == "FINISHED"
+        assert any(
+            run["mlflow_run_id"] in key and key.endswith("rollouts.parquet") for key in keys
+        ), run
+
+    # the sweep's table and report are on its own flow run, one row per cell
+    artifacts = prefect_api(
+        env, "POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [parent]}}}
+    )
+    by_key = {a["key"]: a for a in artifacts}
+    assert {TABLE_KEY, REPORT_KEY} <= set(by_key)
+    data = by_key[TABLE_KEY]["data"]
+    rows = json.loads(data) if isinstance(data, str) else data
+    assert {row["run_id"] for row in rows} == {run["id"] for run in runs}
+
+
 def test_a_killed_worker_takes_its_flow_run_along_goes_offline_and_is_replaced(
     stack: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -318,7 +561,8 @@ def test_a_killed_worker_takes_its_flow_run_along_goes_offline_and_is_replaced(
         # session of its own) carries the run's id and the name of the worker that took it
         assert {e["PREFECT__FLOW_RUN_ID"] for e in runs.values()} == {flow_run["id"]}
         (worker,) = {e["VFOPS_WORKER_NAME"] for e in runs.values()}
-        other = ({"worker-1", "worker-2"} - {worker}).pop()
+        current = {name for name in read_state(stack)["services"] if name.startswith("worker-")}
+        (other,) = current - {worker}
         killed = vfops("stack", "kill-worker", worker, *stack_args(stack))
     assert killed.returncode == 0, killed.stderr
     assert flow_run_processes(stack["stack_id"]) == {}
@@ -334,14 +578,16 @@ def test_a_killed_worker_takes_its_flow_run_along_goes_offline_and_is_replaced(
     status = vfops("stack", "status", *stack_args(stack))
     assert f"{worker}" in status.stdout and "OFFLINE" in status.stdout, status.stdout
     # a lost machine is replaced: up tops the workers up to the number asked for
+    replacement = f"worker-{read_state(stack)['next_worker']}"
     added = vfops("stack", "up", *stack_args(stack), "--workers", "2")
     assert added.returncode == 0, added.stderr
-    assert "started worker-3" in added.stdout, added.stdout
-    assert pool_workers(stack)["worker-3"] == "ONLINE"
+    assert f"started {replacement}" in added.stdout, added.stdout
+    assert pool_workers(stack)[replacement] == "ONLINE"
     unknown = vfops("stack", "kill-worker", worker, *stack_args(stack))
     assert unknown.returncode != 0
     assert unknown.stderr.strip() == (
-        f"error: stack {stack['name']} has no worker {worker!r} (workers: {other}, worker-3); "
+        f"error: stack {stack['name']} has no worker {worker!r} "
+        f"(workers: {', '.join(sorted([other, replacement]))}); "
         "see vfops stack status"
     )
 
@@ -397,6 +643,7 @@ def test_a_wrong_prefect_database_fails_up_in_one_line(tmp_path: Path) -> None:
             "PostgreSQL is not reachable at postgresql://postgres@127.0.0.1:1/postgres (",
         ),
         (["--workers", "-1"], "--workers must be 0 or more, not -1"),
+        (["--worker-limit", "0"], "--worker-limit must be 1 or more, not 0"),
         (["--service-env", "nope"], "--service-env 'nope' is not SERVICE:NAME=VALUE"),
         (["--service-env", "db:X=1"], "unknown service 'db' in --service-env"),
     ],

@@ -46,6 +46,13 @@ def up_command(
             help="Seconds between worker heartbeats; 3 missed: the pool shows it offline."
         ),
     ] = 30,
+    worker_limit: Annotated[
+        int | None,
+        typer.Option(
+            help="Flow runs each new worker runs at once (prefect worker start --limit); "
+            "more wait for a free worker. [default: no limit]"
+        ),
+    ] = None,
     timeout: Annotated[
         float, typer.Option(help="Seconds to wait for every service to be healthy.")
     ] = 300.0,
@@ -68,6 +75,7 @@ def up_command(
         postgres_url=postgres_url,
         pool=pool,
         worker_heartbeat_s=worker_heartbeat,
+        worker_limit=worker_limit,
         timeout_s=timeout,
         service_env=extra,
         progress=lambda line: typer.echo(f"  {line}"),

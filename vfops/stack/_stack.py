@@ -102,6 +102,7 @@ class StackState:
     worker_heartbeat_s: int
     services: dict[str, ServiceState] = field(default_factory=dict)
     next_worker: int = 1
+    worker_limit: int | None = None  # flow runs at once per worker (None: Prefect's, no limit)
 
     @property
     def path(self) -> Path:
@@ -466,6 +467,8 @@ def _start_worker(state: StackState, extra: Mapping[str, str]) -> ServiceState:
         _python(), "-m", "prefect", "worker", "start",
         "--pool", state.pool, "--name", name, "--type", "process",
     ]  # fmt: skip
+    if state.worker_limit is not None:  # a machine's capacity: more runs wait for another worker
+        argv += ["--limit", str(state.worker_limit)]
     env = {
         **_base_env(state, name),
         **client_env(state),
@@ -682,6 +685,7 @@ def stack_up(
     postgres_url: str | None = None,
     pool: str = DEFAULT_POOL,
     worker_heartbeat_s: int = DEFAULT_WORKER_HEARTBEAT_S,
+    worker_limit: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     service_env: Mapping[str, Mapping[str, str]] | None = None,
     progress: Callable[[str], None] | None = None,
@@ -693,6 +697,8 @@ def stack_up(
     :class:`VfopsError` naming it and its log file. ``service_env`` adds variables to
     the services of one kind (``{"prefect": {"PREFECT_SERVER_LOGGING_LEVEL": "DEBUG"}}``)
     started by this call; not for secrets (on the CLI they are on the command line).
+    ``worker_limit`` caps the flow runs each worker started by this call runs at once
+    (``prefect worker start --limit``; None: no cap).
     """
     begun = time.monotonic()
     say = progress or (lambda _message: None)
@@ -700,6 +706,8 @@ def stack_up(
         raise VfopsError(f"--workers must be 0 or more, not {workers}")
     if worker_heartbeat_s < 1:
         raise VfopsError(f"--worker-heartbeat must be 1 second or more, not {worker_heartbeat_s}")
+    if worker_limit is not None and worker_limit < 1:
+        raise VfopsError(f"--worker-limit must be 1 or more, not {worker_limit}")
     if not timeout_s > 0:
         raise VfopsError(f"--timeout must be positive, not {timeout_s}")
     extra = _parse_service_env(service_env)
@@ -713,6 +721,8 @@ def stack_up(
                 f"remove it first: vfops stack down --dir {path} --purge"
             )
         if state is not None and any(_running(state).values()):
+            if worker_limit is not None:  # for the workers started now
+                state.worker_limit = worker_limit
             return _grow(state, workers, extra, begun, timeout_s, say)
         admin = _admin_url(postgres_url)
         if state is None:
@@ -727,6 +737,7 @@ def stack_up(
             state.worker_heartbeat_s = worker_heartbeat_s
             state.services = {}
             state.next_worker = 1
+        state.worker_limit = worker_limit
         # the databases before the state file: a server that cannot be reached leaves
         # nothing behind to clean up
         created = _create_databases(admin, list(state.databases.values()))
