@@ -290,7 +290,7 @@ def flow_run_processes(stack_id: str) -> dict[int, dict[str, str]]:
     return found
 
 
-SWEEP_N, SWEEP_R = 20, 2  # 40 model calls, 2 at a time at 250 ms: ~5 s of rollouts per cell
+SWEEP_N, SWEEP_R = 30, 2  # 60 model calls, 2 at a time at 250 ms: ~8 s of rollouts per cell
 SWEEP_HEARTBEAT_TIMEOUT_S = 50  # flow-run heartbeats come every 30 s on the stack
 
 
@@ -321,16 +321,15 @@ def registry_runs(env: dict[str, str], tag: str) -> list[dict[str, Any]]:
     url = env["VFOPS_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(url) as connection:
         rows = connection.execute(
-            "SELECT r.id, r.status, r.tags, r.mlflow_run_id, "
+            "SELECT r.id, r.status, r.tags, r.mlflow_run_id, r.lease_owner, "
             "(SELECT count(*) FROM rollouts o WHERE o.run_id = r.id), "
             "(SELECT count(DISTINCT (o.example_id, o.rollout_index)) FROM rollouts o "
             " WHERE o.run_id = r.id) FROM eval_runs r"
         ).fetchall()
-    return [
-        dict(zip(("id", "status", "tags", "mlflow_run_id", "rollouts", "distinct"), r, strict=True))
-        for r in rows
-        if tag in (r[2] or [])
-    ]
+    return [dict(zip(RUN_COLUMNS, r, strict=True)) for r in rows if tag in (r[2] or [])]
+
+
+RUN_COLUMNS = ("id", "status", "tags", "mlflow_run_id", "lease_owner", "rollouts", "distinct")
 
 
 def workers_of(run: dict[str, Any]) -> set[str]:
@@ -406,8 +405,9 @@ def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
         victim = ({"worker-1", "worker-2"} - {keeper}).pop()
         say(f"the sweep {parent} runs on {keeper}; {victim} will be lost")
 
-        # kill it once it has finished 3 cells and is in the middle of one (none Pending:
-        # a run a worker has taken but not started yet has no heartbeat to be missed)
+        # kill it once it has finished 3 cells and is in the middle of two, its limit (so
+        # it holds no run it has taken but not started yet: a Pending run has no
+        # heartbeat to be missed, see infra/README.md)
         deadline = time.monotonic() + 420
         while True:
             assert time.monotonic() < deadline, "the victim never ran 3 cells"
@@ -420,25 +420,31 @@ def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
             states = {c["id"]: c["state_type"] for c in children}
             parent_state = prefect_api(env, "GET", f"/flow_runs/{parent}")["state"]["type"]
             assert parent_state in {"PENDING", "RUNNING"}, f"the sweep ended early: {parent_state}"
-            on_victim = {
-                e["PREFECT__FLOW_RUN_ID"]
-                for e in flow_run_processes(stack["stack_id"]).values()
+            processes = {
+                pid: e["PREFECT__FLOW_RUN_ID"]
+                for pid, e in flow_run_processes(stack["stack_id"]).items()
                 if e["VFOPS_WORKER_NAME"] == victim
             }
+            on_victim = set(processes.values())
+            # a cell evaluates in its flow-run process, which holds its run's lease
+            # (host@pid:token); the worker is tagged on the run once it is done
             mid_cell = [
                 r for r in runs
-                if r["status"] == "running" and victim in workers_of(r) and r["rollouts"] > 0
+                if r["status"] == "running" and r["rollouts"] > 0
+                and any(f"@{pid}:" in (r["lease_owner"] or "") for pid in processes)
             ]  # fmt: skip
             if (
                 len(done) >= 3
                 and mid_cell
-                and on_victim
+                and len(on_victim) == 2
                 and all(states.get(i) == "RUNNING" for i in on_victim)
-                and "PENDING" not in states.values()
             ):
                 break
             if int(time.monotonic() - started) % 15 == 0:
-                say(f"{len(done)} cells done on {victim}; {len(runs)} registry runs")
+                say(
+                    f"{len(done)} cells done on {victim}, {len(on_victim)} running, "
+                    f"{len(mid_cell)} mid-cell; {len(runs)} registry runs"
+                )
             time.sleep(0.5)
         lost = sorted(on_victim)
         assert len(runs) < 12 or any(r["status"] != "completed" for r in runs), "not mid-sweep"
