@@ -3,7 +3,8 @@
 A thin layer over :mod:`vfops.sweeps`: the flow validates the whole sweep before
 any model call (a bad parameter fails the flow run with one clear line), makes
 the worker's environment code match the requested versions, runs the cells as
-concurrent tasks with retries, and attaches a table and a markdown artifact.
+concurrent tasks with retries, and attaches a table artifact (the key columns) and a
+markdown report (the chart, the table, and each cell's run id, pass@k, tokens, notes).
 Each cell resumes or reuses the registry run with the same configuration, so a
 retried task or a re-run flow finishes only the missing rollouts.
 
@@ -17,7 +18,6 @@ next worker resumes its registry run.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import time
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 
@@ -49,7 +49,6 @@ from vfops.sweeps import (
 
 TABLE_KEY = "eval-sweep-results"
 REPORT_KEY = "eval-sweep-report"
-CHART_KEY = "eval-sweep-chart"
 
 CELL_FLOW = "eval-sweep-cell"
 CELL_DEPLOYMENT = f"{CELL_FLOW}/{CELL_FLOW}"
@@ -327,14 +326,13 @@ def _run_cells_distributed(
     return [outcomes[index] for index in range(len(cells))]
 
 
-def _chart_and_markdown(results: list[dict[str, Any]]) -> tuple[bytes | None, str]:
+def _report_markdown(results: list[dict[str, Any]]) -> str:
     try:
         from vfops.reports import sweep_chart, sweep_markdown
     except ImportError:  # the reports module is optional here
-        return None, sweep_markdown_fallback(results)
+        return sweep_markdown_fallback(results)
     completed = [r for r in results if "run_id" in r]
-    chart = sweep_chart(completed) if completed else None
-    return chart, sweep_markdown(results, chart)
+    return sweep_markdown(results, sweep_chart(completed) if completed else None)
 
 
 @flow(name="eval-sweep", validate_parameters=True)
@@ -343,8 +341,8 @@ def eval_sweep(spec: SweepSpec) -> list[dict[str, Any]]:
     (``distribute``) one ``eval-sweep-cell`` flow run per cell on any worker of the pool.
 
     Args:
-        spec: The sweep: environment refs (NAME, NAME@latest, NAME@1.2.3), endpoint aliases,
-            sampling configs, N examples and R rollouts per example.
+        spec: The sweep: environment refs (NAME, NAME@latest or NAME@VERSION), endpoint
+            aliases, sampling configs, N examples and R rollouts per example.
     """
     logger: logging.Logger | logging.LoggerAdapter[logging.Logger] = get_run_logger()
     cells = validate_sweep(spec)  # raises a one-line VfopsError before any model call
@@ -365,23 +363,18 @@ def eval_sweep(spec: SweepSpec) -> list[dict[str, Any]]:
             with contextlib.suppress(Exception):
                 finish_sweep_runs(parents, failed=failed)
 
-    table = sweep_table(results)
-    if spec.distribute:  # link every cell's own flow run
-        for row, result in zip(table, results, strict=True):
-            row["flow_run"] = result.get("flow_run", "")
     create_table_artifact(
-        table=table,
+        table=sweep_table(results),
         key=TABLE_KEY,
-        description="One row per cell: reward ± stderr, pass@k, errors, tokens, registry run id"
-        + (", the cell's flow run." if spec.distribute else "."),
+        description="One row per cell: reward ± stderr, rollouts, errors (more in the report).",
     )
-    chart, markdown = _chart_and_markdown(results)
-    if chart is not None:
-        data_uri = "data:image/png;base64," + base64.b64encode(chart).decode()
-        create_image_artifact(
-            image_url=data_uri, key=CHART_KEY, description="Reward per cell (± stderr)."
-        )
-    create_markdown_artifact(markdown=markdown, key=REPORT_KEY, description="Eval sweep report.")
+    # the chart is inside the report: an image artifact's data: URL shows as text in the UI
+    create_markdown_artifact(
+        markdown=_report_markdown(results),
+        key=REPORT_KEY,
+        description="Eval sweep report: chart, table, run ids"
+        + (", each cell's flow run." if spec.distribute else "."),
+    )
 
     failed = [r for r in results if r.get("status") == "failed"]
     if failed:

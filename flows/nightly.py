@@ -37,7 +37,7 @@ def compare_cell(result: dict[str, Any], alpha: float, pass_threshold: float | N
 @flow(name="nightly-eval")
 async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
     """Sweep the latest versions tonight and flag significant regressions."""
-    from vfops.reports import nightly_trend_chart, regression_markdown
+    from vfops.reports import nightly_markdown, nightly_table, nightly_trend_chart
 
     logger = get_run_logger()
     # bad input fails here, before any model call; registry aliases (models:/NAME@champion)
@@ -53,32 +53,20 @@ async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
     history: dict[str, list[tuple[str, float, float]]] = {}
     for env in sorted({result["env"] for result in results}):
         history.update(nightly_history(get_engine(), env))
-    chart = nightly_trend_chart(history) if history else None
-    reports = [(c.label, c.report) for c in comparisons if c.report is not None]
-    baselines = [c.label for c in comparisons if c.report is None]
-    markdown = regression_markdown(reports, chart) if reports else "# Nightly eval\n"
-    if pinned:
-        markdown += "\n\nModels this night: " + ", ".join(
-            f"{ref} = {version}" for ref, version in sorted(pinned.items())
-        )
-    if baselines:
-        markdown += "\n\nFirst nightly run (baseline, nothing to compare): " + ", ".join(baselines)
     await create_markdown_artifact(
-        key="nightly-eval-report", markdown=markdown, description="Nightly regressions"
+        key="nightly-eval-report",
+        markdown=nightly_markdown(
+            comparisons,
+            nightly_trend_chart(history) if history else None,
+            night=config.night().isoformat(),
+            pinned=pinned,
+        ),
+        description="Nightly regressions: trend chart, comparisons, run ids",
     )
     await create_table_artifact(
         key="nightly-eval-cells",
-        table=[
-            {
-                "cell": c.label,
-                "run": c.run_id,
-                "previous run": c.previous_run_id or "-",
-                "verdict": "-" if c.report is None else c.report.verdict,
-                "delta": None if c.report is None else round(c.report.delta, 4),
-                "noise floor": None if c.report is None else round(c.report.noise_floor.value, 4),
-            }
-            for c in comparisons
-        ],
+        table=nightly_table(list(zip(results, comparisons, strict=True))),
+        description="One row per cell: verdict, Δ reward, noise floor (the report has the rest)",
     )
     for comparison in comparisons:
         if comparison.regressed:

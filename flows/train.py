@@ -8,7 +8,8 @@ lease so a dead worker's slots come back (Prefect issue #17415). A CPU run
 or launches ``num_processes > 1`` (or a DeepSpeed config) under ``accelerate
 launch``; either way each step and eval shows in the flow run's log. The final
 checkpoint is registered in MLflow when the config (or ``register_as``) names a
-model, and a markdown artifact reports the baseline and final held-out reward.
+model, and a markdown artifact reports the baseline and final held-out reward with
+the reward curve (train reward per step, held-out reward at each eval) as a chart.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_markdown_artifact
 
+from vfops.reports import RewardCurve, training_markdown
 from vfops.training import resolve_config, train_async
 
 if TYPE_CHECKING:
@@ -61,9 +63,10 @@ async def train_grpo(
         deepspeed=deepspeed,
     )
     logger = get_run_logger()
+    curve = RewardCurve()
     async with _gpu_slots(gpu_limit, gpus):
         result = await train_async(
-            config, num_processes=num_processes, progress=_log_progress(logger)
+            config, num_processes=num_processes, progress=_log_progress(logger, curve)
         )
     summary = result.summary()
     logger.info(
@@ -71,7 +74,11 @@ async def train_grpo(
         summary["baseline_eval_reward"],
         summary["final_eval_reward"],
     )
-    await acreate_markdown_artifact(key=REPORT_KEY, markdown=_report(config_path, summary))
+    await acreate_markdown_artifact(
+        key=REPORT_KEY,
+        markdown=training_markdown(config_path, summary, curve.chart()),
+        description="GRPO training: held-out reward before and after, reward curve",
+    )
     return summary
 
 
@@ -102,10 +109,12 @@ async def _ensure_limit(name: str, gpus: int) -> None:
                 )
 
 
-def _log_progress(logger: Any) -> Progress:
-    """The flow run's log in the UI shows the run advancing, step by step."""
+def _log_progress(logger: Any, curve: RewardCurve) -> Progress:
+    """The flow run's log in the UI shows the run advancing, step by step; ``curve``
+    keeps the points of the report's reward chart."""
 
     def progress(kind: str, step: int, metrics: dict[str, float]) -> None:
+        curve(kind, step, metrics)
         if kind == "eval":
             logger.info("step %d: held-out reward %.4f", step, metrics["eval_reward"])
         else:
@@ -118,17 +127,3 @@ def _log_progress(logger: Any) -> Progress:
             )
 
     return progress
-
-
-def _report(config_path: str, summary: dict[str, Any]) -> str:
-    return "\n".join(
-        [
-            f"# GRPO training: `{config_path}`",
-            "",
-            "| baseline held-out reward | final held-out reward | steps | checkpoint | model |",
-            "|---|---|---|---|---|",
-            f"| {summary['baseline_eval_reward']:.4f} | {summary['final_eval_reward']:.4f} | "
-            f"{summary['steps']} | `{summary['checkpoint']}` | {summary.get('registered') or '-'}"
-            " |",
-        ]
-    )

@@ -35,7 +35,13 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def nightly_run(
-    db_url: str, day: dt.date, success: dict[int, float], rng: random.Random, *, model: str = "m"
+    db_url: str,
+    day: dt.date,
+    success: dict[int, float],
+    rng: random.Random,
+    *,
+    model: str = "m",
+    started: dt.datetime | None = None,
 ) -> str:
     engine = get_engine(db_url)
     with session_scope(engine) as session:
@@ -50,7 +56,7 @@ def nightly_run(
             config_fingerprint=f"fp-{day}-{model}",
             tags=nightly_tags(day),
         )
-        run.started_at = dt.datetime.combine(day, dt.time(3), tzinfo=dt.UTC)
+        run.started_at = started or dt.datetime.combine(day, dt.time(3), tzinfo=dt.UTC)
         run_id = run.id
     records = [
         make_record(e, i, reward=1.0 if rng.random() < success[e] else 0.0)
@@ -101,6 +107,17 @@ def test_other_models_are_not_baselines_and_history_is_per_model(db_url: str) ->
     history = nightly_history(get_engine(db_url), "arithmetic")
     assert set(history) == {"arithmetic · other", "arithmetic · m"}
     assert [len(series) for series in history.values()] == [1, 1]
+
+
+def test_history_is_by_night_not_by_start_time(db_url: str) -> None:
+    """A night that ran late (or was re-run the next morning) stays on its own date."""
+    rng = random.Random(4)
+    success = {e: 0.7 for e in range(EXAMPLES)}
+    late = dt.datetime(2026, 11, 3, 9, 30, tzinfo=dt.UTC)  # the night of Nov 1, two days late
+    nightly_run(db_url, dt.date(2026, 11, 1), success, rng, started=late)
+    nightly_run(db_url, dt.date(2026, 11, 2), success, rng)
+    (series,) = nightly_history(get_engine(db_url), "arithmetic").values()
+    assert [night for night, _, _ in series] == ["2026-11-01", "2026-11-02"]
 
 
 # --- nightly.toml: checked before anything reaches Prefect ---------------------------------

@@ -13,12 +13,20 @@ import numpy as np
 import pytest
 
 from vfops.reports import (
+    EMAIL_AUTOLINK,
     PNG_MAGIC,
+    RewardCurve,
+    escape_markdown,
+    markdown_image,
+    nightly_markdown,
+    nightly_table,
     nightly_trend_chart,
     png_data_uri,
     regression_markdown,
     sweep_chart,
     sweep_markdown,
+    training_curve_chart,
+    training_markdown,
 )
 from vfops.stats import compare_runs_statistically
 
@@ -97,11 +105,114 @@ def test_sweep_markdown_lists_every_cell_and_embeds_chart() -> None:
     md = sweep_markdown(cells(), chart_png=png)
     for cell in cells():
         assert cell["model"] in md
-    assert "gsm8k@1.2.0" in md and "t=0.7" in md
-    assert "| 0.620 | [0.561, 0.679] |" in md  # mean, ±1.96 stderr
-    assert "12,345" in md and "errors" in md
+    assert "gsm8k\\@1.2.0" in md and "t=0.7" in md
+    assert "| 0.620 | [0.561, 0.679] | 2 |" in md  # mean, ±1.96 stderr, errors
+    assert "12,345 tokens" in md and "errors" in md  # tokens: below the table
     assert f"![reward per cell]({png_data_uri(png)})" in md
     assert "![" not in sweep_markdown(cells())
+
+
+def sweep_result(**overrides: Any) -> dict[str, Any]:
+    """A cell as the eval-sweep flow has it (CellResult.to_json())."""
+    return {
+        "cell": "arithmetic@latest / stub / cold",
+        "env": "arithmetic",
+        "env_ref": "arithmetic@latest",
+        "version": "0.1.0",
+        "model_alias": "stub",
+        "model": "stub-model",
+        "sampling": "cold",
+        "sampling_args": {"temperature": 0.0},
+        "run_id": "0123abcd",
+        "action": "created",
+        "status": "completed",
+        "outcome": "completed",
+        "rollouts": 6,
+        "reward_mean": 0.5,
+        "reward_stderr": 0.1,
+        "pass_at_k": {"1": 0.5, "2": 0.66},
+        "errors": 0,
+        "prompt_tokens": 100,
+        "completion_tokens": 20,
+        "tokens": 120,
+        "notes": ["installed arithmetic@0.1.0"],
+        **overrides,
+    }
+
+
+def test_sweep_markdown_key_columns_in_the_table_the_rest_below() -> None:
+    failed = {
+        "cell": "arithmetic@0.1.0 / down / cold",
+        "env_ref": "arithmetic@0.1.0",
+        "model_alias": "down",
+        "sampling": "cold",
+        "status": "failed",
+        "error": "cannot reach http://127.0.0.1:9/v1",
+    }
+    md = sweep_markdown([sweep_result(), failed])
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert table[0] == (
+        "| environment | model | sampling | reward | 95% CI (±1.96 stderr) | rollouts (N×R) "
+        "| errors |"
+    )
+    # the model is the alias the sweep named, as in the table artifact and the chart
+    assert table[2] == "| arithmetic\\@0.1.0 | stub | cold (t=0.0) | 0.500 | [0.304, 0.696] | 6 | 0 |"
+    assert table[3].startswith("| arithmetic\\@0.1.0 | down | cold | **failed** | – |")
+    details = md[md.index("## Cells") :]
+    assert "run `0123abcd` (created)" in details and "pass\\@1 0.500, pass\\@2 0.660" in details
+    assert "120 tokens (100 prompt, 20 completion)" in details and "model stub-model" in details
+    assert "installed arithmetic\\@0.1.0" in details and "cannot reach" in details
+    assert not EMAIL_AUTOLINK.search(md.replace("\\@", "")), "an unescaped name@version"
+
+
+def test_escape_markdown_leaves_no_autolink_and_no_markup() -> None:
+    for text in ["arithmetic@0.1.0", "NAME@1.2.3", "a|b", "x_y*z", "<b>", "`c`", "[l](u)"]:
+        escaped = escape_markdown(text)
+        assert not EMAIL_AUTOLINK.search(escaped), escaped
+        # every special character is backslash-escaped: renders as the text itself
+        assert escaped.replace("\\", "") == text
+    assert escape_markdown("two\nlines") == "two lines"
+    assert EMAIL_AUTOLINK.search("arithmetic@0.1.0")  # the pattern does match the raw text
+
+
+def test_markdown_image_embeds_the_png() -> None:
+    png = sweep_chart(cells())
+    assert markdown_image(png, "chart") == f"![chart]({png_data_uri(png)})"
+    with pytest.raises(ValueError):
+        markdown_image(b"GIF89a", "not a png")
+
+
+def test_training_curve_chart_and_report() -> None:
+    curve = RewardCurve()
+    assert curve.chart() is None
+    curve("eval", 0, {"eval_reward": 0.2})
+    for step in range(1, 11):
+        curve("step", step, {"reward_mean": 0.1 * step, "loss": 0.0})
+        if step % 5 == 0:
+            curve("eval", step, {"eval_reward": 0.2 + 0.05 * step})
+    assert curve.train[-1] == (10, 1.0) and curve.held_out == [(0, 0.2), (5, 0.45), (10, 0.7)]
+    png = curve.chart()
+    assert png is not None
+    image = decode_png(png)
+    assert image.shape[0] >= 300 and image.shape[1] >= 500 and image.std() > 0.01
+    decode_png(training_curve_chart([(1, 0.5)]))  # one series is enough
+    with pytest.raises(ValueError):
+        training_curve_chart([], [])
+
+    summary = {
+        "baseline_eval_reward": 0.2,
+        "final_eval_reward": 0.7,
+        "steps": 10,
+        "checkpoint": "/out/final",
+        "registered": "models:/tiny@x/1",
+        "mlflow_run_id": "abc",
+    }
+    md = training_markdown("configs/train/x.toml", summary, png)
+    assert md.startswith("# GRPO training: `configs/train/x.toml`")
+    assert "| 0.2000 | 0.7000 | 10 |" in md
+    assert f"![reward per step]({png_data_uri(png)})" in md
+    assert "`models:/tiny@x/1`" in md  # code span: never a link
+    assert "![" not in training_markdown("x.toml", summary)
 
 
 def bernoulli(rng: np.random.Generator, n: int, r: int, p: float) -> dict[int, list[float]]:
@@ -125,9 +236,55 @@ def test_regression_markdown_puts_regressions_first_in_bold_with_noise_floors() 
     rows = [line for line in md.splitlines() if line.startswith("| ")][1:]
     assert rows[0].startswith("| **gsm8k / qwen / t=0.7** | **REGRESSION** |")
     assert rows[1].startswith("| wordle / qwen / t=0.7 |")
-    assert f"±{regressed.noise_floor.value:.3f} (split-half)" in rows[0]
+    assert rows[0].endswith(f"**±{regressed.noise_floor.value:.3f}** |")
+    assert len(rows[0].split(" | ")) == 6  # key columns only: it fits the pane
     assert "measured from the previous run's own rollouts, not assumed" in md
+    assert "gsm8k / qwen / t=0.7 (200 examples): reward" in md  # the rest: below
     assert md.count("measured by split-half resampling of the baseline") == 2
     assert "data:image/png;base64," in md
 
     assert "No regressions in 1 cell." in regression_markdown([("x", steady)])
+
+
+class _Comparison:
+    def __init__(self, label: str, run_id: str, previous: str | None, report: Any) -> None:
+        self.label, self.run_id, self.previous_run_id, self.report = label, run_id, previous, report
+
+
+def test_nightly_markdown_and_table() -> None:
+    rng = np.random.default_rng(1)
+    a = bernoulli(rng, 50, 2, 0.6)
+    report = compare_runs_statistically(a, bernoulli(rng, 50, 2, 0.6), iterations=500)
+    comparisons = [
+        _Comparison("arithmetic@0.1.0 · stub · default", "run-2", "run-1", report),
+        _Comparison("guess@0.2.0 · stub · default", "run-3", None, None),
+    ]
+    chart = nightly_trend_chart({"arithmetic · stub": [("2026-11-01", 0.6, 0.02)]})
+    md = nightly_markdown(
+        comparisons, chart, night="2026-11-02", pinned={"models:/t@champion": "models:/t/2"}
+    )
+    assert md.startswith("# Nightly regression check for 2026-11-02")
+    assert "![nightly reward trend](data:image/png;base64," in md
+    assert "Models this night: models:/t\\@champion = models:/t/2" in md
+    assert "First nightly run (baseline, nothing to compare): guess\\@0.2.0" in md
+    assert "run `run-2`, previous `run-1`" in md and "run `run-3`" in md
+    assert not EMAIL_AUTOLINK.search(md.replace("\\@", ""))
+    assert nightly_markdown(comparisons[1:]).startswith("# Nightly regression check\n")
+
+    results = [
+        {"env": "arithmetic", "version": "0.1.0", "model_alias": "stub", "sampling": "default"},
+        {"env": "guess", "version": "0.2.0", "model_alias": "stub", "sampling": "default"},
+    ]
+    rows = nightly_table(list(zip(results, comparisons, strict=True)))
+    assert list(rows[0]) == [
+        "environment",
+        "version",
+        "model",
+        "sampling",
+        "verdict",
+        "Δ reward",
+        "noise floor",
+    ]
+    assert rows[0]["verdict"] == report.verdict and rows[1]["verdict"] == "baseline"
+    # no name@version anywhere in a table cell: the V1 UI renders cells as markdown
+    assert not any(EMAIL_AUTOLINK.search(str(v)) for row in rows for v in row.values())

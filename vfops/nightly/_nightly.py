@@ -151,24 +151,39 @@ def compare_with_previous(
     )
 
 
+def night_of(run: EvalRunRow) -> dt.date:
+    """The night a nightly run was scheduled for (its ``nightly:<date>`` tag), else the
+    date it started."""
+    prefix = f"{NIGHTLY_TAG}:"
+    for tag in run.tags or []:
+        if tag.startswith(prefix):
+            try:
+                return dt.date.fromisoformat(tag[len(prefix) :])
+            except ValueError:
+                break
+    return run.started_at.date()
+
+
 def nightly_history(
     engine: Engine, env_name: str, *, limit: int = 30
 ) -> dict[str, list[tuple[str, float, float]]]:
-    """Per model: (date, reward mean, stderr) of completed nightly runs, oldest first."""
+    """Per model: (night, reward mean, stderr) of completed nightly runs, oldest night
+    first. The night is the date the run was scheduled for (a night that ran late or was
+    re-run the next morning is still that night), as ``YYYY-MM-DD``."""
     from sqlalchemy.orm import Session
 
     with Session(engine) as session:
         runs = list_runs(session, env_name=env_name, status="completed", limit=limit * 10)
     history: dict[str, list[tuple[str, float, float]]] = {}
-    for run in reversed(runs):
+    for run in runs:
         if NIGHTLY_TAG not in (run.tags or []) or not run.summary:
             continue
         series = history.setdefault(f"{env_name} · {model_ref(run) or run.model}", [])
         series.append(
             (
-                run.started_at.strftime("%Y-%m-%d %H:%M"),
+                night_of(run).isoformat(),
                 float(run.summary.get("reward_mean", 0.0)),
                 float(run.summary.get("reward_stderr", 0.0)),
             )
         )
-    return {name: series[-limit:] for name, series in history.items()}
+    return {name: sorted(series)[-limit:] for name, series in history.items()}

@@ -61,7 +61,7 @@ class NightlyConfig(ConfigModel):
 
     environments: EnvRefs = Field(
         description="Environment names; each is evaluated at its latest published version "
-        "(name@latest) unless a version is pinned (name@1.2.3)."
+        "(name@latest) unless a version is pinned (name@VERSION, e.g. 1.2.3)."
     )
     endpoints: EndpointRefs = Field(
         description="Endpoint aliases from the endpoints file, or registry models run "

@@ -1,25 +1,53 @@
-"""Charts (PNG) and markdown for sweep and nightly artifacts; Prefect is not imported here.
+"""Charts (PNG) and markdown for sweep, nightly and training artifacts; Prefect is not
+imported here.
 
-matplotlib is imported only when a chart is drawn.
+matplotlib is imported only when a chart is drawn. The markdown is written for the
+Prefect UI: text escaped so that ``name@1.2.3`` is never a ``mailto:`` link, charts
+inside the report as ``data:`` images, tables with the key columns only.
 """
 
 from vfops.reports._charts import (
     PNG_MAGIC,
     cell_label,
+    env_label,
     format_sampling,
+    model_label,
     nightly_trend_chart,
     png_data_uri,
+    sampling_label,
     sweep_chart,
+    training_curve_chart,
 )
-from vfops.reports._markdown import regression_markdown, sweep_markdown
+from vfops.reports._markdown import (
+    EMAIL_AUTOLINK,
+    RewardCurve,
+    escape_markdown,
+    markdown_image,
+    nightly_markdown,
+    nightly_table,
+    regression_markdown,
+    sweep_markdown,
+    training_markdown,
+)
 
 __all__ = [
+    "EMAIL_AUTOLINK",
     "PNG_MAGIC",
+    "RewardCurve",
     "cell_label",
+    "env_label",
+    "escape_markdown",
     "format_sampling",
+    "markdown_image",
+    "model_label",
+    "nightly_markdown",
+    "nightly_table",
     "nightly_trend_chart",
     "png_data_uri",
     "regression_markdown",
+    "sampling_label",
     "sweep_chart",
     "sweep_markdown",
+    "training_curve_chart",
+    "training_markdown",
 ]

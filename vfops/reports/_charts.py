@@ -38,15 +38,33 @@ def format_sampling(sampling: Any) -> str:
     return str(sampling)
 
 
+def env_label(cell: Mapping[str, Any]) -> str:
+    """``NAME@VERSION`` of a cell (a sweep cell's ``env`` and ``version``), else what it has."""
+    env = cell.get("env")
+    version = cell.get("version")
+    if env and version and "@" not in str(env):
+        return f"{env}@{version}"
+    return str(env or cell.get("env_ref") or cell.get("cell") or "?")
+
+
+def model_label(cell: Mapping[str, Any]) -> str:
+    """The model as the sweep named it: the endpoint alias (``model_alias``) when the cell
+    has one, else ``model``; the same word in the table, the report and the chart."""
+    return str(cell.get("model_alias") or cell.get("model") or "?")
+
+
+def sampling_label(cell: Mapping[str, Any]) -> str:
+    """A sampling config's name with its arguments (``cold (t=0.0)``), or its arguments."""
+    sampling = cell.get("sampling")
+    args = cell.get("sampling_args")
+    if isinstance(sampling, str) and isinstance(args, Mapping) and args:
+        return f"{sampling} ({format_sampling(args)})"
+    return format_sampling(sampling)
+
+
 def cell_label(cell: Mapping[str, Any], *, sep: str = "\n") -> str:
-    """``env / model / sampling`` of one sweep cell (``sep`` between the parts)."""
-    return sep.join(
-        [
-            str(cell.get("env", "?")),
-            str(cell.get("model", "?")),
-            format_sampling(cell.get("sampling")),
-        ]
-    )
+    """``env@version / model / sampling`` of one sweep cell (``sep`` between the parts)."""
+    return sep.join([env_label(cell), model_label(cell), sampling_label(cell)])
 
 
 def _new_figure(width: float, height: float) -> Any:
@@ -82,11 +100,11 @@ def sweep_chart(cells: Sequence[Mapping[str, Any]], *, title: str = "Reward per 
     errors = [
         Z_95 * (_float(c.get("reward_stderr")) if c.get("reward_stderr") else 0.0) for c in cells
     ]
-    models = list(dict.fromkeys(str(c.get("model", "?")) for c in cells))
+    models = list(dict.fromkeys(model_label(c) for c in cells))
     fig = _new_figure(max(6.0, 0.9 * len(cells) + 2.0), 4.8)
     ax = fig.add_subplot()
     palette = [f"C{i % 10}" for i in range(len(models))]
-    colours = [palette[models.index(str(c.get("model", "?")))] for c in cells]
+    colours = [palette[models.index(model_label(c))] for c in cells]
     positions = list(range(len(cells)))
     ax.bar(
         positions, means, yerr=errors, capsize=4, color=colours, edgecolor="black", linewidth=0.5
@@ -139,8 +157,10 @@ def nightly_trend_chart(
 ) -> bytes:
     """PNG line chart: one line per environment over nightly runs, ±1.96 stderr bars.
 
-    ``history``: ``env -> [(run date or label, reward_mean, reward_stderr), ...]``.
-    Runs of all environments share one date axis (ISO dates sort in time order).
+    ``history``: ``env -> [(night, reward_mean, reward_stderr), ...]``, the night being the
+    date the nightly run was scheduled for (not when it started: a night that runs late or
+    is re-run stays on its own date). Runs of all environments share one date axis (ISO
+    dates sort in time order).
     """
     if not history or not any(history.values()):
         raise ValueError("nightly_trend_chart needs at least one point")
@@ -156,8 +176,46 @@ def nightly_trend_chart(
         ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=env)
     ax.set_xticks(range(len(ticks)), ticks, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("reward (mean ± 1.96 stderr)")
-    ax.set_xlabel("nightly run")
+    ax.set_xlabel("night")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(title="environment", fontsize=8)
+    return _to_png(fig)
+
+
+def training_curve_chart(
+    train: Sequence[tuple[int, float]],
+    held_out: Sequence[tuple[int, float]] = (),
+    *,
+    title: str = "Reward per step",
+) -> bytes:
+    """PNG line chart of a training run: train reward per step and held-out reward per
+    step where it was measured (the baseline eval is step 0).
+
+    ``train`` and ``held_out``: ``[(step, reward), ...]`` in any order.
+    """
+    if not train and not held_out:
+        raise ValueError("training_curve_chart needs at least one point")
+    fig = _new_figure(7.0, 4.2)
+    ax = fig.add_subplot()
+    if train:
+        steps, rewards = zip(*sorted(train), strict=True)
+        ax.plot(steps, rewards, marker="." if len(train) < 60 else None, label="train (batch mean)")
+    if held_out:
+        steps, rewards = zip(*sorted(held_out), strict=True)
+        ax.plot(steps, rewards, marker="o", linestyle="--", label="held-out eval")
+        for step, reward in (sorted(held_out)[0], sorted(held_out)[-1]):
+            ax.annotate(
+                f"{reward:.3f}",
+                (step, reward),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=8,
+            )
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     return _to_png(fig)

@@ -416,43 +416,42 @@ def _fmt(value: float | None) -> str:
 
 
 def sweep_table(results: Sequence[CellResult | dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per cell, for a Prefect table artifact (plain JSON values)."""
+    """One row per cell, for a Prefect table artifact (plain JSON values): the key columns
+    only, so the table fits the artifact pane (the markdown report has the rest: run ids,
+    pass@k, tokens, notes, errors).
+
+    The version has a column of its own: the V1 Prefect UI renders table cells as
+    markdown, where ``name@1.2.3`` becomes a ``mailto:`` link, and the V2 UI as plain
+    text, where an escape would show.
+    """
     rows: list[dict[str, Any]] = []
     for item in results:
         data = item.to_json() if isinstance(item, CellResult) else dict(item)
         if "run_id" not in data:  # a failed cell: {"cell": ..., "status": ..., "error": ...}
+            name, _, version = str(data.get("env_ref", data.get("cell", "?"))).partition("@")
             rows.append(
                 {
-                    "environment": data.get("env_ref", data.get("cell", "?")),
+                    "environment": name,
+                    "version": version,
                     "model": data.get("model_alias", ""),
                     "sampling": data.get("sampling", ""),
-                    "reward": "—",
-                    "pass@k": "",
-                    "errors": "",
-                    "tokens": "",
-                    "rollouts": "",
-                    "status": data.get("status", "failed"),
-                    "run_id": "",
-                    "note": str(data.get("error", ""))[:300],
+                    "reward": str(data.get("status", "failed")),
+                    "rollouts": None,
+                    "errors": None,
                 }
             )
             continue
         mean, stderr = data.get("reward_mean"), data.get("reward_stderr")
         reward = "—" if mean is None else f"{mean:.3f} ± {_fmt(stderr)}"
-        pass_at = ", ".join(f"pass@{k} {v:.3f}" for k, v in data.get("pass_at_k", {}).items())
         rows.append(
             {
-                "environment": f"{data['env']}@{data['version']}",
+                "environment": data["env"],
+                "version": data["version"],
                 "model": data["model_alias"],
                 "sampling": data["sampling"],
                 "reward": reward,
-                "pass@k": pass_at,
-                "errors": data["errors"],
-                "tokens": data["tokens"],
                 "rollouts": data["rollouts"],
-                "status": f"{data['status']} ({data['action']})",
-                "run_id": data["run_id"],
-                "note": "; ".join(data.get("notes", [])),
+                "errors": data["errors"],
             }
         )
     return rows

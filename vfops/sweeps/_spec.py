@@ -112,7 +112,8 @@ class SweepSpec(ConfigModel):
     environments: EnvRefs = Field(
         description=(
             "Environment references: NAME (the installed code, recorded with its provenance), "
-            "NAME@latest (the newest published version) or NAME@1.2.3 (that published version)."
+            "NAME@latest (the newest published version) or NAME@VERSION (that published "
+            "version, e.g. 1.2.3)."
         ),
         examples=[["arithmetic@latest"]],
     )
