@@ -95,7 +95,7 @@ async def flow_run_artifacts(flow_run_id: UUID) -> dict[str, Any]:
 def test_sweep_runs_every_cell_and_attaches_artifacts(
     harness: None, registry: str, endpoints: Path, stub: StubServer, tmp_path: Path
 ) -> None:
-    from flows.eval_sweep import CHART_KEY, REPORT_KEY, TABLE_KEY, eval_sweep
+    from flows.eval_sweep import REPORT_KEY, TABLE_KEY, eval_sweep
 
     spec = SweepSpec.model_validate(sweep_params(endpoints, tmp_path / "out"))
     state = eval_sweep(spec=spec, return_state=True)
@@ -113,22 +113,34 @@ def test_sweep_runs_every_cell_and_attaches_artifacts(
     json.dumps(results)  # plain JSON all the way
 
     artifacts = asyncio.run(flow_run_artifacts(state.state_details.flow_run_id))
-    assert {TABLE_KEY, REPORT_KEY} <= set(artifacts)
+    # the chart is inside the report, not an image artifact of its own
+    assert set(artifacts) == {TABLE_KEY, REPORT_KEY}
     table = artifacts[TABLE_KEY].data
     rows = json.loads(table) if isinstance(table, str) else table
     assert len(rows) == 4
-    assert {row["run_id"] for row in rows} == {r["run_id"] for r in results}
-    assert all(" ± " in row["reward"] and "pass@1" in row["pass@k"] for row in rows)
-    assert {"errors", "tokens", "environment", "model", "sampling"} <= set(rows[0])
+    # the key columns only (the table fits the pane); the version in a column of its own
+    assert list(rows[0]) == [
+        "environment",
+        "version",
+        "model",
+        "sampling",
+        "reward",
+        "rollouts",
+        "errors",
+    ]
+    assert all(" ± " in row["reward"] and row["rollouts"] == N * R for row in rows)
+    assert {(row["environment"], row["model"]) for row in rows} == {
+        ("arithmetic", "stub"),
+        ("guess_number", "stub"),
+    }
     report = artifacts[REPORT_KEY].data
     assert isinstance(report, str) and "arithmetic" in report
+    assert "](data:image/png;base64," in report
+    for result in results:  # the rest is in the report
+        assert f"run `{result['run_id']}`" in report
+        assert f"{result['env']}\\@{result['version']}" in report  # escaped: no mailto: link
+    assert "rollouts (N×R)" in report and "pass\\@1" in report
     assert stub.base_url not in table and stub.base_url not in report
-    try:
-        import vfops.reports  # noqa: F401
-    except ImportError:
-        pass  # markdown without a chart
-    else:
-        assert CHART_KEY in artifacts and "](data:image/png;base64," in report
 
     # the same sweep again: every cell reuses its run, no model call, no new run
     before = stub.stats["requests"]
@@ -172,12 +184,10 @@ def test_a_failing_cell_fails_the_run_after_the_others_finish(
     assert "arithmetic / down / cold" in message and "cannot reach" in message
     artifacts = asyncio.run(flow_run_artifacts(state.state_details.flow_run_id))
     rows = json.loads(artifacts[module.TABLE_KEY].data)
-    assert sorted(row["status"].split()[0] for row in rows) == [
-        "completed",
-        "completed",
-        "failed",
-        "failed",
-    ]
+    assert sorted(row["reward"] for row in rows if row["model"] == "down") == ["failed"] * 2
+    assert all(" ± " in row["reward"] for row in rows if row["model"] == "stub")
+    report = artifacts[module.REPORT_KEY].data
+    assert report.count("**failed**") == 2 and "cannot reach" in report
 
 
 @pytest.mark.parametrize(

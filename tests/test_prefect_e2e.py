@@ -270,7 +270,9 @@ def test_deploy_worker_and_trigger_through_the_api(stack: dict[str, Any]) -> Non
     found = {a["key"]: a for a in artifacts}
     table = found["eval-sweep-results"]["data"]
     rows = json.loads(table) if isinstance(table, str) else table
-    assert {row["run_id"] for row in rows} == set(runs)
+    assert sorted(row["rollouts"] for row in rows) == [8, 8]
+    report = found["eval-sweep-report"]["data"]  # run ids: in the report, not the table
+    assert all(f"run `{run_id}`" in report for run_id in runs)
 
 
 def test_killed_worker_then_rerun_gives_exactly_n_times_r(stack: dict[str, Any]) -> None:

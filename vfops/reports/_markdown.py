@@ -34,10 +34,10 @@ from vfops.reports._charts import (
 if TYPE_CHECKING:
     from vfops.stats import RegressionReport
 
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|@])")
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]<>|@])")
 """Characters escaped in text: markdown syntax, ``|`` (table cells), ``@`` (the V1 UI's
-e-mail autolink). ``_`` only matters at word edges, but escaping it everywhere is simpler
-and renders the same."""
+e-mail autolink). Not ``_``: names are full of it (``guess_number``) and GFM does not
+emphasise inside words; the raw markdown stays greppable."""
 
 EMAIL_AUTOLINK = re.compile(
     r"[A-Za-z0-9._+-]+@[a-zA-Z0-9_-]+(?:\.[a-zA-Z0-9_-]*[a-zA-Z0-9])+(?![-_])"
