@@ -51,8 +51,9 @@ async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
     comparisons = [compare_cell(result, config.alpha, config.pass_threshold) for result in results]
 
     history: dict[str, list[tuple[str, float, float]]] = {}
+    aliases = {result["model"]: result["model_alias"] for result in results}
     for env in sorted({result["env"] for result in results}):
-        history.update(nightly_history(get_engine(), env))
+        history.update(nightly_history(get_engine(), env, aliases=aliases))
     await create_markdown_artifact(
         key="nightly-eval-report",
         markdown=nightly_markdown(

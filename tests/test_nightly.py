@@ -107,6 +107,9 @@ def test_other_models_are_not_baselines_and_history_is_per_model(db_url: str) ->
     history = nightly_history(get_engine(db_url), "arithmetic")
     assert set(history) == {"arithmetic · other", "arithmetic · m"}
     assert [len(series) for series in history.values()] == [1, 1]
+    # named as the sweep named the endpoint, as in the tables
+    renamed = nightly_history(get_engine(db_url), "arithmetic", aliases={"m": "small"})
+    assert set(renamed) == {"arithmetic · other", "arithmetic · small"}
 
 
 def test_history_is_by_night_not_by_start_time(db_url: str) -> None:

@@ -291,3 +291,33 @@ def test_nightly_markdown_and_table() -> None:
     assert rows[0]["verdict"] == report.verdict and rows[1]["verdict"] == "baseline"
     # no name@version anywhere in a table cell: the V1 UI renders cells as markdown
     assert not any(EMAIL_AUTOLINK.search(str(v)) for row in rows for v in row.values())
+
+
+def _strings(node: Any) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [s for value in node.values() for s in _strings(value)]
+    if isinstance(node, list):
+        return [s for value in node for s in _strings(value)]
+    return []
+
+
+def test_deployment_forms_have_no_autolinked_versions() -> None:
+    """The V1 UI renders a deployment's description and its run form's parameter
+    descriptions as markdown: a ``NAME@1.2.3`` there is a ``mailto:`` link (and in the V2
+    UI they are plain text, where an escape would show), so they must not have one."""
+    import importlib
+
+    from flows.deployments import deployment_specs
+
+    specs = deployment_specs(nightly_parameters={"config": {"environments": ["a"]}})
+    assert "nightly-eval" in {spec.name for spec in specs}
+    texts: list[str] = []
+    for spec in specs:
+        flow = getattr(importlib.import_module(spec.module), spec.function)
+        texts += [spec.description, flow.description or ""]
+        texts += _strings(flow.parameters.model_dump(mode="json"))
+    assert any("NAME@VERSION" in text for text in texts)  # the forms were read
+    linked = sorted({m.group(0) for text in texts for m in EMAIL_AUTOLINK.finditer(text)})
+    assert not linked, f"these become mailto: links in the V1 run form: {linked}"

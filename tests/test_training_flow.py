@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,20 @@ def test_flow_trains_under_the_gpu_limit_and_registers(harness: None, tmp_path: 
             return gcl.limit, gcl.active_slots
 
     assert asyncio.run(limit()) == (2, 0)  # created for 2 GPUs, slots released
+
+    async def report() -> str:
+        async with get_client() as client:
+            (artifact,) = [a for a in await client.read_latest_artifacts() if a.key == "train-grpo"]
+            return str(artifact.data)
+
+    # the reward curve (train reward at steps 1 and 2, held-out at 0 and 2) is a chart
+    # inside the report, as the sweep's is
+    markdown = asyncio.run(report())
+    assert "| baseline held-out reward | final held-out reward | steps |" in markdown
+    prefix = "![reward per step](data:image/png;base64,"
+    assert prefix in markdown
+    encoded = markdown.split(prefix, 1)[1].split(")", 1)[0]
+    assert base64.b64decode(encoded).startswith(b"\x89PNG")
 
 
 def test_flow_and_cli_are_layers_over_the_one_entry_point(

@@ -9,6 +9,7 @@ is compared with its previous completed nightly run, aligned on example_id.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -165,11 +166,20 @@ def night_of(run: EvalRunRow) -> dt.date:
 
 
 def nightly_history(
-    engine: Engine, env_name: str, *, limit: int = 30
+    engine: Engine,
+    env_name: str,
+    *,
+    limit: int = 30,
+    aliases: Mapping[str, str] | None = None,
 ) -> dict[str, list[tuple[str, float, float]]]:
     """Per model: (night, reward mean, stderr) of completed nightly runs, oldest night
     first. The night is the date the run was scheduled for (a night that ran late or was
-    re-run the next morning is still that night), as ``YYYY-MM-DD``."""
+    re-run the next morning is still that night), as ``YYYY-MM-DD``.
+
+    A series is named ``env · model``: the registry alias a run was pinned from, else the
+    served model, renamed through ``aliases`` (served model -> the endpoint alias the
+    sweep named it by, so a chart says what the tables say).
+    """
     from sqlalchemy.orm import Session
 
     with Session(engine) as session:
@@ -178,7 +188,8 @@ def nightly_history(
     for run in runs:
         if NIGHTLY_TAG not in (run.tags or []) or not run.summary:
             continue
-        series = history.setdefault(f"{env_name} · {model_ref(run) or run.model}", [])
+        model = model_ref(run) or (aliases or {}).get(run.model, run.model)
+        series = history.setdefault(f"{env_name} · {model}", [])
         series.append(
             (
                 night_of(run).isoformat(),
