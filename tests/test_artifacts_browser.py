@@ -193,7 +193,8 @@ def _endpoints(root: Path, stub: StubServer) -> Path:
     return path
 
 
-def run_sweep(served: dict[str, Any]) -> None:
+def run_sweep(served: dict[str, Any]) -> str:
+    """Run an eval sweep; returns its flow run id."""
     from flows.eval_sweep import eval_sweep
     from vfops.sweeps import SweepSpec
 
@@ -209,6 +210,7 @@ def run_sweep(served: dict[str, Any]) -> None:
         )
         state = eval_sweep(spec=spec, return_state=True)
     assert state.is_completed(), state.message
+    return str(state.state_details.flow_run_id)
 
 
 def run_nights(served: dict[str, Any]) -> None:
@@ -229,38 +231,58 @@ def run_nights(served: dict[str, Any]) -> None:
 
 
 UIS = {"v1": "", "v2": "/v2"}
+"""Where each Prefect UI is served: V1 at the root, V2 (the default for a new browser)
+under /v2."""
 
 
-def ui_url(served: dict[str, Any], ui: str, artifact_id: str) -> str:
-    root = served["api"].removesuffix("/api")
-    return f"{root}{UIS[ui]}/artifacts/artifact/{artifact_id}"
+def _problems(page: _Page, where: str, *, report: str | None = None) -> list[str]:
+    """What is wrong with a rendered page (``report``: the heading of the markdown report
+    it shows)."""
+    found = []
+    mailto = [href for href in page.hrefs if href.startswith("mailto:")]
+    if mailto:
+        found.append(f"{where}: mailto: links {mailto}")
+    if "data:image" in page.visible:
+        at = page.visible.index("data:image")
+        found.append(f"{where}: a data: URL as text: ...{page.visible[at - 40 : at + 60]}...")
+    if report is not None:
+        if report not in page.markdown:  # the UI rendered the markdown, not a loading page
+            found.append(f"{where}: no rendered report {report!r}: {page.visible[:300]}")
+        elif VERSION_TEXT not in page.markdown:
+            found.append(f"{where}: {VERSION_TEXT} is not in the text: {page.markdown[:400]}")
+        if not any(src.startswith("data:image/png;base64,") for src in page.markdown_images):
+            found.append(f"{where}: no chart image in the report")
+    return found
 
 
 def test_reports_render_without_mailto_links_with_their_charts(served: dict[str, Any]) -> None:
-    run_sweep(served)
+    sweep_run = run_sweep(served)
     run_nights(served)
     ids = asyncio.run(
         _artifact_ids(
             ["eval-sweep-report", "eval-sweep-results", "nightly-eval-report", "nightly-eval-cells"]
         )
     )
+    root = served["api"].removesuffix("/api")
     reports = {
         "eval-sweep-report": "Eval sweep",
         "nightly-eval-report": "Nightly regression check for 2026-11-02",
     }
-    for ui in UIS:
+    problems: list[str] = []  # every page is checked: one run shows everything wrong
+    for ui, base in UIS.items():
         for key, heading in reports.items():
-            page = read_page(ui_url(served, ui, ids[key]), f"{key}-{ui}.png")
-            where = f"{key} in the {ui} UI"
-            # the UI rendered the artifact's markdown (not a loading page or an error)
-            assert heading in page.markdown, f"{where}: no rendered report: {page.visible[:300]}"
-            assert not [h for h in page.hrefs if h.startswith("mailto:")], where
-            assert VERSION_TEXT in page.markdown, f"{where}: {page.markdown[:500]}"
-            # the chart: an image inside the report, and no data: URL as text anywhere
-            assert any(src.startswith("data:image/png;base64,") for src in page.markdown_images)
-            assert "data:image" not in page.visible, where
+            page = read_page(f"{root}{base}/artifacts/artifact/{ids[key]}", f"{key}-{ui}.png")
+            problems += _problems(page, f"{key} ({ui} UI)", report=heading)
         for key in ("eval-sweep-results", "nightly-eval-cells"):
-            page = read_page(ui_url(served, ui, ids[key]), f"{key}-{ui}.png")
-            where = f"{key} in the {ui} UI"
-            assert "stub" in page.visible and "0.1.0" in page.visible, where
-            assert not [h for h in page.hrefs if h.startswith("mailto:")], where
+            page = read_page(f"{root}{base}/artifacts/artifact/{ids[key]}", f"{key}-{ui}.png")
+            problems += _problems(page, f"{key} ({ui} UI)")
+            if not ("stub" in page.visible and "0.1.0" in page.visible):
+                problems.append(f"{key} ({ui} UI): no table rows: {page.visible[:300]}")
+        # the sweep's flow run, where all its artifacts are listed together
+        page = read_page(
+            f"{root}{base}/runs/flow-run/{sweep_run}?tab=Artifacts", f"eval-sweep-run-{ui}.png"
+        )
+        problems += _problems(page, f"the sweep's flow run page ({ui} UI)")
+        if "eval-sweep-report" not in page.visible:
+            problems.append(f"the sweep's flow run page ({ui} UI): no artifacts listed")
+    assert not problems, "\n".join(problems)
