@@ -51,7 +51,9 @@ def publish_environment_flow(path: str, bump: Bump | None = None) -> dict[str, A
     create_markdown_artifact(
         markdown="\n".join(lines) + "\n",
         key=f"{REPORT_KEY}-{re.sub('[^a-z0-9]+', '-', result.env_name.lower()).strip('-')}",
-        description=f"{result.env_name}@{result.version}: {result.status}",
+        # the V1 UI renders descriptions as markdown (name@1.2.3 would be a mailto: link)
+        # and V2 as plain text (an escape would show): no @ here
+        description=f"{result.env_name} {result.version}: {result.status}",
     )
     return {
         "env_name": result.env_name,

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 # before Prefect is imported: no telemetry, no ~/.prefect
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -168,21 +169,19 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     dispose_engines()
 
 
-async def _artifact_ids(keys: list[str]) -> dict[str, str]:
-    """The newest artifact of each key: ``{key: id}``."""
+async def _artifacts(flow_run_id: str) -> list[Any]:
+    """Every artifact of a flow run."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    ids: dict[str, str] = {}
     async with get_client() as client:
-        for key in keys:
-            (artifact,) = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
-                sort="CREATED_DESC",  # type: ignore[arg-type]
-                limit=1,
+        return list(
+            await client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)])
+                )
             )
-            ids[key] = str(artifact.id)
-    return ids
+        )
 
 
 def _endpoints(root: Path, stub: StubServer) -> Path:
@@ -213,7 +212,8 @@ def run_sweep(served: dict[str, Any]) -> str:
     return str(state.state_details.flow_run_id)
 
 
-def run_nights(served: dict[str, Any]) -> None:
+def run_nights(served: dict[str, Any]) -> str:
+    """Run two nights; returns the second night's flow run id."""
     from flows.nightly import NightlyConfig, nightly_eval
 
     for night, seed in (("2026-11-01", 2), ("2026-11-02", 3)):
@@ -226,8 +226,11 @@ def run_nights(served: dict[str, Any]) -> None:
                 rollouts_per_example=R,
                 date=night,
             )
-            comparisons = asyncio.run(nightly_eval(config))
+            state = asyncio.run(nightly_eval(config, return_state=True))
+    assert state.is_completed(), state.message
+    comparisons = state.result()
     assert comparisons[0]["previous_run_id"] is not None  # the second night compared
+    return str(state.state_details.flow_run_id)
 
 
 UIS = {"v1": "", "v2": "/v2"}
@@ -256,33 +259,27 @@ def _problems(page: _Page, where: str, *, report: str | None = None) -> list[str
 
 
 def test_reports_render_without_mailto_links_with_their_charts(served: dict[str, Any]) -> None:
-    sweep_run = run_sweep(served)
-    run_nights(served)
-    ids = asyncio.run(
-        _artifact_ids(
-            ["eval-sweep-report", "eval-sweep-results", "nightly-eval-report", "nightly-eval-cells"]
-        )
-    )
+    """Every artifact page of a sweep and of a night, in both UIs."""
+    runs = {"sweep": run_sweep(served), "night": run_nights(served)}
     root = served["api"].removesuffix("/api")
-    reports = {
+    headings = {
         "eval-sweep-report": "Eval sweep",
         "nightly-eval-report": "Nightly regression check for 2026-11-02",
     }
+    artifacts = {name: asyncio.run(_artifacts(run_id)) for name, run_id in runs.items()}
+    keys = {artifact.key for listed in artifacts.values() for artifact in listed}
+    assert set(headings) | {"eval-sweep-results", "nightly-eval-cells"} <= keys
     problems: list[str] = []  # every page is checked: one run shows everything wrong
     for ui, base in UIS.items():
-        for key, heading in reports.items():
-            page = read_page(f"{root}{base}/artifacts/artifact/{ids[key]}", f"{key}-{ui}.png")
-            problems += _problems(page, f"{key} ({ui} UI)", report=heading)
-        for key in ("eval-sweep-results", "nightly-eval-cells"):
-            page = read_page(f"{root}{base}/artifacts/artifact/{ids[key]}", f"{key}-{ui}.png")
-            problems += _problems(page, f"{key} ({ui} UI)")
-            if not ("stub" in page.visible and "0.1.0" in page.visible):
-                problems.append(f"{key} ({ui} UI): no table rows: {page.visible[:300]}")
-        # the sweep's flow run, where all its artifacts are listed together
-        page = read_page(
-            f"{root}{base}/runs/flow-run/{sweep_run}?tab=Artifacts", f"eval-sweep-run-{ui}.png"
-        )
-        problems += _problems(page, f"the sweep's flow run page ({ui} UI)")
-        if "eval-sweep-report" not in page.visible:
-            problems.append(f"the sweep's flow run page ({ui} UI): no artifacts listed")
+        for listed in artifacts.values():
+            for artifact in listed:
+                where = f"{artifact.key} ({artifact.type}, {ui} UI)"
+                page = read_page(
+                    f"{root}{base}/artifacts/artifact/{artifact.id}", f"{artifact.key}-{ui}.png"
+                )
+                problems += _problems(page, where, report=headings.get(artifact.key))
+                if artifact.type == "table" and not (
+                    "stub" in page.visible and "0.1.0" in page.visible
+                ):
+                    problems.append(f"{where}: no table rows: {page.visible[:300]}")
     assert not problems, "\n".join(problems)
