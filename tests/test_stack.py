@@ -532,7 +532,10 @@ def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
     assert {TABLE_KEY, REPORT_KEY} <= set(by_key)
     data = by_key[TABLE_KEY]["data"]
     rows = json.loads(data) if isinstance(data, str) else data
-    assert {row["run_id"] for row in rows} == {run["id"] for run in runs}
+    assert len(rows) == len(runs)
+    # run ids: in the report (the table keeps the key columns, to fit the pane)
+    report = str(by_key[REPORT_KEY]["data"])
+    assert all(f"run `{run['id']}`" in report for run in runs)
 
 
 def test_a_killed_worker_takes_its_flow_run_along_goes_offline_and_is_replaced(
