@@ -36,7 +36,7 @@ from vfops.tracking._eval_runs import (
     tracking_enabled,
 )
 from vfops.tracking._params import flatten_params
-from vfops.tracking._tracker import Tracker, prestart
+from vfops.tracking._tracker import Tracker, prestart, wait_for_trackers
 
 __all__ = [
     "EMBEDDED_DIR",
@@ -61,4 +61,5 @@ __all__ = [
     "start_sweep_runs",
     "tracking_enabled",
     "tracking_uri",
+    "wait_for_trackers",
 ]
