@@ -435,7 +435,7 @@ def _pending_traces(
     records = select_rollouts(rollouts, limit=limit, pass_threshold=pass_threshold)
     if not records:
         return None
-    tags = {RUN_ID_TAG: info.id, "vfops.environment": info.env_name, "vfops.model": info.model}
+    tags = {RUN_ID_TAG: info.id}  # the rest is the run's (few tags: the UI lists them all)
     return PendingTraces(
         records=records,
         tracking_uri=str(client.tracking_uri),
