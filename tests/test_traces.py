@@ -65,15 +65,12 @@ def backend(
 def _traces(mlflow_run_id: str, *, expected: int | None = None, timeout_s: float = 120) -> list[Any]:
     """The traces of an MLflow run (waiting, up to ``timeout_s``, for ``expected`` of them:
     the tracker logs them after it answered)."""
-    import mlflow
-
     client = mlflow_client()
     experiment_id = client.get_run(mlflow_run_id).info.experiment_id
-    mlflow.set_tracking_uri(client.tracking_uri)
     deadline = time.monotonic() + timeout_s
     while True:
-        found = mlflow.search_traces(
-            locations=[experiment_id], run_id=mlflow_run_id, return_type="list"
+        found = client.search_traces(
+            locations=[experiment_id], run_id=mlflow_run_id, max_results=500
         )
         if expected is None or len(found) >= expected or time.monotonic() > deadline:
             return list(found)

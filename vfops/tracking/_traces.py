@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -73,28 +74,40 @@ def _read_table(path: Path) -> Any:
 @contextlib.contextmanager
 def _tracing_to(tracking_uri: str) -> Iterator[None]:
     """MLflow's fluent tracing (the only API that attaches feedback to a trace before it is
-    exported) writes to the global tracking URI: point it at ``tracking_uri`` meanwhile."""
+    exported) writes to the global tracking URI: point it at ``tracking_uri`` meanwhile,
+    then put back the URI and ``MLFLOW_TRACKING_URI`` (MLflow sets the variable too)."""
     import mlflow
 
+    variable = os.environ.get("MLFLOW_TRACKING_URI")
     previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
-    if previous != tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_tracking_uri(tracking_uri)
     try:
         yield
     finally:
         mlflow.flush_trace_async_logging()
-        if previous != tracking_uri:
-            mlflow.set_tracking_uri(previous)
+        mlflow.set_tracking_uri(previous)
+        if variable is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = variable
 
 
-def logged_trace_ids(experiment_id: str, mlflow_run_id: str) -> set[str]:
+def logged_trace_ids(tracking_uri: str, experiment_id: str, mlflow_run_id: str) -> set[str]:
     """The rollout ``trace_id`` of every trace already logged for the MLflow run."""
-    import mlflow
+    from mlflow import MlflowClient
 
-    found = mlflow.search_traces(
-        locations=[experiment_id], run_id=mlflow_run_id, include_spans=False, return_type="list"
-    )
-    return {t.info.tags[TRACE_ID_TAG] for t in found if TRACE_ID_TAG in t.info.tags}
+    client = MlflowClient(tracking_uri)
+    found: set[str] = set()
+    token: str | None = None
+    while True:
+        page = client.search_traces(
+            locations=[experiment_id], run_id=mlflow_run_id, include_spans=False,
+            max_results=500, page_token=token,
+        )  # fmt: skip
+        found.update(t.info.tags[TRACE_ID_TAG] for t in page if TRACE_ID_TAG in t.info.tags)
+        token = page.token
+        if not token:
+            return found
 
 
 def log_traces(
@@ -117,7 +130,9 @@ def log_traces(
     with _tracing_to(tracking_uri):
         import mlflow
 
-        done = logged_trace_ids(experiment_id, mlflow_run_id) if skip_logged else set()
+        done = (
+            logged_trace_ids(tracking_uri, experiment_id, mlflow_run_id) if skip_logged else set()
+        )
         todo = [r for r in records if r.trace_id not in done]
         for start in range(0, len(todo), _CHUNK):
             for record in todo[start : start + _CHUNK]:
