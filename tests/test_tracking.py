@@ -362,3 +362,13 @@ def test_sweep_flow_nests_every_cell_under_its_parent_run(
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert child.data.tags[RUN_ID_TAG] == result["run_id"]
         assert child.data.params["model"] == "stub-model"
+    # each cell's rollouts as traces of its run (logged by its tracker after it answered)
+    from vfops.tracking import wait_for_trackers
+
+    assert wait_for_trackers(120)
+    for result in results:
+        mlflow_id = _registry_mlflow_id(engine, result["run_id"])
+        traces = client.search_traces(locations=[experiment.experiment_id], run_id=mlflow_id)
+        assert len(traces) == 2, mlflow_id
+        assert all(t.info.tags[RUN_ID_TAG] == result["run_id"] for t in traces)
+        assert all("reward" in {a.name for a in t.info.assessments} for t in traces)
