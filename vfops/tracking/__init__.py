@@ -35,11 +35,21 @@ from vfops.tracking._eval_runs import (
     start_sweep_runs,
     tracking_enabled,
 )
+from vfops.tracking._links import (
+    PREFECT_FLOW_RUN_ID_TAG,
+    PREFECT_FLOW_RUN_URL_TAG,
+    mlflow_run_link,
+    mlflow_run_url,
+    prefect_flow_run,
+    prefect_run_tags,
+)
 from vfops.tracking._params import flatten_params
 from vfops.tracking._tracker import Tracker, prestart, wait_for_trackers
 
 __all__ = [
     "EMBEDDED_DIR",
+    "PREFECT_FLOW_RUN_ID_TAG",
+    "PREFECT_FLOW_RUN_URL_TAG",
     "RUN_ID_TAG",
     "SWEEP_TAG",
     "Tracker",
@@ -55,7 +65,11 @@ __all__ = [
     "log_eval_run",
     "log_run_info",
     "mlflow_client",
+    "mlflow_run_link",
+    "mlflow_run_url",
     "prepare_experiment",
+    "prefect_flow_run",
+    "prefect_run_tags",
     "prepare_run_log",
     "prestart",
     "start_sweep_runs",

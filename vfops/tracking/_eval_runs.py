@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from vfops._errors import VfopsError
 from vfops.tracking._client import ensure_experiment, mlflow_client, quiet, safe_folder
+from vfops.tracking._links import prefect_run_tags
 from vfops.tracking._params import flatten_params
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class _RunInfo:
     vfops_version: str
     tags: list[Any]
     mlflow_run_id: str | None
+    prefect_tags: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The Prefect flow run that evaluated it (read where it ran: the tracker is elsewhere)."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values (datetimes as ISO strings), for the tracker process."""
@@ -131,6 +134,7 @@ def _read_run(engine: Engine, run_id: str) -> _RunInfo:
             vfops_version=row.vfops_version,
             tags=list(row.tags or []),
             mlflow_run_id=row.mlflow_run_id,
+            prefect_tags=prefect_run_tags(),
         )
 
 
@@ -377,6 +381,7 @@ def _log_run_info(
     }
     if info.tags:
         tags["vfops.tags"] = ",".join(str(t) for t in info.tags)
+    tags.update(info.prefect_tags)
     logged_before = run is not None
     if run is None:
         if parent_run_id:
