@@ -239,12 +239,19 @@ def test_the_mlflow_ui_lists_the_rollouts_of_an_eval_with_their_rewards(
     finally:
         os.environ.pop("VFOPS_DATABASE_URL")
         dispose_engines()
+    # it ends by naming the registry run, the MLflow run (created before the hand-off,
+    # so it has an address already) and the output folder
+    assert f"\nmlflow run: {mlflow_server.url}/#/runs/{mlflow_id} (being logged)\n" in done.stdout
+    assert f"\nresults: {tmp_path / 'out'}" in done.stdout, done.stdout
     os.environ["MLFLOW_TRACKING_URI"] = mlflow_server.url
     try:
         traces = _traces(mlflow_id, expected=6)
-        experiment_id = mlflow_client().get_run(mlflow_id).info.experiment_id
+        run = mlflow_client().get_run(mlflow_id)
     finally:
         os.environ.pop("MLFLOW_TRACKING_URI")
+    experiment_id = run.info.experiment_id
+    assert run.info.status == "FINISHED" and run.data.metrics["rollouts"] == 6  # logged into it
+    assert run.data.tags["vfops.run_id"] == run_id.group(1)
     assert len(traces) == 6
     # the stub answers every question right: correct_answer 1, format 1, reward 1.2
     first = traces[0]

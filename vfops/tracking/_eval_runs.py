@@ -49,6 +49,11 @@ def experiment_name(env_name: str) -> str:
     return f"vfops/{env_name}"
 
 
+def run_name(info: dict[str, Any]) -> str:
+    """The MLflow run name of a registry run (:func:`prepare_run_log`'s ``info``)."""
+    return f"{info['env_name']}@{info['env_version']} {info['model']} {str(info['id'])[:8]}"
+
+
 def _experiment_id(client: MlflowClient, env_name: str) -> str:
     # artifacts in a folder per environment (the experiment name holds a slash)
     folder = safe_folder(env_name)
@@ -390,7 +395,7 @@ def _log_run_info(
             experiment_id,
             start_time=_ms(info.started_at),
             tags=tags,
-            run_name=f"{info.env_name}@{info.env_version} {info.model} {info.id[:8]}",
+            run_name=run_name(info.to_json()),
         )
     elif parent_run_id and PARENT_TAG not in run.data.tags:
         tags[PARENT_TAG] = parent_run_id
