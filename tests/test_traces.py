@@ -62,7 +62,9 @@ def backend(
     dispose_engines()
 
 
-def _traces(mlflow_run_id: str, *, expected: int | None = None, timeout_s: float = 120) -> list[Any]:
+def _traces(
+    mlflow_run_id: str, *, expected: int | None = None, timeout_s: float = 120
+) -> list[Any]:
     """The traces of an MLflow run (waiting, up to ``timeout_s``, for ``expected`` of them:
     the tracker logs them after it answered)."""
     client = mlflow_client()
@@ -100,15 +102,18 @@ def _calculator_reply(payload: dict[str, Any]) -> dict[str, Any]:
     return {"content": f"<answer>{messages[-1]['content']}</answer>"}
 
 
-def test_an_evaluation_logs_each_rollout_as_a_trace_of_its_run(backend: Backend, tmp_path: Path) -> None:
+def test_an_evaluation_logs_each_rollout_as_a_trace_of_its_run(
+    backend: Backend, tmp_path: Path
+) -> None:
     """The sweep/nightly path (evaluate, tracker waited for): N x R traces on the run, each
     with the prompt as request, a span per turn and per tool call, and every score."""
     from vfops.evaluation import EvalRequest, ModelOptions, evaluate
 
     with StubServer(StubConfig(reply_mode=_calculator_reply)) as stub:
         result = evaluate(
-            EvalRequest(env_name="calculator", model="stub-model", num_examples=3,
-                        rollouts_per_example=2),  # fmt: skip
+            EvalRequest(
+                env_name="calculator", model="stub-model", num_examples=3, rollouts_per_example=2
+            ),
             model_options=ModelOptions(base_url=stub.base_url),
             output_root=tmp_path / "out",
         )
@@ -274,3 +279,19 @@ def test_the_mlflow_ui_lists_the_rollouts_of_an_eval_with_their_rewards(
     mine = [row for row in rows if row.startswith(question.group(0))]
     assert len(mine) == 2, rows  # the example's two rollouts, each with its scores
     assert all(row.endswith(f" 1 {expected} 1 1.20") for row in mine), mine
+
+
+def test_links_are_addresses_with_a_tracking_server_and_ids_without() -> None:
+    from vfops.tracking import mlflow_run_link, mlflow_run_url, prefect_run_tags
+
+    server = "https://user:secret@mlflow.example:5000/"
+    assert mlflow_run_url("abc", server) == "https://mlflow.example:5000/#/runs/abc"
+    assert mlflow_run_link("abc", tracking_uri=server) == "https://mlflow.example:5000/#/runs/abc"
+    assert mlflow_run_link("abc", markdown=True, tracking_uri="http://127.0.0.1:5000") == (
+        "[abc](http://127.0.0.1:5000/#/runs/abc)"
+    )
+    embedded = "sqlite:////home/u/.vfops/mlflow/mlflow.db"
+    assert mlflow_run_url("abc", embedded) is None
+    assert mlflow_run_link("abc", tracking_uri=embedded) == "abc"
+    assert mlflow_run_link("abc", markdown=True, tracking_uri=embedded) == "`abc`"
+    assert prefect_run_tags() == {}  # not in a flow run

@@ -53,7 +53,8 @@ def select_rollouts(
     errors = table.column("error_type").to_pylist()
     examples = table.column("example_id").to_pylist()
     indexes = table.column("rollout_index").to_pylist()
-    failed, passing = [], []
+    failed: list[int] = []
+    passing: list[int] = []
     for row, (reward, error) in enumerate(zip(rewards, errors, strict=True)):
         (failed if _failed(reward, error, pass_threshold) else passing).append(row)
     passing.sort(key=lambda row: (indexes[row], examples[row]))
@@ -79,13 +80,14 @@ def _tracing_to(tracking_uri: str) -> Iterator[None]:
     import mlflow
 
     variable = os.environ.get("MLFLOW_TRACKING_URI")
-    previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    was_set: bool = mlflow.is_tracking_uri_set()  # type: ignore[no-untyped-call]
+    previous = mlflow.get_tracking_uri() if was_set else None
     mlflow.set_tracking_uri(tracking_uri)
     try:
         yield
     finally:
         mlflow.flush_trace_async_logging()
-        mlflow.set_tracking_uri(previous)
+        mlflow.set_tracking_uri(previous)  # type: ignore[arg-type]  # None: unset again
         if variable is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         else:
@@ -248,9 +250,7 @@ def _turn_spans(root: LiveSpan, record: RolloutRecord) -> None:
     import mlflow
     from mlflow.entities import SpanType
 
-    results = {
-        m.get("tool_call_id"): m for m in record.completion if m.get("role") == "tool"
-    }
+    results = {m.get("tool_call_id"): m for m in record.completion if m.get("role") == "tool"}
     pending: list[dict[str, Any]] = list(record.prompt)
     turn = 0
     for message in record.completion:
@@ -263,7 +263,7 @@ def _turn_spans(root: LiveSpan, record: RolloutRecord) -> None:
             span_type=SpanType.CHAT_MODEL,
             parent_span=root,
             inputs={"messages": pending},
-            attributes={"turn": turn},
+            attributes={"turn": str(turn)},
         )
         span.end(outputs=message)
         pending = []
@@ -275,7 +275,7 @@ def _turn_spans(root: LiveSpan, record: RolloutRecord) -> None:
                 span_type=SpanType.TOOL,
                 parent_span=root,
                 inputs=_arguments(call),
-                attributes={"turn": turn, "tool_call_id": str(call.get("id") or "")},
+                attributes={"turn": str(turn), "tool_call_id": str(call.get("id") or "")},
             )
             tool.end(outputs=None if result is None else result.get("content"))
 
@@ -289,6 +289,6 @@ def _score_span(root: LiveSpan, record: RolloutRecord) -> None:
         span_type=SpanType.EVALUATOR,
         parent_span=root,
         inputs={"answer": record.answer},
-        attributes={"scoring_ms": record.timing.scoring_ms},
+        attributes={"scoring_ms": str(record.timing.scoring_ms)},
     )
     span.end(outputs={"reward": record.reward, **record.metrics})
