@@ -488,7 +488,7 @@ class TrackingSink:
             prepare_run_log, self._engine, self._run_id, Path(folder), rollouts_file
         )
         if info.get("mlflow_run_id") is None:  # so that it can be named before it is logged
-            from vfops.tracking._early_run import create_run_early
+            from vfops.tracking import create_run_early
 
             info["mlflow_run_id"] = self.mlflow_run_id = await asyncio.to_thread(
                 create_run_early, info

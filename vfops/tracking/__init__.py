@@ -22,6 +22,7 @@ from vfops.tracking._client import (
     mlflow_client,
     tracking_uri,
 )
+from vfops.tracking._early_run import create_run_early
 from vfops.tracking._eval_runs import (
     RUN_ID_TAG,
     SWEEP_TAG,
@@ -56,6 +57,7 @@ __all__ = [
     "artifact_root",
     "check_sqlite_store",
     "check_tracking",
+    "create_run_early",
     "ensure_experiment",
     "experiment_name",
     "finish_sweep_runs",
