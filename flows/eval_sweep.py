@@ -83,6 +83,7 @@ async def _evaluate_cell(
     from prefect.runtime import flow_run
 
     from vfops.budget import budget_for, limit_name, prefect_limiter
+    from vfops.tracking import mlflow_run_link
 
     # The endpoint's budget (budgets.toml / $VFOPS_BUDGETS) is shared through Prefect
     # global concurrency limits by every flow calling that endpoint, on every worker.
@@ -109,7 +110,7 @@ async def _evaluate_cell(
         if limiter is not None:
             await limiter.aclose()
     get_run_logger().info(
-        "%s: %s run %s on worker %s, %d rollouts (%s new), reward %s",
+        "%s: %s run %s on worker %s, %d rollouts (%s new), reward %s, MLflow run %s",
         cell.label,
         result.action,
         result.run_id,
@@ -117,6 +118,7 @@ async def _evaluate_cell(
         result.rollouts,
         result.new_rollouts,
         "n/a" if result.reward_mean is None else f"{result.reward_mean:.3f}",
+        "-" if result.mlflow_run_id is None else mlflow_run_link(result.mlflow_run_id),
     )
     return result.to_json()
 
@@ -173,14 +175,14 @@ async def eval_sweep_cell(
 
 def _start_tracking(cells: list[Cell]) -> dict[str, str]:
     """One parent MLflow run per environment of the sweep ({} when tracking is off)."""
-    from vfops.tracking import start_sweep_runs, tracking_enabled
+    from vfops.tracking import prefect_run_tags, start_sweep_runs, tracking_enabled
 
     if not tracking_enabled():
         return {}
     from prefect.runtime import flow_run
 
     name = str(flow_run.get_name() or flow_run.get_id() or "eval-sweep")
-    tags = {"prefect.flow_run_id": str(flow_run.get_id() or "")}
+    tags = prefect_run_tags()  # the flow run's id, and its UI address when known
     try:
         return start_sweep_runs([c.env_name for c in cells], sweep_name=name, tags=tags)
     except Exception as exc:

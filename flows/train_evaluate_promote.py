@@ -84,9 +84,15 @@ def report_markdown(result: LoopResult) -> str:
         "",
         f"Held-out reward during training: {training.baseline_eval_reward:.4f} -> "
         f"{training.final_eval_reward:.4f} after {training.steps} steps "
-        f"(MLflow run `{training.mlflow_run_id or '-'}`).",
+        f"(MLflow run {_mlflow_run(training.mlflow_run_id)}).",
         "",
     ]
     lines += gate_table(decision)
     lines += ["", decision.reason]
     return "\n".join(lines) + "\n"
+
+
+def _mlflow_run(mlflow_run_id: str | None) -> str:
+    from vfops.tracking import mlflow_run_link
+
+    return "`-`" if mlflow_run_id is None else mlflow_run_link(mlflow_run_id, markdown=True)

@@ -305,7 +305,12 @@ def test_unreachable_tracking_server_fails_before_the_eval(tmp_path: Path) -> No
 def test_sweep_flow_nests_every_cell_under_its_parent_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
+    from prefect.settings import (
+        PREFECT_HOME,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        PREFECT_UI_URL,
+        temporary_settings,
+    )
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.eval_sweep import eval_sweep
@@ -324,6 +329,7 @@ def test_sweep_flow_nests_every_cell_under_its_parent_run(
     settings: dict[Any, Any] = {
         PREFECT_HOME: str(tmp_path / "prefect"),
         PREFECT_SERVER_ANALYTICS_ENABLED: False,
+        PREFECT_UI_URL: "http://prefect.example:4200",
     }
     with (
         StubServer(StubConfig(reply_mode="arithmetic")) as stub,
@@ -354,6 +360,12 @@ def test_sweep_flow_nests_every_cell_under_its_parent_run(
     runs = client.search_runs([experiment.experiment_id])
     (parent,) = [r for r in runs if SWEEP_TAG in r.data.tags]
     assert parent.info.status == "FINISHED"
+    # every MLflow run started from the flow run links back to it
+    flow_run_id = parent.data.tags["prefect.flow_run_id"]
+    flow_run_url = f"http://prefect.example:4200/flow-runs/flow-run/{flow_run_id}"
+    assert all(r.data.tags.get("prefect.flow_run_url") == flow_run_url for r in runs), [
+        r.data.tags for r in runs
+    ]
     assert len(results) == 2
     for result in results:
         mlflow_id = _registry_mlflow_id(engine, result["run_id"])
@@ -362,3 +374,13 @@ def test_sweep_flow_nests_every_cell_under_its_parent_run(
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert child.data.tags[RUN_ID_TAG] == result["run_id"]
         assert child.data.params["model"] == "stub-model"
+    # each cell's rollouts as traces of its run (logged by its tracker after it answered)
+    from vfops.tracking import wait_for_trackers
+
+    assert wait_for_trackers(120)
+    for result in results:
+        mlflow_id = _registry_mlflow_id(engine, result["run_id"])
+        traces = client.search_traces(locations=[experiment.experiment_id], run_id=mlflow_id)
+        assert len(traces) == 2, mlflow_id
+        assert all(t.info.tags[RUN_ID_TAG] == result["run_id"] for t in traces)
+        assert all("reward" in {a.name for a in t.info.assessments} for t in traces)

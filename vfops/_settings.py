@@ -8,12 +8,15 @@
   the usual AWS variables and are never stored by vfops.
 - ``VFOPS_REGISTRY_RETRY_S`` (default 60): how long an evaluation keeps retrying the
   registry when its database stops answering, before it fails the run (resumable).
+- ``VFOPS_TRACE_ROLLOUTS`` (default 1000, ``all``, ``off``): how many passing rollouts
+  of an eval run are logged as MLflow traces (failed and errored ones always are).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Final
 
@@ -67,5 +70,32 @@ def registry_retry_s() -> float:
     if not (value >= 0 and math.isfinite(value)):
         raise VfopsError(
             f"VFOPS_REGISTRY_RETRY_S must be a number of seconds >= 0, not {raw!r}; fix or unset it"
+        )
+    return value
+
+
+DEFAULT_TRACE_ROLLOUTS: Final = 1000
+"""How many passing rollouts of a run are logged as MLflow traces at most."""
+
+
+def trace_rollouts() -> int | None:
+    """``VFOPS_TRACE_ROLLOUTS``: how many passing rollouts of an eval run become MLflow
+    traces (a sample beyond it; failed and errored rollouts always do), ``all``, or
+    ``off`` (no traces: ``None``); default :data:`DEFAULT_TRACE_ROLLOUTS`."""
+    raw = (os.environ.get("VFOPS_TRACE_ROLLOUTS") or "").strip().lower()
+    if not raw:
+        return DEFAULT_TRACE_ROLLOUTS
+    if raw in ("off", "none", "no", "false"):
+        return None
+    if raw == "all":
+        return sys.maxsize
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise VfopsError(
+            f"VFOPS_TRACE_ROLLOUTS must be a number >= 0, 'all' or 'off', not {raw!r}; "
+            "fix or unset it"
         )
     return value

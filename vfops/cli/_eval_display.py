@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from vfops._rollout import RolloutRecord
 from vfops.evaluation import EvalResult, EvalSummary, OpenedRun
+from vfops.tracking import mlflow_run_link
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -117,7 +118,8 @@ def format_summary(result: EvalResult) -> str:
     if result.run_id is not None:
         lines.append(f"run: {result.run_id} ({result.action})")
     if result.mlflow_run_id is not None:
-        lines.append(f"mlflow run: {result.mlflow_run_id}")
+        pending = " (being logged)" if result.mlflow_pending else ""
+        lines.append(f"mlflow run: {mlflow_run_link(result.mlflow_run_id)}{pending}")
     elif result.mlflow_pending:
         # the tracker process logs it and links the registry run in a moment
         lines.append(f"mlflow run: being logged (vfops runs show {result.run_id} links it)")

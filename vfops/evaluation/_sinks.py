@@ -415,7 +415,8 @@ class TrackingSink:
     metrics, the rollouts as an artifact) and the registry run is linked to it.
     With ``hand_off`` (a process that exits right after, ``vfops eval``) the
     tracker is given the finished run and finishes (logs, links) on its own:
-    :attr:`handed_off` is then true and :attr:`mlflow_run_id` stays ``None``. A
+    :attr:`handed_off` is then true, and :attr:`mlflow_run_id` is the run created
+    over HTTP for it to log into (a tracking server only; else ``None``). A
     tracker that already reported a broken store fails the run either way.
     ``tracker`` may be an environment name instead: the tracker of that
     environment is then started when the run is handed off.
@@ -486,6 +487,12 @@ class TrackingSink:
         info, rollouts = await asyncio.to_thread(
             prepare_run_log, self._engine, self._run_id, Path(folder), rollouts_file
         )
+        if info.get("mlflow_run_id") is None:  # so that it can be named before it is logged
+            from vfops.tracking import create_run_early
+
+            info["mlflow_run_id"] = self.mlflow_run_id = await asyncio.to_thread(
+                create_run_early, info
+            )
         await self._tracker.hand_off(
             info,
             rollouts_file=rollouts,

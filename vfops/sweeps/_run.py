@@ -89,6 +89,9 @@ class CellResult(BaseModel):
     completion_tokens: int
     tokens: int
     notes: list[str] = Field(default_factory=list)
+    mlflow_run_id: str | None = Field(
+        default=None, description="The run's MLflow run (None: not tracked, or not yet linked)"
+    )
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -395,6 +398,7 @@ def _result(
         sampling_args=dict(cell.sampling.args),
         tags=list(cell.tags),
         run_id=result.run_id,
+        mlflow_run_id=result.mlflow_run_id,
         action=result.action,
         status=result.status,
         outcome=result.outcome(),

@@ -22,6 +22,7 @@ from vfops.tracking._client import (
     mlflow_client,
     tracking_uri,
 )
+from vfops.tracking._early_run import create_run_early
 from vfops.tracking._eval_runs import (
     RUN_ID_TAG,
     SWEEP_TAG,
@@ -35,17 +36,28 @@ from vfops.tracking._eval_runs import (
     start_sweep_runs,
     tracking_enabled,
 )
+from vfops.tracking._links import (
+    PREFECT_FLOW_RUN_ID_TAG,
+    PREFECT_FLOW_RUN_URL_TAG,
+    mlflow_run_link,
+    mlflow_run_url,
+    prefect_flow_run,
+    prefect_run_tags,
+)
 from vfops.tracking._params import flatten_params
-from vfops.tracking._tracker import Tracker, prestart
+from vfops.tracking._tracker import Tracker, prestart, wait_for_trackers
 
 __all__ = [
     "EMBEDDED_DIR",
+    "PREFECT_FLOW_RUN_ID_TAG",
+    "PREFECT_FLOW_RUN_URL_TAG",
     "RUN_ID_TAG",
     "SWEEP_TAG",
     "Tracker",
     "artifact_root",
     "check_sqlite_store",
     "check_tracking",
+    "create_run_early",
     "ensure_experiment",
     "experiment_name",
     "finish_sweep_runs",
@@ -55,10 +67,15 @@ __all__ = [
     "log_eval_run",
     "log_run_info",
     "mlflow_client",
+    "mlflow_run_link",
+    "mlflow_run_url",
+    "prefect_flow_run",
+    "prefect_run_tags",
     "prepare_experiment",
     "prepare_run_log",
     "prestart",
     "start_sweep_runs",
     "tracking_enabled",
     "tracking_uri",
+    "wait_for_trackers",
 ]

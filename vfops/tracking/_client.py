@@ -81,6 +81,8 @@ def quiet() -> Iterator[None]:
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"mlflow\b")
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"mlflow\b")
             warnings.filterwarnings("ignore", message=r".*``noload`` loader strategy")
+            # imported on the first trace: MLflow's notes on its own type hints
+            warnings.filterwarnings("ignore", message=r".*type hint.* is inferred as AnyType")
             yield
     finally:
         for logger, level in zip(loggers, levels, strict=True):

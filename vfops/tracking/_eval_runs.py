@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from vfops._errors import VfopsError
 from vfops.tracking._client import ensure_experiment, mlflow_client, quiet, safe_folder
+from vfops.tracking._links import prefect_run_tags
 from vfops.tracking._params import flatten_params
 
 if TYPE_CHECKING:
@@ -48,6 +49,11 @@ def experiment_name(env_name: str) -> str:
     return f"vfops/{env_name}"
 
 
+def run_name(info: dict[str, Any]) -> str:
+    """The MLflow run name of a registry run (:func:`prepare_run_log`'s ``info``)."""
+    return f"{info['env_name']}@{info['env_version']} {info['model']} {str(info['id'])[:8]}"
+
+
 def _experiment_id(client: MlflowClient, env_name: str) -> str:
     # artifacts in a folder per environment (the experiment name holds a slash)
     folder = safe_folder(env_name)
@@ -75,6 +81,8 @@ class _RunInfo:
     vfops_version: str
     tags: list[Any]
     mlflow_run_id: str | None
+    prefect_tags: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The Prefect flow run that evaluated it (read where it ran: the tracker is elsewhere)."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values (datetimes as ISO strings), for the tracker process."""
@@ -131,6 +139,7 @@ def _read_run(engine: Engine, run_id: str) -> _RunInfo:
             vfops_version=row.vfops_version,
             tags=list(row.tags or []),
             mlflow_run_id=row.mlflow_run_id,
+            prefect_tags=prefect_run_tags(),
         )
 
 
@@ -300,8 +309,55 @@ def log_run_info(
     rollouts_file: str | Path,
 ) -> str:
     """Log a run described by :func:`prepare_run_log` and its rollouts file (Arrow or
-    parquet); MLflow only, so the tracker process needs no registry. Returns the
-    MLflow run id (the caller links it: :func:`link_mlflow_run`)."""
+    parquet), and its rollouts as traces (:mod:`vfops.tracking._traces`); MLflow only,
+    so the tracker process needs no registry. Returns the MLflow run id (the caller
+    links it: :func:`link_mlflow_run`)."""
+    mlflow_id, traces = log_run_deferring_traces(
+        info, parent_run_id=parent_run_id, client=client, rollouts_file=rollouts_file
+    )
+    if traces is not None:
+        traces.log()
+    return mlflow_id
+
+
+@dataclass
+class PendingTraces:
+    """The rollouts of a logged run still to log as traces (read from its rollouts file
+    already: the file may be gone by the time they are logged)."""
+
+    records: list[Any]
+    tracking_uri: str
+    experiment_id: str
+    mlflow_run_id: str
+    tags: dict[str, str]
+    pass_threshold: float
+    skip_logged: bool
+
+    def log(self) -> int:
+        """Log them; return how many traces were logged."""
+        from vfops.tracking._traces import log_traces
+
+        with _lock, quiet():
+            return log_traces(
+                self.records,
+                tracking_uri=self.tracking_uri,
+                experiment_id=self.experiment_id,
+                mlflow_run_id=self.mlflow_run_id,
+                tags=self.tags,
+                pass_threshold=self.pass_threshold,
+                skip_logged=self.skip_logged,
+            )
+
+
+def log_run_deferring_traces(
+    info: dict[str, Any],
+    *,
+    parent_run_id: str | None = None,
+    client: MlflowClient | None = None,
+    rollouts_file: str | Path,
+) -> tuple[str, PendingTraces | None]:
+    """:func:`log_run_info` without the traces: the MLflow run id, and the traces to log
+    (``None``: none, e.g. ``VFOPS_TRACE_ROLLOUTS=off``), for a caller that answers first."""
     with _lock, quiet():
         return _log_run_info(_RunInfo.from_json(info), parent_run_id, client, Path(rollouts_file))
 
@@ -314,7 +370,7 @@ def prepare_experiment(env_name: str, client: MlflowClient | None = None) -> str
 
 def _log_run_info(
     info: _RunInfo, parent_run_id: str | None, client: MlflowClient | None, rollouts: Path
-) -> str:
+) -> tuple[str, PendingTraces | None]:
     from mlflow.entities import Metric, Param, RunTag
 
     client = client or mlflow_client()
@@ -330,6 +386,8 @@ def _log_run_info(
     }
     if info.tags:
         tags["vfops.tags"] = ",".join(str(t) for t in info.tags)
+    tags.update(info.prefect_tags)
+    logged_before = run is not None
     if run is None:
         if parent_run_id:
             tags[PARENT_TAG] = parent_run_id
@@ -337,7 +395,7 @@ def _log_run_info(
             experiment_id,
             start_time=_ms(info.started_at),
             tags=tags,
-            run_name=f"{info.env_name}@{info.env_version} {info.model} {info.id[:8]}",
+            run_name=run_name(info.to_json()),
         )
     elif parent_run_id and PARENT_TAG not in run.data.tags:
         tags[PARENT_TAG] = parent_run_id
@@ -364,7 +422,39 @@ def _log_run_info(
     status = _MLFLOW_STATUS.get(info.status)
     if status is not None:
         client.set_terminated(mlflow_id, status=status, end_time=_ms(info.finished_at))
-    return mlflow_id
+    return mlflow_id, _pending_traces(info, client, experiment_id, mlflow_id, rollouts,
+                                      logged_before)  # fmt: skip
+
+
+def _pending_traces(
+    info: _RunInfo,
+    client: MlflowClient,
+    experiment_id: str,
+    mlflow_id: str,
+    rollouts: Path,
+    logged_before: bool,
+) -> PendingTraces | None:
+    from vfops._settings import trace_rollouts
+    from vfops.tracking._traces import select_rollouts
+
+    limit = trace_rollouts()
+    if limit is None or info.status != "completed":
+        return None
+    stored = info.summary.get("pass_threshold")
+    pass_threshold = 1.0 if stored is None else float(stored)
+    records = select_rollouts(rollouts, limit=limit, pass_threshold=pass_threshold)
+    if not records:
+        return None
+    tags = {RUN_ID_TAG: info.id}  # the rest is the run's (few tags: the UI lists them all)
+    return PendingTraces(
+        records=records,
+        tracking_uri=str(client.tracking_uri),
+        experiment_id=experiment_id,
+        mlflow_run_id=mlflow_id,
+        tags=tags,
+        pass_threshold=pass_threshold,
+        skip_logged=logged_before,
+    )
 
 
 def start_sweep_runs(

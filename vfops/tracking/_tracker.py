@@ -20,7 +20,8 @@ on the inherited stderr in one line, with the command that logs it later
 The protocol is one JSON object per line: the child says ``{"ready": true}`` (or
 ``{"error": ...}``) once the store answers, then answers each
 ``{"op": "log", ...}`` with ``{"ok": true, "mlflow_run_id": ...}`` or
-``{"ok": false, "error": ...}``; end of input ends it. A log command with
+``{"ok": false, "error": ...}`` (``"traces": true``: it logs the run's rollouts as
+traces next, and nobody waits for that); end of input ends it. A log command with
 ``"detach": true`` (the last one, input closed after it) gets no answer: the
 child links the run itself (``"link"``: database URL and run id) and removes
 its ``"cleanup"`` paths.
@@ -55,9 +56,21 @@ _HANDED_OFF_EXIT_WAIT_S = 60.0
 
 
 def _wait_for_handed_off() -> None:
-    for process in _handed_off:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(_HANDED_OFF_EXIT_WAIT_S)
+    wait_for_trackers(_HANDED_OFF_EXIT_WAIT_S)
+
+
+def wait_for_trackers(timeout_s: float = _HANDED_OFF_EXIT_WAIT_S) -> bool:
+    """Wait until every tracker this process left to finish on its own (a handed-off run,
+    traces being logged) has exited, ``timeout_s`` at most each; False if one has not."""
+    done = True
+    for process in list(_handed_off):
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            done = False
+        else:
+            _handed_off.remove(process)
+    return done
 
 
 atexit.register(_wait_for_handed_off)
@@ -72,6 +85,8 @@ class Tracker:
         self._ready: dict[str, Any] | None = None
         self._lock = asyncio.Lock()
         self._handed_off = False
+        self._logging_traces = False
+        """It answered a log command and is logging that run's traces (nobody waits)."""
 
     @classmethod
     def spawn(cls, *, env_name: str) -> Tracker:
@@ -141,6 +156,7 @@ class Tracker:
             answer = await asyncio.to_thread(self._send, command)
         if not answer.get("ok"):
             raise VfopsError(str(answer.get("error") or "the tracker failed"))
+        self._logging_traces = self._logging_traces or bool(answer.get("traces"))
         return str(answer["mlflow_run_id"])
 
     def ready_error_now(self) -> str | None:
@@ -217,8 +233,8 @@ class Tracker:
         """End the child: it exits on end of input (and skips its slow teardown).
 
         A tracker that never logged anything (the evaluation failed early) is
-        killed instead: it may still be importing MLflow. One handed a run is left
-        to finish it.
+        killed instead: it may still be importing MLflow. One handed a run, or
+        logging the traces of the run it logged, is left to finish it.
         """
         if self._handed_off:
             return
@@ -229,6 +245,14 @@ class Tracker:
         if stdin is not None and not stdin.closed:
             with contextlib.suppress(OSError):
                 stdin.close()
+        if self._logging_traces:
+            # it exits once the traces are logged; a process that exits waits for it
+            _handed_off.append(self._process)
+            self._handed_off = True
+            stdout = self._process.stdout
+            if stdout is not None:
+                stdout.close()
+            return
         try:
             await asyncio.wait_for(asyncio.to_thread(self._process.wait), 10.0)
         except TimeoutError:

@@ -8,9 +8,12 @@ import contextlib
 import os
 import shutil
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from vfops.tracking._eval_runs import PendingTraces
 
 # The protocol gets the original stdout to itself; anything a library prints
 # (MLflow announces runs on stdout) goes to stderr instead.
@@ -50,29 +53,46 @@ def main(argv: list[str]) -> int:
         if command.get("detach"):
             return _log_handed_off(command)
         try:
-            mlflow_run_id = _log(command)
+            mlflow_run_id, traces = _log(command)
         except Exception as exc:
             _answer({"ok": False, "error": _one_line(exc)})
             continue
-        _answer({"ok": True, "mlflow_run_id": mlflow_run_id})
+        # the evaluation goes on at once; the traces follow (it does not wait for them)
+        _answer({"ok": True, "mlflow_run_id": mlflow_run_id, "traces": traces is not None})
+        _log_traces(traces, command)
     return 0
 
 
-def _log(command: dict[str, Any]) -> str:
-    from vfops.tracking import log_run_info
+def _log(command: dict[str, Any]) -> tuple[str, PendingTraces | None]:
+    from vfops.tracking._eval_runs import log_run_deferring_traces
 
-    return log_run_info(
+    return log_run_deferring_traces(
         command["info"],
         parent_run_id=command.get("parent_run_id"),
         rollouts_file=command["rollouts_file"],
     )
 
 
+def _log_traces(traces: PendingTraces | None, command: dict[str, Any]) -> None:
+    """Log a run's rollouts as traces; a failure is one line on stderr (the run itself
+    is logged: traces are a view of it, not part of its record)."""
+    if traces is None:
+        return
+    try:
+        traces.log()
+    except Exception as exc:
+        run_id = command["info"].get("id", "?")
+        sys.stderr.write(
+            f"vfops: the rollouts of eval run {run_id} were not logged as MLflow traces "
+            f"({_one_line(exc)}); the run itself is logged\n"
+        )
+
+
 def _log_handed_off(command: dict[str, Any]) -> int:
     """Log, link and clean up a run whose evaluation did not wait (it may have exited)."""
     link = command["link"]
     try:
-        mlflow_run_id = _log(command)
+        mlflow_run_id, traces = _log(command)
         from vfops.registry import get_engine, set_mlflow_run_id
 
         set_mlflow_run_id(get_engine(link["database_url"]), link["run_id"], mlflow_run_id)
@@ -81,6 +101,7 @@ def _log_handed_off(command: dict[str, Any]) -> int:
         return 1
     finally:
         _clean_up(command)
+    _log_traces(traces, command)
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from vfops.tracking import ensure_experiment, mlflow_client
+from vfops.tracking import ensure_experiment, mlflow_client, prefect_run_tags
 from vfops.tracking import flatten_params as _flatten
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ class TrainingTracker:
                 ),
                 "vfops.loss": config.loss.type,
                 "vfops.generation_backend": config.generation.backend,
+                **prefect_run_tags(),  # started from a flow run: a link back to it
             },
         )
         params: dict[str, str] = {}
