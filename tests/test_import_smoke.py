@@ -140,3 +140,6 @@ def test_a_piped_eval_imports_neither_rich_nor_pydantic(registry: str, tmp_path:
     assert ("run: " in out) == (registry == "--registry"), out  # recorded where asked
     loaded = set(out.strip().splitlines()[-1].split())
     assert not loaded & {"rich", "pydantic"}
+    # the registry's work runs in its own process (vfops.evaluation._registry_calls):
+    # SQLAlchemy's import and the inserts never take the event loop's GIL
+    assert "sqlalchemy" not in loaded

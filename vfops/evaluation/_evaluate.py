@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -62,9 +63,10 @@ from vfops.evaluation._summary import EvalSummary
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from vfops._lease import LeaseOwner
     from vfops.envs._environment import Environment
     from vfops.evaluation._provenance import Provenance
-    from vfops.registry import LeaseOwner
+    from vfops.evaluation._registry_calls import RegistryCalls
     from vfops.tracking import Tracker
 
 Action = Literal["created", "resumed", "reused"]
@@ -238,9 +240,11 @@ async def evaluate_async(
     # registry and opening the run would otherwise come first); resuming or reusing
     # needs the registry's answer before anything is generated.
     open_in_background = registry and resume is None and existing == "new"
+    calls: RegistryCalls | None = None
     try:
-        if registry and not open_in_background:
-            engine = engine or _registry_engine()
+        if registry:
+            # first, so that the registry process's imports overlap everything below
+            calls = await _registry_calls(engine)
         if env is None:
             from vfops.envs import load_environment
 
@@ -256,20 +260,21 @@ async def evaluate_async(
             request.base_url = request.base_url or options.base_url
         if track:
             await asyncio.to_thread(_check_tracking_server)
-        opening: asyncio.Task[Engine] | None = None
+        opening: asyncio.Task[RegistryCalls] | None = None
         if open_in_background:
-            plan, opening = _open_in_background(request, engine, output_root)
+            assert calls is not None
+            plan, opening = _open_in_background(request, calls, output_root)
         else:
-            plan = await _open(request, engine, output_root, resume, existing)
+            plan = await _open(request, calls, output_root, resume, existing)
         if plan.action == "reused":
-            assert engine is not None and plan.run_id is not None
-            return await _reused_result(engine, plan)
+            assert calls is not None and plan.run_id is not None
+            return await _reused_result(calls, plan)
         return await _run(
             env,
             client,
             plan,
             planned=planned,
-            engine=engine,
+            registry=None if opening is not None else calls,
             opening=opening,
             tracker=tracker,
             track=track,
@@ -284,12 +289,16 @@ async def evaluate_async(
             await env.aclose()
         if tracker is not None:
             await tracker.aclose()
+        if calls is not None:
+            await calls.aclose()
 
 
-def _registry_engine() -> Engine:
-    from vfops.registry import get_engine
+async def _registry_calls(engine: Engine | None) -> RegistryCalls:
+    """The caller's engine in a worker thread, or the default registry in a child process
+    (see :mod:`vfops.evaluation._registry_calls`)."""
+    from vfops.evaluation._registry_calls import ChildCalls, ThreadCalls
 
-    return get_engine()
+    return ThreadCalls(engine) if engine is not None else await ChildCalls.start()
 
 
 def _tracking_on(tracking: bool | None) -> bool:
@@ -334,43 +343,44 @@ def _examples_to_run(env: Environment, request: EvalRequest) -> int:
 
 async def _open(
     request: EvalRequest,
-    engine: Engine | None,
+    registry: RegistryCalls | None,
     output_root: Path,
     resume: str | None,
     existing: Existing,
 ) -> _Plan:
-    if engine is None:
+    if registry is None:
         if resume is not None:
             run_dir = Path(resume)
             return _Plan(request, run_dir, "resumed", resume_folder=True)
         return _Plan(request, new_run_dir(output_root, request.env_name, request.model), "created")
-    return await asyncio.to_thread(
-        _open_registry_run, engine, request, output_root, resume, existing
+    return await registry.call(
+        _open_registry_run, request, output_root, resume, existing, pid=os.getpid()
     )
 
 
 def _open_in_background(
-    request: EvalRequest, engine: Engine | None, output_root: Path
-) -> tuple[_Plan, asyncio.Task[Engine]]:
-    """A new run's identity now (its id is generated here), and a task that opens
-    the registry (``engine`` or the default one) and records the run meanwhile."""
+    request: EvalRequest, registry: RegistryCalls, output_root: Path
+) -> tuple[_Plan, asyncio.Task[RegistryCalls]]:
+    """A new run's identity now (its id is generated here), and a task that records
+    the run in the registry meanwhile."""
     run_id = uuid.uuid4().hex
     run_dir = new_run_dir(output_root, request.env_name, request.model, run_id)
     plan = _Plan(request, run_dir, "created", run_id=run_id)
 
-    async def open_run() -> Engine:
-        opened_engine = engine if engine is not None else await asyncio.to_thread(_registry_engine)
-        opened = await asyncio.to_thread(
+    async def open_run() -> RegistryCalls:
+        opened = await registry.call(
             _open_registry_run,
-            opened_engine,
             request,
             output_root,
             None,
             "new",
             new_run=(run_id, run_dir),
+            pid=os.getpid(),
         )
+        # the registry may have worked on a copy (another process): take what it found
         plan.provenance, plan.lease = opened.provenance, opened.lease
-        return opened_engine
+        request.env_version = opened.request.env_version
+        return registry
 
     return plan, asyncio.create_task(open_run())
 
@@ -383,9 +393,11 @@ def _open_registry_run(
     existing: Existing,
     *,
     new_run: tuple[str, Path] | None = None,
+    pid: int | None = None,
 ) -> _Plan:
     """Open ``request``'s run in the registry; ``new_run``: the id and folder of a run
-    to create (generated by the caller)."""
+    to create (generated by the caller); ``pid``: the evaluating process, whose lease
+    this is (default: this process)."""
     from vfops.evaluation._provenance import config_fingerprint, resolve_provenance
     from vfops.registry import (
         LeaseOwner,
@@ -401,7 +413,8 @@ def _open_registry_run(
 
     provenance = resolve_provenance(engine, request.env_name)
     request.env_version = provenance.version
-    lease = LeaseOwner.this_process()  # this evaluation's, on whichever run it works
+    # this evaluation's, on whichever run it works
+    lease = LeaseOwner.for_process(os.getpid() if pid is None else pid)
     fingerprint = config_fingerprint(request, provenance)
     with session_scope(engine) as session:
         found = None
@@ -494,19 +507,9 @@ def _run_id_of(resume: str) -> str:
     return resume
 
 
-async def _reused_result(engine: Engine, plan: _Plan) -> EvalResult:
-    from vfops.registry import get_run, session_scope
-
+async def _reused_result(registry: RegistryCalls, plan: _Plan) -> EvalResult:
     assert plan.run_id is not None
-    summary = await asyncio.to_thread(
-        registry_summary, engine, plan.run_id, plan.request.pass_threshold
-    )
-
-    def mlflow_id() -> str | None:
-        with session_scope(engine, write=False) as session:
-            row = get_run(session, plan.run_id or "")
-            return None if row is None else row.mlflow_run_id
-
+    summary = await registry.call(registry_summary, plan.run_id, plan.request.pass_threshold)
     return EvalResult(
         run_dir=plan.run_dir,
         summary=summary,
@@ -514,8 +517,16 @@ async def _reused_result(engine: Engine, plan: _Plan) -> EvalResult:
         metadata={**plan.request.identity(), "run_id": plan.run_id, "status": "completed"},
         run_id=plan.run_id,
         action="reused",
-        mlflow_run_id=await asyncio.to_thread(mlflow_id),
+        mlflow_run_id=await registry.call(_mlflow_run_id_of, plan.run_id),
     )
+
+
+def _mlflow_run_id_of(engine: Engine, run_id: str) -> str | None:
+    from vfops.registry import get_run, session_scope
+
+    with session_scope(engine, write=False) as session:
+        row = get_run(session, run_id)
+        return None if row is None else row.mlflow_run_id
 
 
 def registry_summary(engine: Engine, run_id: str, pass_threshold: float = 1.0) -> EvalSummary:
@@ -537,8 +548,8 @@ async def _run(
     plan: _Plan,
     *,
     planned: int,
-    engine: Engine | None,
-    opening: asyncio.Task[Engine] | None,
+    registry: RegistryCalls | None,
+    opening: asyncio.Task[RegistryCalls] | None,
     tracker: Tracker | None,
     track: bool,
     mlflow_parent_run_id: str | None,
@@ -557,14 +568,14 @@ async def _run(
         folder_lock.acquire()  # before anything in the folder is written
     except (VfopsError, OSError):
         # refused before anything ran: the run is free again for a corrected command
-        if engine is not None and plan.run_id is not None and plan.lease is not None:
+        if registry is not None and plan.run_id is not None and plan.lease is not None:
             # best effort: an unreleased lease expires anyway; the refusal is the news
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(_release_lease, engine, plan.run_id, plan.lease)
+                await registry.call(_release_lease, plan.run_id, plan.lease)
         raise
     try:
         return await _run_locked(
-            env, client, plan, metadata, planned=planned, engine=engine, opening=opening,
+            env, client, plan, metadata, planned=planned, registry=registry, opening=opening,
             tracker=tracker, track=track, mlflow_parent_run_id=mlflow_parent_run_id,
             hand_off_tracking=hand_off_tracking, progress=progress,
         )  # fmt: skip
@@ -586,8 +597,8 @@ async def _run_locked(
     metadata: dict[str, Any],
     *,
     planned: int,
-    engine: Engine | None,
-    opening: asyncio.Task[Engine] | None,
+    registry: RegistryCalls | None,
+    opening: asyncio.Task[RegistryCalls] | None,
     tracker: Tracker | None,
     track: bool,
     mlflow_parent_run_id: str | None,
@@ -598,7 +609,7 @@ async def _run_locked(
     writer = RolloutWriter(run_dir)
     write_metadata(run_dir, metadata)
     sinks: list[Sink] = [ArrowSink(run_dir)]
-    registry_source = opening or engine
+    registry_source = opening or registry
     if registry_source is not None and plan.run_id is not None:
         registry_sink = RegistrySink(registry_source, plan.run_id, lease=lambda: plan.lease)
         registry_sink.start()  # renews the run's lease from now on, however slow the rollouts
@@ -654,13 +665,13 @@ async def _run_locked(
                 await asyncio.wait(delivering)
                 for late in delivering:  # a sink's failure is raised again by its close
                     _ = late.cancelled() or late.exception()
-            opened_engine = engine if opening is None else await _opened(opening)
+            opened = registry if opening is None else await _opened(opening)
             _add_provenance(metadata, plan)
             tracking_sink = None
-            if track and opened_engine is not None and plan.run_id is not None:
+            if track and opened is not None and plan.run_id is not None:
                 tracking_sink = TrackingSink(
                     tracker or request.env_name,
-                    opened_engine,
+                    opened,
                     plan.run_id,
                     parent_run_id=mlflow_parent_run_id,
                     hand_off=hand_off_tracking,
@@ -673,7 +684,7 @@ async def _run_locked(
                 metadata,
                 status,
                 error,
-                engine=opened_engine,
+                registry=opened,
                 arrow_complete=not missing_on_disk if status == "completed" else False,
             )
 
@@ -681,8 +692,8 @@ async def _run_locked(
     return result
 
 
-async def _opened(opening: asyncio.Task[Engine]) -> Engine | None:
-    """The engine of a run opened in the background, or None when opening it failed
+async def _opened(opening: asyncio.Task[RegistryCalls]) -> RegistryCalls | None:
+    """The registry of a run opened in the background, or None when opening it failed
     (the registry sink, which waited for the same task, reports why)."""
     await asyncio.wait({opening})
     return None if opening.cancelled() or opening.exception() is not None else opening.result()
@@ -750,7 +761,7 @@ async def _finish(
     status: str,
     error: str | None,
     *,
-    engine: Engine | None,
+    registry: RegistryCalls | None,
     arrow_complete: bool,
 ) -> EvalResult:
     """Close every sink (each failure recorded, none swallowed), then record the end."""
@@ -764,16 +775,18 @@ async def _finish(
             problem = f"{sink.name}: {first_line(exc)}"
             finish.status, finish.error = "failed", finish.error or _resume_hint(plan, problem)
     stored_summary = summary
-    if engine is not None and plan.run_id is not None:
+    if registry is not None and plan.run_id is not None:
         if not arrow_complete and finish.status == "completed":
             # some rollouts live only in the registry (another worker's folder)
-            stored_summary = await asyncio.to_thread(
-                registry_summary, engine, plan.run_id, summary.pass_threshold
+            stored_summary = await registry.call(
+                registry_summary, plan.run_id, summary.pass_threshold
             )
             stored_summary.wall_s = summary.wall_s
             stored_summary.new_rollouts = summary.new_rollouts
         registry_sink = next((s for s in sinks if isinstance(s, RegistrySink)), None)
-        await _record_end(engine, plan.run_id, finish, stored_summary, plan.lease, registry_sink)
+        await _record_end(
+            registry, plan.run_id, finish, stored_summary, plan.lease, registry_sink
+        )
     mlflow_run_id = None
     if tracking_sink is not None and finish.status == "completed":
         if arrow_complete:
@@ -783,8 +796,8 @@ async def _finish(
             mlflow_run_id = tracking_sink.mlflow_run_id
         except SinkError as exc:
             finish.status, finish.error = "failed", str(exc)
-            assert engine is not None and plan.run_id is not None
-            await _record_end(engine, plan.run_id, finish, stored_summary)
+            assert registry is not None and plan.run_id is not None
+            await _record_end(registry, plan.run_id, finish, stored_summary)
     metadata.update(
         status=finish.status,
         finished_at=now_iso(),
@@ -808,7 +821,7 @@ async def _finish(
 
 
 async def _record_end(
-    engine: Engine,
+    registry: RegistryCalls,
     run_id: str,
     finish: RunFinish,
     summary: EvalSummary,
@@ -817,23 +830,15 @@ async def _record_end(
 ) -> None:
     """Record the end in the registry (retried while the database does not answer,
     unless the run failed because it did not: then once)."""
-    from vfops.registry import finish_run, release_run_lease, session_scope
-
     stored = summary.to_dict()
     if finish.error:
         stored["error"] = finish.error
-
-    def write() -> None:
-        with session_scope(engine) as session:
-            finish_run(session, run_id, finish.status, stored)
-            if lease is not None:  # the run is free for the next process at once
-                release_run_lease(session, run_id, lease)
-
+    args = (run_id, finish.status, stored, lease)
     try:
         if registry_sink is not None and not registry_sink.gave_up:
-            await registry_sink.retrying(write)
+            await registry_sink.retrying(registry, _write_end, *args)
         else:
-            await asyncio.to_thread(write)
+            await registry.call(_write_end, *args)
     except Exception as exc:
         # The registry itself is down: the folder says failed; --resume fixes both.
         finish.status = "failed"
@@ -841,6 +846,18 @@ async def _record_end(
             f"registry: could not record the end of run {run_id} ({first_line(exc)}); "
             f"fix the database, then finish the run with vfops eval ... --resume {run_id}"
         )
+
+
+def _write_end(
+    engine: Engine, run_id: str, status: str, stored: dict[str, Any], lease: LeaseOwner | None
+) -> None:
+    """The run's end and, with its ``lease``, the run free for the next process at once."""
+    from vfops.registry import finish_run, release_run_lease, session_scope
+
+    with session_scope(engine) as session:
+        finish_run(session, run_id, status, stored)
+        if lease is not None:
+            release_run_lease(session, run_id, lease)
 
 
 evaluate = blocking_twin(evaluate_async)

@@ -34,8 +34,9 @@ from vfops.evaluation._store import ARROW_FILE
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from vfops._lease import LeaseOwner
+    from vfops.evaluation._registry_calls import RegistryCalls
     from vfops.evaluation._summary import EvalSummary
-    from vfops.registry import LeaseOwner
 
 T = TypeVar("T")
 
@@ -220,7 +221,7 @@ class RegistrySink:
 
     def __init__(
         self,
-        engine: Engine | asyncio.Future[Engine],
+        registry: RegistryCalls | asyncio.Future[RegistryCalls],
         run_id: str,
         *,
         batch_rows: int = 512,
@@ -232,7 +233,7 @@ class RegistrySink:
         from vfops._settings import registry_retry_s
 
         # a future: the run is being opened meanwhile; rows wait in the buffer for it
-        self._engine = engine
+        self._registry = registry
         self._run_id = run_id
         self._batch_rows = batch_rows
         self._flush_interval_s = flush_interval_s
@@ -312,17 +313,17 @@ class RegistrySink:
         batch, self._buffer = self._buffer, []
         return batch
 
-    async def _opened_engine(self) -> Engine:
-        if not isinstance(self._engine, asyncio.Future):
-            return self._engine
+    async def _opened_registry(self) -> RegistryCalls:
+        if not isinstance(self._registry, asyncio.Future):
+            return self._registry
         try:
-            return await self._engine
+            return await self._registry
         except Exception as exc:
             raise _RunNotOpened(first_line(exc)) from exc
 
     async def _write_loop(self) -> None:
-        engine = await self._opened_engine()
-        from vfops.registry import LEASE_TTL_S, insert_rollouts
+        registry = await self._opened_registry()
+        from vfops._lease import LEASE_TTL_S
 
         renew_every = LEASE_TTL_S / 4
         next_renewal = time.monotonic() + renew_every
@@ -335,31 +336,32 @@ class RegistrySink:
             if batch is None:
                 return
             if batch:
-                self.inserted += await self.retrying(insert_rollouts, engine, self._run_id, batch)
+                self.inserted += await self.retrying(
+                    registry, _insert_rollouts, self._run_id, batch
+                )
             if time.monotonic() >= next_renewal:
-                await self._renew(engine)
+                await self._renew(registry)
                 next_renewal = time.monotonic() + renew_every
 
-    async def _renew(self, engine: Engine) -> None:
-        from vfops.registry import renew_run_lease
-
+    async def _renew(self, registry: RegistryCalls) -> None:
         lease = self._lease() if self._lease is not None else None
         if lease is not None and not await self.retrying(
-            renew_run_lease, engine, self._run_id, lease
+            registry, _renew_run_lease, self._run_id, lease
         ):
             raise _LeaseLost("its lease lapsed while the registry did not answer")
 
-    async def retrying(self, write: Callable[..., T], *args: Any) -> T:
-        """``write(*args)`` in a thread; retried with backoff while the database does not
-        answer (connection errors only: a refused row is not retried), for ``retry_s``."""
-        from sqlalchemy.exc import InterfaceError, OperationalError
+    async def retrying(self, registry: RegistryCalls, write: Callable[..., T], *args: Any) -> T:
+        """``write(engine, *args)`` through ``registry``; retried with backoff while the
+        database does not answer (connection errors only: a refused row is not
+        retried), for ``retry_s``."""
+        from vfops.evaluation._registry_calls import RegistryUnavailable
 
         down_since: float | None = None
         delay = 0.25
         while True:
             try:
-                result = await asyncio.to_thread(write, *args)
-            except (OperationalError, InterfaceError) as exc:
+                result = await registry.call(write, *args)
+            except RegistryUnavailable as exc:
                 now = time.monotonic()
                 if down_since is None:
                     down_since = now
@@ -402,6 +404,23 @@ class RegistrySink:
             self._raise_failure(writer)
 
 
+# The registry functions the sinks call, named here so that a call to the registry's
+# process (vfops.evaluation._registry_calls) pickles a reference to this light module:
+# the evaluating process never imports the registry (SQLAlchemy) to name them.
+
+
+def _insert_rollouts(engine: Engine, run_id: str, records: list[RolloutRecord]) -> int:
+    from vfops.registry import insert_rollouts
+
+    return insert_rollouts(engine, run_id, records)
+
+
+def _renew_run_lease(engine: Engine, run_id: str, lease: LeaseOwner) -> bool:
+    from vfops.registry import renew_run_lease
+
+    return renew_run_lease(engine, run_id, lease)
+
+
 _MAX_RETRY_DELAY_S: Final = 5.0
 """The longest pause between two tries of an unanswered registry write."""
 
@@ -427,14 +446,14 @@ class TrackingSink:
     def __init__(
         self,
         tracker: Any | str,
-        engine: Engine,
+        registry: RegistryCalls,
         run_id: str,
         *,
         parent_run_id: str | None = None,
         hand_off: bool = False,
     ) -> None:
         self._tracker = tracker
-        self._engine = engine
+        self._registry = registry
         self._run_id = run_id
         self._parent_run_id = parent_run_id
         self._hand_off = hand_off
@@ -459,23 +478,21 @@ class TrackingSink:
             ) from exc
 
     async def _log(self, rollouts_file: str | None) -> None:
-        from vfops.tracking import link_mlflow_run, prepare_run_log
-
         assert not isinstance(self._tracker, str), "a tracker that is waited for starts early"
 
         with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
             # no export of the whole run (rollouts on another worker's folder):
             # the registry's rollouts are streamed into a parquet instead
-            info, rollouts = await asyncio.to_thread(
-                prepare_run_log, self._engine, self._run_id, Path(folder), rollouts_file
+            info, rollouts = await self._registry.call(
+                _prepare_run_log, self._run_id, Path(folder), rollouts_file
             )
             self.mlflow_run_id = await self._tracker.log_run(
                 info, rollouts_file=rollouts, parent_run_id=self._parent_run_id
             )
-        await asyncio.to_thread(link_mlflow_run, self._engine, self._run_id, self.mlflow_run_id)
+        await self._registry.call(_link_mlflow_run, self._run_id, self.mlflow_run_id)
 
     async def _give_to_tracker(self, rollouts_file: str | None) -> None:
-        from vfops.tracking import Tracker, prepare_run_log
+        from vfops.tracking import Tracker
 
         if isinstance(self._tracker, str):
             self._tracker = Tracker.spawn(env_name=self._tracker)
@@ -484,8 +501,8 @@ class TrackingSink:
             raise VfopsError(error)
         # the tracker removes the folder once it has logged what is in it
         folder = await asyncio.to_thread(tempfile.mkdtemp, prefix="vfops-mlflow-")
-        info, rollouts = await asyncio.to_thread(
-            prepare_run_log, self._engine, self._run_id, Path(folder), rollouts_file
+        info, rollouts = await self._registry.call(
+            _prepare_run_log, self._run_id, Path(folder), rollouts_file
         )
         if info.get("mlflow_run_id") is None:  # so that it can be named before it is logged
             from vfops.tracking import create_run_early
@@ -496,9 +513,23 @@ class TrackingSink:
         await self._tracker.hand_off(
             info,
             rollouts_file=rollouts,
-            database_url=self._engine.url.render_as_string(hide_password=False),
+            database_url=self._registry.database_url,
             run_id=self._run_id,
             parent_run_id=self._parent_run_id,
             cleanup=[folder],
         )
         self.handed_off = True
+
+
+def _prepare_run_log(
+    engine: Engine, run_id: str, folder: Path, rollouts_file: str | None
+) -> tuple[dict[str, Any], Path]:
+    from vfops.tracking import prepare_run_log
+
+    return prepare_run_log(engine, run_id, folder, rollouts_file)
+
+
+def _link_mlflow_run(engine: Engine, run_id: str, mlflow_run_id: str) -> None:
+    from vfops.tracking import link_mlflow_run
+
+    link_mlflow_run(engine, run_id, mlflow_run_id)

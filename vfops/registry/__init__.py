@@ -16,6 +16,7 @@ transaction.
 
 from __future__ import annotations
 
+from vfops._lease import LEASE_TTL_S, LeaseOwner
 from vfops.registry._alias_events import list_alias_events, record_alias_event
 from vfops.registry._db import (
     current_revision,
@@ -57,9 +58,7 @@ from vfops.registry._rollouts import (
     rollouts_for_example,
 )
 from vfops.registry._runs import (
-    LEASE_TTL_S,
     RUN_STATUSES,
-    LeaseOwner,
     RunBusyError,
     add_run_tags,
     create_run,

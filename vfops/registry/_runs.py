@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
-import socket
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import Engine, String, cast, select, update
 from sqlalchemy.orm import Session
 
 from vfops._errors import VfopsError
+from vfops._lease import LEASE_TTL_S, LeaseOwner
 from vfops._version import __version__
 from vfops.registry._db import transaction
 from vfops.registry._models import EvalRunRow, utcnow
@@ -23,53 +21,12 @@ RUN_STATUSES: Final = frozenset({"running", "completed", "failed", "interrupted"
 _FINISHED: Final = "completed"
 
 
-LEASE_TTL_S: Final = 60.0
-"""How long a run's lease lasts unless renewed (the running process renews it every
-quarter of this): how long a run whose process died on another machine stays locked."""
 
 
 class RunBusyError(VfopsError):
     """Another process holds the run's lease (or its folder's lock)."""
 
     exit_code = 4
-
-
-@dataclass(frozen=True)
-class LeaseOwner:
-    """Who works on a run: a host, a process and a token unique to one evaluation."""
-
-    host: str
-    pid: int
-    token: str
-
-    @classmethod
-    def this_process(cls) -> LeaseOwner:
-        return cls(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:12])
-
-    @classmethod
-    def parse(cls, text: str) -> LeaseOwner:
-        host, _, rest = text.rpartition("@")
-        pid, _, token = rest.partition(":")
-        return cls(host, int(pid) if pid.isdigit() else -1, token)
-
-    def __str__(self) -> str:
-        return f"{self.host}@{self.pid}:{self.token}"
-
-    def describe(self) -> str:
-        return f"pid {self.pid} on host {self.host}"
-
-    def is_dead(self) -> bool:
-        """Known dead: a process of this host that no longer exists (another host's
-        process cannot be checked: its lease must expire)."""
-        if self.host != socket.gethostname() or self.pid <= 0:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # alive, another user's
-            return False
-        return False
 
 
 def _aware(moment: dt.datetime) -> dt.datetime:

@@ -1,0 +1,234 @@
+"""Where an evaluation's registry work runs: a worker thread, or a child process.
+
+Every registry call of an evaluation (opening the run, the batched rollout inserts,
+the lease renewals, recording the end, reading the run for MLflow) goes through
+:class:`RegistryCalls`: ``await calls.call(fn, *args)`` runs ``fn(engine, *args)``.
+
+* :class:`ThreadCalls` runs it in a worker thread of this process, on an engine the
+  caller already has (sweeps, promotion, tests that pass ``engine=``).
+* :class:`ChildCalls` runs it in a child process that opens the default registry
+  itself (``vfops eval``): the evaluating process never imports SQLAlchemy, and its
+  GIL stays with the event loop. On a 2-core machine the registry's import alone
+  (~0.5 s of CPU) and each batch's row building otherwise took turns with the
+  rollouts; in the child they run on the other core.
+
+Either way a connection failure is raised as :class:`RegistryUnavailable` (the
+caller retries it), anything else as the error ``fn`` raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pickle
+import struct
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+
+from vfops._errors import VfopsError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+T = TypeVar("T")
+
+_HEADER: Final = struct.Struct(">I")  # each frame: its length, then a pickle
+_PROTOCOL: Final = pickle.HIGHEST_PROTOCOL
+
+
+class RegistryUnavailable(VfopsError):
+    """The registry's database did not answer (a connection error: worth retrying)."""
+
+
+class RegistryCalls(Protocol):
+    """Runs registry functions ``fn(engine, *args)`` for an evaluation."""
+
+    database_url: str
+    """The registry's URL, password included (handed to the tracker process only)."""
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(engine, *args, **kwargs)``; :class:`RegistryUnavailable` on a connection error."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the calls hold (the child process exits)."""
+        ...
+
+
+def connection_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database did not answer (SQLAlchemy's connection errors)."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+class ThreadCalls:
+    """Registry calls on ``engine``, each in a worker thread of this process."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.database_url = engine.url.render_as_string(hide_password=False)
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return await asyncio.to_thread(fn, self.engine, *args, **kwargs)
+        except Exception as exc:
+            if connection_error(exc):
+                raise RegistryUnavailable(_first_line(exc)) from exc
+            raise
+
+    async def aclose(self) -> None:
+        return None
+
+
+class ChildCalls:
+    """Registry calls in a child process (``python -m vfops.evaluation._registry_child``)
+    holding the default registry's engine (``VFOPS_DATABASE_URL`` or ``$VFOPS_HOME``'s
+    SQLite, read from this process's environment).
+
+    Calls are pickled to the child over its stdin and run there one at a time, in the
+    order they were made; their results come back over its stdout. The child exits
+    when its stdin closes (:meth:`aclose`, or this process dying), so it never
+    outlives the evaluation. Functions must be importable (module level).
+    """
+
+    def __init__(self, process: asyncio.subprocess.Process, database_url: str) -> None:
+        self._process = process
+        self.database_url = database_url
+        self._replies: dict[int, asyncio.Future[Any]] = {}
+        self._next_id = 0
+        self._write_lock = asyncio.Lock()
+        self._gone: str | None = None
+        self._reader = asyncio.create_task(self._read_replies())
+
+    @classmethod
+    async def start(cls) -> ChildCalls:
+        from vfops._settings import database_url
+
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "vfops.evaluation._registry_child",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        return cls(process, database_url())
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self._gone is not None:
+            raise VfopsError(self._gone)
+        call_id, self._next_id = self._next_id, self._next_id + 1
+        frame = pickle.dumps((call_id, fn, args, kwargs), protocol=_PROTOCOL)
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._replies[call_id] = reply
+        stdin = self._process.stdin
+        assert stdin is not None
+        try:
+            async with self._write_lock:
+                stdin.write(_HEADER.pack(len(frame)) + frame)
+                await stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            self._replies.pop(call_id, None)
+            await asyncio.wait({self._reader})  # it says why the child is gone
+            raise VfopsError(self._gone or "the registry process is gone") from None
+        return await reply  # type: ignore[no-any-return]
+
+    async def _read_replies(self) -> None:
+        stdout = self._process.stdout
+        assert stdout is not None
+        try:
+            while True:
+                header = await stdout.readexactly(_HEADER.size)
+                (size,) = _HEADER.unpack(header)
+                call_id, outcome, value = pickle.loads(await stdout.readexactly(size))
+                reply = self._replies.pop(call_id, None)
+                if reply is None or reply.done():  # its caller was cancelled
+                    continue
+                if outcome == "ok":
+                    reply.set_result(value)
+                else:
+                    reply.set_exception(_error_of(outcome, value))
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            pass
+        code = await self._process.wait()
+        self._gone = (
+            f"the registry process exited (code {code}) before the evaluation ended; "
+            "see its error above, then finish the run with vfops eval ... --resume RUN"
+        )
+        for reply in self._replies.values():
+            if not reply.done():
+                reply.set_exception(VfopsError(self._gone))
+        self._replies.clear()
+
+    async def aclose(self) -> None:
+        stdin = self._process.stdin
+        if stdin is not None and not stdin.is_closing():
+            stdin.close()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                await stdin.wait_closed()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reader), 30)
+        except TimeoutError:
+            self._process.kill()
+            await self._reader
+
+
+def _error_of(outcome: str, value: Any) -> BaseException:
+    """The exception a failed call raises here."""
+    if outcome == "unavailable":
+        return RegistryUnavailable(str(value))
+    pickled, described = value
+    if pickled is not None:
+        with contextlib.suppress(Exception):  # a class that does not unpickle
+            exc = pickle.loads(pickled)
+            if isinstance(exc, BaseException):
+                return exc
+    return VfopsError(str(described))
+
+
+def serve(stdin: Any, stdout: Any) -> None:
+    """The child's loop: read a call, run it on the default engine, write its outcome."""
+    engine: Engine | None = None
+    # at once, while the evaluation loads its environment: the imports, the connection
+    # and the schema check; a failure here is met again (and reported) by the first call
+    with contextlib.suppress(Exception):
+        engine = _default_engine()
+    while True:
+        header = stdin.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return  # the evaluation closed the pipe (or is gone)
+        (size,) = _HEADER.unpack(header)
+        call_id, fn, args, kwargs = pickle.loads(stdin.read(size))
+        try:
+            if engine is None:
+                engine = _default_engine()
+            reply = (call_id, "ok", fn(engine, *args, **kwargs))
+        except Exception as exc:
+            if connection_error(exc):
+                reply = (call_id, "unavailable", _first_line(exc))
+            else:
+                reply = (call_id, "error", (_pickled(exc), _first_line(exc)))
+        frame = pickle.dumps(reply, protocol=_PROTOCOL)
+        stdout.write(_HEADER.pack(len(frame)) + frame)
+        stdout.flush()
+
+
+def _default_engine() -> Engine:
+    from vfops.registry import get_engine
+
+    return get_engine()
+
+
+def _pickled(exc: BaseException) -> bytes | None:
+    try:
+        data = pickle.dumps(exc, protocol=_PROTOCOL)
+        pickle.loads(data)  # an exception whose __init__ takes other arguments does not
+    except Exception:
+        return None
+    return data

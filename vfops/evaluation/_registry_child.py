@@ -1,0 +1,26 @@
+"""``python -m vfops.evaluation._registry_child``: an evaluation's registry process.
+
+Started by :class:`vfops.evaluation._registry_calls.ChildCalls`; serves its calls on
+stdin/stdout until stdin closes. Logs and warnings go to stderr (the terminal of the
+evaluation that started it).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from vfops.evaluation._registry_calls import serve
+
+
+def main() -> None:
+    # Ctrl-C (and a SIGTERM sent to the whole group) reach this process too: the
+    # evaluation decides when to stop and still records the run's end through it.
+    # It exits when the evaluation closes its stdin, or dies.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+if __name__ == "__main__":
+    main()
