@@ -45,7 +45,10 @@ def _record(example_id: int, rollout_index: int) -> RolloutRecord:
         completion=[
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "content": "42", "tool_call_id": call["id"]},
-            {"role": "assistant", "content": "<answer>41</answer>" if failing else "<answer>42</answer>"},
+            {
+                "role": "assistant",
+                "content": "<answer>41</answer>" if failing else "<answer>42</answer>",
+            },
         ],
         answer="42",
         reward=0.1 if failing else 1.1,
@@ -147,8 +150,9 @@ def main() -> None:
                 os.environ.pop("MLFLOW_TRACKING_URI", None)
             try:
                 _measure(engine, 1, 1, None)  # warm-up: imports, store creation
-                rows = [("default share", _measure(engine, examples, per_example, None)),
-                        ("all rollouts", _measure(engine, examples, per_example, "all"))]  # fmt: skip
+                default_share = _measure(engine, examples, per_example, None)
+                every_rollout = _measure(engine, examples, per_example, "all")
+                rows = [("default share", default_share), ("all rollouts", every_rollout)]
             finally:
                 if server is not None:
                     os.killpg(server.pid, signal.SIGTERM)

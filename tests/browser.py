@@ -28,11 +28,14 @@ def chromium() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.fail("headless Chromium is not installed; run `apt-get install -y chromium` (.ci/run does)")
+    pytest.fail(
+        "headless Chromium is not installed; run `apt-get install -y chromium` (.ci/run does)"
+    )
 
 
 def artifacts_dir() -> Path:
-    """Where tests keep screenshots: ``$VFOPS_TEST_ARTIFACTS`` or ``test-artifacts/`` (git-ignored)."""
+    """Where tests keep screenshots: ``$VFOPS_TEST_ARTIFACTS``, else ``test-artifacts/``
+    (git-ignored)."""
     folder = Path(os.environ.get("VFOPS_TEST_ARTIFACTS") or REPO_ROOT / "test-artifacts")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
@@ -66,7 +69,11 @@ def render(
     with tempfile.TemporaryDirectory(prefix="vfops-chromium-") as profile:
         args = _base_args(width, height, budget_ms, profile)
         dom = subprocess.run(
-            [*args, "--dump-dom", url], capture_output=True, text=True, timeout=timeout_s, check=True
+            [*args, "--dump-dom", url],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=True,
         ).stdout
         if screenshot:
             target = artifacts_dir() / screenshot

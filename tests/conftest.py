@@ -8,6 +8,9 @@ import pytest
 # Nothing in the test suite may reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Flows run against Prefect's ephemeral server in many tests; on a busy 2-core machine
+# its start takes longer than Prefect's 20 s default (as `vfops demo` allows, 120 s+).
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 # Never touch the developer's ~/.vfops: every test session gets its own home
 # (subprocesses inherit it).
 os.environ["VFOPS_HOME"] = tempfile.mkdtemp(prefix="vfops-test-home-")

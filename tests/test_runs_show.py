@@ -112,9 +112,17 @@ def test_tool_calls_and_errors_are_readable() -> None:
         rollout_index=1,
         prompt=[{"role": "user", "content": "What is 6 * 7?"}],
         completion=[
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function",
-                 "function": {"name": "multiply", "arguments": '{"a": 6, "b": 7}'}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "multiply", "arguments": '{"a": 6, "b": 7}'},
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": "call_1", "content": "42"},
             {"role": "assistant", "content": "<answer>42</answer>"},
         ],

@@ -71,8 +71,8 @@ def show_command(
     failed: Annotated[
         bool,
         typer.Option(
-            "--failed", help="Whole transcripts of rollouts that errored or scored below "
-            "--pass-threshold.",
+            "--failed",
+            help="Whole transcripts of rollouts that errored or scored below --pass-threshold.",
         ),
     ] = False,
     pass_threshold: Annotated[

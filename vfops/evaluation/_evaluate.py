@@ -784,9 +784,7 @@ async def _finish(
             stored_summary.wall_s = summary.wall_s
             stored_summary.new_rollouts = summary.new_rollouts
         registry_sink = next((s for s in sinks if isinstance(s, RegistrySink)), None)
-        await _record_end(
-            registry, plan.run_id, finish, stored_summary, plan.lease, registry_sink
-        )
+        await _record_end(registry, plan.run_id, finish, stored_summary, plan.lease, registry_sink)
     mlflow_run_id = None
     if tracking_sink is not None and finish.status == "completed":
         if arrow_complete:

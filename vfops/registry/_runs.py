@@ -21,8 +21,6 @@ RUN_STATUSES: Final = frozenset({"running", "completed", "failed", "interrupted"
 _FINISHED: Final = "completed"
 
 
-
-
 class RunBusyError(VfopsError):
     """Another process holds the run's lease (or its folder's lock)."""
 
