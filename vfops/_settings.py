@@ -8,7 +8,7 @@
   the usual AWS variables and are never stored by vfops.
 - ``VFOPS_REGISTRY_RETRY_S`` (default 60): how long an evaluation keeps retrying the
   registry when its database stops answering, before it fails the run (resumable).
-- ``VFOPS_TRACE_ROLLOUTS`` (default 1000, ``all``, ``off``): how many passing rollouts
+- ``VFOPS_TRACE_ROLLOUTS`` (default 100, ``all``, ``off``): how many passing rollouts
   of an eval run are logged as MLflow traces (failed and errored ones always are).
 """
 
@@ -74,8 +74,10 @@ def registry_retry_s() -> float:
     return value
 
 
-DEFAULT_TRACE_ROLLOUTS: Final = 1000
-"""How many passing rollouts of a run are logged as MLflow traces at most."""
+DEFAULT_TRACE_ROLLOUTS: Final = 100
+"""How many passing rollouts of a run are logged as MLflow traces at most: MLflow writes
+a trace in ~0.1-0.3 s of the tracker's CPU (bench/trace_overhead.py), so a sample keeps a
+large run's tracker from holding a core for minutes after the evaluation."""
 
 
 def trace_rollouts() -> int | None:
