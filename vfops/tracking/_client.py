@@ -173,21 +173,30 @@ def check_sqlite_store(uri: str) -> None:
 
 
 def _check_server(uri: str, timeout_s: float) -> None:
-    import httpx
+    # the standard library, not httpx (~0.1 s to import) nor the registry's mask_url
+    # (SQLAlchemy): this runs in the evaluating process before its rollouts
+    import urllib.error
+    import urllib.request
 
-    from vfops.registry import mask_url
+    from vfops.tracking._links import mlflow_ui_base
 
+    shown = mlflow_ui_base(uri) or uri  # without credentials
     url = uri.rstrip("/") + "/health"
     try:
-        response = httpx.get(url, timeout=timeout_s)
-    except httpx.HTTPError as exc:
+        with urllib.request.build_opener().open(url, timeout=timeout_s) as response:
+            status = int(response.status)
+    except urllib.error.HTTPError as exc:
+        with exc:
+            status = exc.code
+    except (OSError, ValueError) as exc:  # URLError, timeouts, refused connections
+        reason = getattr(exc, "reason", exc)
         raise VfopsError(
-            f"cannot reach the MLflow tracking server at {mask_url(uri)} "
-            f"(MLFLOW_TRACKING_URI): {type(exc).__name__}: {exc}; start it, fix the "
+            f"cannot reach the MLflow tracking server at {shown} "
+            f"(MLFLOW_TRACKING_URI): {type(exc).__name__}: {reason}; start it, fix the "
             "variable, or pass --no-tracking"
         ) from None
-    if response.status_code >= 500 or response.status_code in (401, 403):
+    if status >= 500 or status in (401, 403):
         raise VfopsError(
-            f"the MLflow tracking server at {mask_url(uri)} answered HTTP "
-            f"{response.status_code} on /health; fix it or pass --no-tracking"
+            f"the MLflow tracking server at {shown} answered HTTP "
+            f"{status} on /health; fix it or pass --no-tracking"
         )
