@@ -302,18 +302,17 @@ async def deploy_all(
         flow: Any = await Flow.afrom_source(
             source=source or str(REPO_ROOT), entrypoint=spec.entrypoint
         )
-        deployment_id = await flow.adeploy(
+        # to_deployment + apply, not adeploy: the same deployment, without the table
+        # and hints adeploy prints per call (the CLI prints one summary)
+        deployment = await flow.ato_deployment(
             name=spec.name,
             work_pool_name=work_pool,
-            build=False,
-            push=False,
             cron=spec.cron,
             parameters=spec.parameters or None,
             description=spec.description,
             job_variables=job_variables,
-            print_next_steps=False,
-            ignore_warnings=True,
         )
+        deployment_id = await deployment.aapply(work_pool_name=work_pool)
         deployed[f"{flow.name}/{spec.name}"] = str(deployment_id)
     cell_id = deployed.get("eval-sweep-cell/eval-sweep-cell")
     if cell_id is not None:

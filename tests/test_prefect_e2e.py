@@ -251,6 +251,9 @@ def test_deploy_worker_and_trigger_through_the_api(stack: dict[str, Any]) -> Non
         "train-evaluate-promote/train-evaluate-promote",
     ):
         assert f"deployed {name}" in deployed.stdout
+    # one summary, not Prefect's table and hints per deployment
+    assert "Successfully created" not in deployed.stdout + deployed.stderr
+    assert "Deployments" not in deployed.stdout and "prefect deployment run" not in deployed.stdout
     nightly_deployment = rest(stack, "GET", "/deployments/name/nightly-eval/nightly-eval")
     assert [s["schedule"]["cron"] for s in nightly_deployment["schedules"]] == ["0 4 * * *"]
     assert nightly_deployment["parameters"]["config"]["num_examples"] == 20
