@@ -28,7 +28,8 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
     home = tmp_path_factory.mktemp("prefect-home")
     updates: dict[Any, Any] = {PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
-    with temporary_settings(updates=updates), prefect_test_harness():
+    # a busy CI machine starts the server slowly (Prefect waits 30 s by default)
+    with temporary_settings(updates=updates), prefect_test_harness(server_startup_timeout=180):
         yield
         EventsWorker.drain_all()  # send emitted events before the server stops
     # Prefect's own clients (lease renewal, events) drop sockets to the stopped server

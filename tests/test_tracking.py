@@ -334,7 +334,7 @@ def test_sweep_flow_nests_every_cell_under_its_parent_run(
     with (
         StubServer(StubConfig(reply_mode="arithmetic")) as stub,
         temporary_settings(updates=settings),
-        prefect_test_harness(),
+        prefect_test_harness(server_startup_timeout=180),
     ):
         endpoints = tmp_path / "endpoints.toml"
         endpoints.write_text(

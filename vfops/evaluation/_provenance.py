@@ -14,6 +14,8 @@ from vfops.evaluation._runner import EvalRequest
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from vfops.publishing._provenance import InstalledEnvironment
+
 
 @dataclass(frozen=True)
 class Provenance:
@@ -29,14 +31,17 @@ class Provenance:
         return self.version_id is not None
 
 
-def resolve_provenance(engine: Engine, env_name: str) -> Provenance:
-    """Match the installed code of ``env_name`` against the published versions."""
+def resolve_provenance(
+    engine: Engine, env_name: str, installed: InstalledEnvironment | None = None
+) -> Provenance:
+    """Match the installed code of ``env_name`` (``installed``: already inspected, by the
+    evaluating process, which knows its environments) against the published versions."""
     from sqlalchemy.orm import Session
 
     from vfops.publishing._provenance import inspect_installed
     from vfops.registry import find_version
 
-    installed = inspect_installed(env_name)
+    installed = installed or inspect_installed(env_name)
     with Session(engine) as session:
         row = find_version(session, installed.env_name, code_hash=installed.code_hash)
         if row is not None:
