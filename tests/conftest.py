@@ -11,6 +11,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # Flows run against Prefect's ephemeral server in many tests; on a busy 2-core machine
 # its start takes longer than Prefect's 20 s default (as `vfops demo` allows, 120 s+).
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+# Every tracked eval's tracker would log its rollouts as MLflow traces after the run
+# (0.1-0.3 s of CPU each, up to 100 a run, in the background): in a suite of hundreds
+# of evals on 2 cores that starved the tests' servers. The trace tests turn them on.
+os.environ.setdefault("VFOPS_TRACE_ROLLOUTS", "off")
 # Never touch the developer's ~/.vfops: every test session gets its own home
 # (subprocesses inherit it).
 os.environ["VFOPS_HOME"] = tempfile.mkdtemp(prefix="vfops-test-home-")

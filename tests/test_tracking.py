@@ -326,6 +326,7 @@ def test_sweep_flow_nests_every_cell_under_its_parent_run(
     ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("VFOPS_DATABASE_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+    monkeypatch.setenv("VFOPS_TRACE_ROLLOUTS", "all")  # the suite's default is off (conftest)
     settings: dict[Any, Any] = {
         PREFECT_HOME: str(tmp_path / "prefect"),
         PREFECT_SERVER_ANALYTICS_ENABLED: False,
