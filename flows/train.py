@@ -109,12 +109,13 @@ async def _ensure_limit(name: str, gpus: int) -> None:
                 )
 
 
-def _log_progress(logger: Any, curve: RewardCurve) -> Progress:
+def _log_progress(logger: Any, curve: RewardCurve | None = None) -> Progress:
     """The flow run's log in the UI shows the run advancing, step by step; ``curve``
-    keeps the points of the report's reward chart."""
+    (when given) keeps the points of the report's reward chart."""
 
     def progress(kind: str, step: int, metrics: dict[str, float]) -> None:
-        curve(kind, step, metrics)
+        if curve is not None:
+            curve(kind, step, metrics)
         if kind == "eval":
             logger.info("step %d: held-out reward %.4f", step, metrics["eval_reward"])
         else:
