@@ -22,6 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -133,3 +134,39 @@ def mlflow_server(
             process.wait(timeout=10)
         with contextlib.suppress(ProcessLookupError):  # workers that outlived the main process
             os.killpg(process.pid, signal.SIGKILL)
+
+
+@dataclass
+class Backend:
+    """Where a test's MLflow runs go: the embedded store under ``home``, or ``server``."""
+
+    kind: str
+    home: Path
+    server: MlflowServer | None
+
+
+@pytest.fixture(params=["embedded", "server"])
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Backend]:
+    """Each test twice: MLflow's embedded store in a fresh ``VFOPS_HOME``, and a real
+    ``mlflow server`` with S3 artifacts (the module's :func:`mlflow_server`)."""
+    from vfops.registry import dispose_engines
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("VFOPS_HOME", str(home))
+    for var in (
+        "MLFLOW_TRACKING_URI",
+        "VFOPS_MLFLOW_ARTIFACTS",
+        "VFOPS_TRACKING",
+        "OPENAI_API_KEY",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    server: MlflowServer | None = None
+    if request.param == "server":
+        server = request.getfixturevalue("mlflow_server")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+        for key, value in fake_aws_env(server.s3_endpoint).items():
+            monkeypatch.setenv(key, value)
+    yield Backend(request.param, home, server)
+    dispose_engines()

@@ -9,15 +9,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.browser import render, visible_text
-from tests.mlflow_fixtures import MlflowServer, fake_aws_env
+from tests.mlflow_fixtures import Backend, MlflowServer, fake_aws_env
 from tests.registry_fixtures import make_error_record, make_record
 from vfops.registry import (
     create_run,
@@ -35,31 +33,11 @@ from vfops.tracking import log_eval_run, mlflow_client, wait_for_trackers
 VFOPS = str(Path(sys.executable).parent / "vfops")
 
 
-@dataclass
-class Backend:
-    kind: str
-    home: Path
-    server: MlflowServer | None
-
-
-@pytest.fixture(params=["embedded", "server"])
-def backend(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Backend]:
-    home = tmp_path / "home"
-    monkeypatch.setenv("VFOPS_HOME", str(home))
+@pytest.fixture(autouse=True)
+def _traces_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default share of traces (the suite turns them off), a registry per test."""
+    monkeypatch.delenv("VFOPS_TRACE_ROLLOUTS", raising=False)
     monkeypatch.setenv("VFOPS_DATABASE_URL", f"sqlite:///{tmp_path / 'registry.db'}")
-    for var in ("MLFLOW_TRACKING_URI", "VFOPS_MLFLOW_ARTIFACTS", "VFOPS_TRACKING",
-                "VFOPS_TRACE_ROLLOUTS", "OPENAI_API_KEY"):  # fmt: skip
-        monkeypatch.delenv(var, raising=False)
-    server: MlflowServer | None = None
-    if request.param == "server":
-        server = request.getfixturevalue("mlflow_server")
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-        for key, value in fake_aws_env(server.s3_endpoint).items():
-            monkeypatch.setenv(key, value)
-    yield Backend(request.param, home, server)
-    dispose_engines()
 
 
 def _traces(

@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +17,11 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 import pyarrow.parquet as pq
 import pytest
 
-from tests.mlflow_fixtures import MlflowServer, _free_port, fake_aws_env
+from tests.mlflow_fixtures import Backend, _free_port, fake_aws_env
 from tests.registry_fixtures import make_error_record, make_record
 from tests.s3_fixtures import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN
 from vfops.registry import (
     create_run,
-    dispose_engines,
     finish_run,
     get_engine,
     get_run,
@@ -44,31 +41,6 @@ from vfops.tracking import (
 VFOPS = str(Path(sys.executable).parent / "vfops")
 FAKE_OPENAI_KEY = "sk-fake-openai-9f8e7d-never-log-me"
 SECRETS = (FAKE_OPENAI_KEY, FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN)
-
-
-@dataclass
-class Backend:
-    kind: str
-    home: Path
-    server: MlflowServer | None
-
-
-@pytest.fixture(params=["embedded", "server"])
-def backend(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Backend]:
-    home = tmp_path / "home"
-    monkeypatch.setenv("VFOPS_HOME", str(home))
-    for var in ("MLFLOW_TRACKING_URI", "VFOPS_MLFLOW_ARTIFACTS", "VFOPS_TRACKING"):
-        monkeypatch.delenv(var, raising=False)
-    server: MlflowServer | None = None
-    if request.param == "server":
-        server = request.getfixturevalue("mlflow_server")
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-        for key, value in fake_aws_env(server.s3_endpoint).items():
-            monkeypatch.setenv(key, value)
-    yield Backend(request.param, home, server)
-    dispose_engines()
 
 
 def _registry_run(engine: Any, *, examples: int = 3, rollouts: int = 2) -> str:
