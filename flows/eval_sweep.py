@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
 from prefect import flow, get_run_logger, task
@@ -211,7 +211,9 @@ def _run_cells(
         while queue and len(running) < parallel:
             index, cell = queue.pop(0)
             parent = (parents or {}).get(cell.env_name)
-            running[run_cell.submit(cell, output_dir, parent)] = index
+            # (an async task's future resolves to its coroutine's result)
+            future = cast(PrefectFuture[dict[str, Any]], run_cell.submit(cell, output_dir, parent))
+            running[future] = index
         collect(next(as_completed(list(running))))
     return [outcomes[index] for index in range(len(cells))]
 
@@ -295,15 +297,19 @@ def _run_cells_distributed(
         while queue or running:
             while queue and len(running) < parallel:
                 index, cell = queue.pop(0)
-                submitted: FlowRun = run_deployment(
-                    CELL_DEPLOYMENT,
-                    parameters=_cell_parameters(
-                        cell, output_dir, (parents or {}).get(cell.env_name)
+                # called from a sync flow: the sync variant, which returns the flow run
+                submitted = cast(
+                    "FlowRun",  # imported for type checking only
+                    run_deployment(
+                        CELL_DEPLOYMENT,
+                        parameters=_cell_parameters(
+                            cell, output_dir, (parents or {}).get(cell.env_name)
+                        ),
+                        flow_run_name=cell.label,
+                        timeout=0,  # submit; this loop waits for every cell at once
+                        idempotency_key=f"{attempt_key}:{index}",
+                        as_subflow=True,
                     ),
-                    flow_run_name=cell.label,
-                    timeout=0,  # submit; this loop waits for every cell at once
-                    idempotency_key=f"{attempt_key}:{index}",
-                    as_subflow=True,
                 )
                 logger.info("%s: flow run %s", cell.label, _flow_run_link(submitted))
                 running[submitted.id] = index
@@ -361,9 +367,9 @@ def eval_sweep(spec: SweepSpec) -> list[dict[str, Any]]:
         if parents:
             from vfops.tracking import finish_sweep_runs
 
-            failed = not results or any(r.get("status") == "failed" for r in results)
+            any_failed = not results or any(r.get("status") == "failed" for r in results)
             with contextlib.suppress(Exception):
-                finish_sweep_runs(parents, failed=failed)
+                finish_sweep_runs(parents, failed=any_failed)
 
     create_table_artifact(
         table=sweep_table(results),

@@ -9,13 +9,13 @@ emitted as ``vfops.nightly.regression`` Prefect events an automation can act on.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 from prefect.events import emit_event
 
-from vfops.nightly import NightlyConfig, compare_with_previous, nightly_history
+from vfops.nightly import CellComparison, NightlyConfig, compare_with_previous, nightly_history
 from vfops.registry import get_engine
 from vfops.sweeps import Cell, CellResult, run_cell_async, validate_sweep
 
@@ -27,7 +27,9 @@ async def run_nightly_cell(cell: Cell) -> dict[str, Any]:
 
 
 @task
-def compare_cell(result: dict[str, Any], alpha: float, pass_threshold: float | None) -> Any:
+def compare_cell(
+    result: dict[str, Any], alpha: float, pass_threshold: float | None
+) -> CellComparison:
     label = f"{result['env']}@{result['version']} · {result['model_alias']} · {result['sampling']}"
     return compare_with_previous(
         get_engine(), result["run_id"], label=label, alpha=alpha, pass_threshold=pass_threshold
@@ -47,14 +49,15 @@ async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
     for ref, version in pinned.items():
         logger.info("%s is %s for this night", ref, version)
     futures = [run_nightly_cell.submit(cell) for cell in cells]
-    results = [future.result() for future in futures]
+    # an async task's future resolves to the coroutine's result, not to a coroutine
+    results = [cast(dict[str, Any], future.result()) for future in futures]
     comparisons = [compare_cell(result, config.alpha, config.pass_threshold) for result in results]
 
     history: dict[str, list[tuple[str, float, float]]] = {}
     aliases = {result["model"]: result["model_alias"] for result in results}
     for env in sorted({result["env"] for result in results}):
         history.update(nightly_history(get_engine(), env, aliases=aliases))
-    await create_markdown_artifact(
+    await acreate_markdown_artifact(
         key="nightly-eval-report",
         markdown=nightly_markdown(
             comparisons,
@@ -64,13 +67,13 @@ async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
         ),
         description="Nightly regressions: trend chart, comparisons, run ids",
     )
-    await create_table_artifact(
+    await acreate_table_artifact(
         key="nightly-eval-cells",
         table=nightly_table(list(zip(results, comparisons, strict=True))),
         description="One row per cell: verdict, Δ reward, noise floor (the report has the rest)",
     )
     for comparison in comparisons:
-        if comparison.regressed:
+        if comparison.regressed and comparison.report is not None:
             logger.warning("REGRESSION %s: %s", comparison.label, comparison.report.summary)
             emit_event(
                 event="vfops.nightly.regression",

@@ -311,6 +311,49 @@ async def test_a_rows_cut_offs_do_not_change_its_batch_mates(client: LocalModelC
     assert await plain_row_with(neutral) == await plain_row_with(cut)
 
 
+async def test_the_local_client_answers_a_row_when_it_stops_not_when_its_batch_ends(
+    client: LocalModelClient,
+) -> None:
+    """An eval's rollouts finish (and its progress bar moves) one by one on the local
+    model: a short row of a batch is answered while a long batch mate is still being
+    sampled. The trainer's generator answers every row at its batch's end."""
+    import threading
+
+    from vfops.local._batched import BatchedGenerator, Sampling
+
+    assert client.generator.resolve_rows_early
+    prompt = client._encode([{"role": "user", "content": "x"}], None)
+
+    async def short_row_answered_mid_batch(generator: BatchedGenerator) -> bool:
+        generator.eos_ids = []  # no row stops early by chance: only at its cap
+        batch_done = threading.Event()
+        sample = generator.sample
+
+        def sample_and_mark(batch: Any) -> Any:
+            try:
+                return sample(batch)
+            finally:
+                batch_done.set()
+
+        generator.sample_batch = sample_and_mark
+        short = asyncio.ensure_future(generator.generate(prompt, Sampling(1, seed=1)))
+        long = asyncio.ensure_future(generator.generate(prompt, Sampling(300, seed=2)))
+        first = await short
+        mid_batch = not batch_done.is_set()
+        rest = await long
+        assert first.batch_size == rest.batch_size == 2  # they shared one batch
+        assert len(first.token_ids) == 1 and len(rest.token_ids) == 300
+        await generator.aclose()
+        return mid_batch
+
+    early = BatchedGenerator(
+        client.model, client.tokenizer, max_batch_size=4, resolve_rows_early=True
+    )
+    at_batch_end = BatchedGenerator(client.model, client.tokenizer, max_batch_size=4)
+    assert await short_row_answered_mid_batch(early)
+    assert not await short_row_answered_mid_batch(at_batch_end)
+
+
 async def test_local_client_rejects_too_long_prompt(client: LocalModelClient) -> None:
     long_text = " ".join(str(i) for i in range(3000))
     with pytest.raises(PromptTooLongError):

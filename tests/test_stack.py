@@ -19,8 +19,6 @@ import shlex
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
+from vfops._json_http import json_request
 from vfops.testing import StubConfig, StubServer
 
 ADMIN_URL = os.environ.get(
@@ -91,23 +90,17 @@ def drop_databases(prefix: str) -> None:
 
 
 def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        url,
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(request, timeout=10) as response:
-            status, payload = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, payload = exc.code, exc.read()
-        exc.close()
-    try:
-        return status, json.loads(payload) if payload else None
-    except ValueError:
-        return status, payload
+    return json_request(method, url, body, timeout_s=10, proxies=False)
+
+
+def stack_s3(env: dict[str, str]) -> Any:
+    """A boto3 S3 client on the stack's moto server, with the keys its env lines give."""
+    import boto3
+
+    return boto3.session.Session(
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    ).client("s3", endpoint_url=env["VFOPS_S3_ENDPOINT_URL"], region_name="us-east-1")
 
 
 def pool_workers(stack: dict[str, Any]) -> dict[str, str]:
@@ -214,7 +207,6 @@ def test_up_starts_every_service_and_says_so_when_running(stack: dict[str, Any])
 
 
 def test_env_lines_point_an_eval_at_the_stack(stack: dict[str, Any], tmp_path: Path) -> None:
-    import boto3
     import psycopg
 
     printed = vfops("stack", "env", *stack_args(stack))
@@ -251,10 +243,7 @@ def test_env_lines_point_an_eval_at_the_stack(stack: dict[str, Any], tmp_path: P
     code, listed = http("GET", f"{mlflow}/api/2.0/mlflow/artifacts/list?run_id={mlflow_run_id}")
     assert "rollouts.parquet" in {f["path"] for f in listed["files"]}, listed
     # ...with its artifact in the stack's S3 (moto), under the MLflow bucket
-    s3 = boto3.session.Session(
-        aws_access_key_id=stack_env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=stack_env["AWS_SECRET_ACCESS_KEY"],
-    ).client("s3", endpoint_url=stack_env["VFOPS_S3_ENDPOINT_URL"], region_name="us-east-1")
+    s3 = stack_s3(stack_env)
     try:
         bucket = read_state(stack)["buckets"]["mlflow"]
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
@@ -356,8 +345,6 @@ def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
     cells crash, are rescheduled and resumed elsewhere, and every cell ends with exactly
     N x R rollouts in one registry run, one MLflow run on the stack's server with its
     artifact in the stack's S3, and the sweep's artifacts on the parent flow run."""
-    import boto3
-
     from flows.eval_sweep import REPORT_KEY, TABLE_KEY
 
     env = stack_client_env(stack)
@@ -494,10 +481,7 @@ def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
 
     # every cell is one MLflow run on the stack's server, its rollouts in the stack's S3
     mlflow = env["MLFLOW_TRACKING_URI"]
-    s3 = boto3.session.Session(
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    ).client("s3", endpoint_url=env["VFOPS_S3_ENDPOINT_URL"], region_name="us-east-1")
+    s3 = stack_s3(env)
     try:
         bucket = read_state(stack)["buckets"]["mlflow"]
         paginator = s3.get_paginator("list_objects_v2")

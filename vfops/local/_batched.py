@@ -10,6 +10,13 @@ compute thread, one batch at a time, so many concurrent rollouts do not thrash
 the cores. Every row carries its own sampling settings, so requests with
 different temperatures, caps or truncation share a batch.
 
+With ``resolve_rows_early`` (the local client) a row's caller gets its answer as soon
+as that row stops (end-of-sequence or its cap), not when the whole batch is done, so
+an eval's rollouts finish (and its progress moves) one by one. The trainer's backend
+keeps it off: there every row of a batch is answered at the batch's end, in batch
+order, so which rollouts share the next batch never depends on how the compute
+thread and the event loop happened to interleave (see ``_settle``).
+
 Sampling is a hand-written loop (not ``model.generate``) because training needs
 the exact log-probability of each sampled token under the processed (tempered,
 truncated) distribution, and reproducible draws: each row samples from its own
@@ -103,10 +110,11 @@ class BatchedGenerator:
 
     ``split_cpu_threads``: the compute thread halves torch's (process-wide) thread
     count on a CPU, for generation that runs alongside training (restored by
-    :meth:`aclose`). ``run_compute`` is where the torch work runs (default: one
-    dedicated thread); the trainer points it at its training thread when
-    generation does not overlap training. ``sample_batch`` is the token loop
-    (replaceable, e.g. to time it).
+    :meth:`aclose`). ``resolve_rows_early``: answer each row when it stops instead of
+    at the end of its batch (see the module docstring). ``run_compute`` is where the
+    torch work runs (default: one dedicated thread); the trainer points it at its
+    training thread when generation does not overlap training. ``sample_batch`` is the
+    token loop (replaceable, e.g. to time it).
     """
 
     def __init__(
@@ -116,6 +124,7 @@ class BatchedGenerator:
         *,
         max_batch_size: int,
         split_cpu_threads: bool = False,
+        resolve_rows_early: bool = False,
     ) -> None:
         import torch
 
@@ -139,6 +148,7 @@ class BatchedGenerator:
         """The weights' version, reported with each row (the trainer's policy version)."""
         self.batches_run = 0
         self._split_threads = split_cpu_threads
+        self.resolve_rows_early = resolve_rows_early
         self._threads_before = torch.get_num_threads()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._queue: list[_Request] = []
@@ -298,7 +308,8 @@ class BatchedGenerator:
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         eos = set(self.eos_ids)
         with self.lock, torch.inference_mode():
-            version = self.version
+            for res in results:  # before any row is handed back early
+                res.version = self.version
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention,
@@ -332,11 +343,13 @@ class BatchedGenerator:
                     next_ids[row, 0] = token
                     res.hit_eos = token in eos
                 process.saw(tokens)
-                active = [
-                    row
-                    for row in active
-                    if not results[row].hit_eos and step + 1 < rows[row].max_new_tokens
-                ]
+                still_active = []
+                for row in active:
+                    if not results[row].hit_eos and step + 1 < rows[row].max_new_tokens:
+                        still_active.append(row)
+                    elif self.resolve_rows_early:
+                        _resolve_from_thread(batch[row].future, results[row])
+                active = still_active
                 if not active:
                     break
                 ones = torch.ones((len(batch), 1), dtype=torch.long, device=device)
@@ -350,8 +363,6 @@ class BatchedGenerator:
                     **{self._cache_arg: _cache_of(out)},
                 )
             self.batches_run += 1
-        for res in results:
-            res.version = version
         return results
 
 
@@ -454,6 +465,14 @@ def _resolve(
         future.set_exception(exc)
     elif result is not None:
         future.set_result(result)
+
+
+def _resolve_from_thread(future: asyncio.Future[Sampled], result: Sampled) -> None:
+    """Answer ``future`` with ``result`` from the compute thread (its row has stopped and
+    is never written again); the drainer's later :func:`_resolve` of it is a no-op."""
+    loop = future.get_loop()
+    with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+        loop.call_soon_threadsafe(functools.partial(_resolve, future, result=result))
 
 
 def _split_cpu_threads() -> None:

@@ -80,7 +80,11 @@ class LocalModelClient:
                 str(path), local_files_only=True, dtype=torch.float32
             )
         self.model.eval()
-        self.generator = BatchedGenerator(self.model, self.tokenizer, max_batch_size=max_batch_size)
+        # Rows answered as they stop: an eval's rollouts (and its progress) finish one by
+        # one instead of a batch at a time.
+        self.generator = BatchedGenerator(
+            self.model, self.tokenizer, max_batch_size=max_batch_size, resolve_rows_early=True
+        )
         self._closed = False
 
     @property

@@ -22,8 +22,6 @@ import shlex
 import socket
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from vfops._errors import VfopsError
+from vfops._json_http import json_request
 from vfops.stack._process import (
     SERVICE_VAR,
     STACK_ID_VAR,
@@ -275,27 +274,10 @@ def _locked(directory: Path) -> Iterator[None]:
 # ---------------------------------------------------------------- HTTP
 
 
-def _opener() -> urllib.request.OpenerDirector:
-    # loopback services: a proxy from the environment must not be asked for them
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def _http(method: str, url: str, body: Any = None, *, timeout: float = 5.0) -> tuple[int, Any]:
-    """(status, parsed JSON or None); an unreachable server raises OSError."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with _opener().open(request, timeout=timeout) as response:
-            status, payload = int(response.status), response.read()
-    except urllib.error.HTTPError as exc:
-        status, payload = exc.code, exc.read()
-        exc.close()
-    try:
-        return status, json.loads(payload) if payload else None
-    except ValueError:
-        return status, None
+    """(status, parsed JSON or None); an unreachable server raises OSError. The stack's
+    services are on loopback: a proxy from the environment must not be asked for them."""
+    return json_request(method, url, body, timeout_s=timeout, proxies=False)
 
 
 def _answers(url: str, *, ok_only: bool) -> bool:

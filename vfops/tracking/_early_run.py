@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, Final
 
+from vfops._json_http import json_request
 from vfops.tracking._links import mlflow_ui_base
 
 _TIMEOUT_S: Final = 3.0
@@ -38,28 +39,7 @@ def _auth() -> dict[str, str]:
 def _request(
     method: str, url: str, body: dict[str, Any] | None = None, params: dict[str, str] | None = None
 ) -> tuple[int, Any]:
-    """One JSON request over the standard library (httpx costs ~0.1 s to import, most of
-    it for its command line); the status and the decoded body."""
-    import json
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
-    if params:
-        url = f"{url}?{urllib.parse.urlencode(params)}"
-    request = urllib.request.Request(
-        url,
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", **_auth()},
-    )
-    opener = urllib.request.build_opener()  # honours the *_PROXY variables, as MLflow does
-    try:
-        with opener.open(request, timeout=_TIMEOUT_S) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, None
+    return json_request(method, url, body, params=params, headers=_auth(), timeout_s=_TIMEOUT_S)
 
 
 def create_run_early(info: dict[str, Any], *, tracking_uri: str | None = None) -> str | None:
