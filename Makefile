@@ -2,6 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ENV_PACKAGES := $(sort $(wildcard environments/*/pyproject.toml))
+# environments written for verifiers, the adapter's test material (tests/test_verifiers_adapter.py)
+VF_TEST_PACKAGES := $(sort $(wildcard tests/verifiers_envs/*/pyproject.toml))
 DEMO_DIR ?= .vfops-demo
 
 .PHONY: setup demo test lint
@@ -13,11 +15,12 @@ setup: $(VENV)/.installed
 
 # torch first, pinned to the CPU build on local disk: otherwise a dependency
 # may pull a multi-GB CUDA build.
-$(VENV)/.installed: pyproject.toml $(ENV_PACKAGES)
+$(VENV)/.installed: pyproject.toml $(ENV_PACKAGES) $(VF_TEST_PACKAGES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,train]' $(foreach p,$(ENV_PACKAGES),-e $(dir $(p)))
+	$(PY) -m pip install --quiet -e '.[dev,train,verifiers]' \
+		$(foreach p,$(ENV_PACKAGES) $(VF_TEST_PACKAGES),-e $(dir $(p)))
 	touch $@
 
 # The whole loop (publish, evaluate, train, register, promote, nightly) in a fresh folder.

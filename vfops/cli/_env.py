@@ -184,7 +184,7 @@ def list_command() -> None:
     from vfops.registry import get_engine, list_environments, list_versions
 
     installed = installed_environments()
-    table = Table("name", "latest published", "versions", "installed")
+    table = Table("name", "library", "latest published", "versions", "installed")
     names: set[str] = set(installed)
     published: dict[str, list[str]] = {}
     with Session(get_engine()) as session:
@@ -196,9 +196,10 @@ def list_command() -> None:
         entry = installed.get(name)
         table.add_row(
             name,
+            entry.library if entry is not None else "-",
             versions[0] if versions else "-",
             str(len(versions)),
-            entry.dist.version if entry is not None and entry.dist else "-",
+            (entry.version or "-") if entry is not None else "-",
         )
     Console().print(table)
 

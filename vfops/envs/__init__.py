@@ -2,8 +2,16 @@
 
 from vfops.envs._dataset import Example, format_dataset, iter_examples, quiet_datasets
 from vfops.envs._env_group import EnvGroup
-from vfops.envs._environment import Environment, Scorer
-from vfops.envs._loading import environment_version, installed_environments, load_environment
+from vfops.envs._environment import Environment, Scorer, state_to_record
+from vfops.envs._loading import (
+    EnvironmentEntry,
+    Library,
+    environment_version,
+    find_environment,
+    installed_environments,
+    load_environment,
+    verifiers_environments,
+)
 from vfops.envs._multiturn import MultiTurnEnv, SingleTurnEnv
 from vfops.envs._tool import StatefulToolEnv, ToolEnv
 from vfops.envs._tool_schema import tool_schema
@@ -11,17 +19,22 @@ from vfops.envs._tool_schema import tool_schema
 __all__ = [
     "EnvGroup",
     "Environment",
+    "EnvironmentEntry",
     "Example",
+    "Library",
     "MultiTurnEnv",
     "Scorer",
     "SingleTurnEnv",
     "StatefulToolEnv",
     "ToolEnv",
     "environment_version",
+    "find_environment",
     "format_dataset",
     "installed_environments",
     "iter_examples",
     "load_environment",
     "quiet_datasets",
+    "state_to_record",
     "tool_schema",
+    "verifiers_environments",
 ]

@@ -475,7 +475,7 @@ def _open_registry_run(
                 num_examples=request.num_examples,
                 rollouts_per_example=request.rollouts_per_example,
                 config_fingerprint=fingerprint,
-                tags=request.tags,
+                tags=[*request.tags, *_library_tags(provenance)],
                 run_id=new_run[0] if new_run else None,
                 lease_owner=lease,
             )
@@ -723,6 +723,15 @@ def _add_provenance(metadata: dict[str, Any], plan: _Plan) -> None:
         metadata.update(
             env_version=plan.provenance.version, env_code_hash=plan.provenance.code_hash
         )
+        if plan.provenance.library_label is not None:
+            metadata["env_library"] = plan.provenance.library_label
+
+
+def _library_tags(provenance: Provenance) -> list[str]:
+    """A run of an environment written for another library carries that library's
+    version among its tags (``verifiers==0.3.1``)."""
+    label = provenance.library_label
+    return [label] if label is not None else []
 
 
 def _resume_hint(plan: _Plan, problem: str) -> str:

@@ -25,10 +25,20 @@ class Provenance:
     version: str
     code_hash: str
     version_id: int | None
+    library: str = "vfops"
+    library_version: str | None = None
 
     @property
     def published(self) -> bool:
         return self.version_id is not None
+
+    @property
+    def library_label(self) -> str | None:
+        """``verifiers==0.3.1`` for an environment written for another library (it is
+        part of what ran); None for a vfops environment."""
+        if self.library == "vfops":
+            return None
+        return f"{self.library}=={self.library_version or 'unknown'}"
 
 
 def resolve_provenance(
@@ -44,9 +54,16 @@ def resolve_provenance(
     installed = installed or inspect_installed(env_name)
     with Session(engine) as session:
         row = find_version(session, installed.env_name, code_hash=installed.code_hash)
-        if row is not None:
-            return Provenance(installed.env_name, row.version, installed.code_hash, row.id)
-    return Provenance(installed.env_name, installed.local_label, installed.code_hash, None)
+        version_id = row.id if row is not None else None
+        version = row.version if row is not None else installed.local_label
+    return Provenance(
+        installed.env_name,
+        version,
+        installed.code_hash,
+        version_id,
+        library=installed.library,
+        library_version=installed.library_version,
+    )
 
 
 def config_fingerprint(request: EvalRequest, provenance: Provenance) -> str:
@@ -57,4 +74,6 @@ def config_fingerprint(request: EvalRequest, provenance: Provenance) -> str:
         "env_version": provenance.version,
         "code_hash": provenance.code_hash,
     }
+    if provenance.library_label is not None:  # absent for vfops environments: ids unchanged
+        identity["library"] = provenance.library_label
     return hashlib.sha256(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS)).hexdigest()

@@ -5,14 +5,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from vfops._config import read_toml
 from vfops._errors import VfopsError
 
 ENTRY_POINT_GROUP = "vfops.environments"
+VERIFIERS_FACTORY = "load_environment"
+"""A ``verifiers`` environment package's entry: ``<module>:load_environment``, where the
+module is named after the environment (``verifiers``' convention; no entry point)."""
 Bump = Literal["patch", "minor", "major"]
 _SEMVER = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class EnvironmentProject:
     description: str | None
     readme: str | None
     dependencies: list[str]
+    library: str = "vfops"
+    """``vfops`` (a ``vfops.environments`` entry point) or ``verifiers``."""
 
     @property
     def top_level_module(self) -> str:
@@ -43,10 +49,17 @@ def read_project(path: Path) -> EnvironmentProject:
     data = read_toml(pyproject)  # one line on non-UTF-8 or invalid TOML
     project = data.get("project") or {}
     entry_points = (project.get("entry-points") or {}).get(ENTRY_POINT_GROUP) or {}
+    dependencies = [str(d) for d in project.get("dependencies") or []]
+    library = "vfops"
+    if not entry_points and requires_verifiers(dependencies):
+        library = "verifiers"
+        module = verifiers_module(data, str(project.get("name") or path.name))
+        entry_points = {module: f"{module}:{VERIFIERS_FACTORY}"}
     if len(entry_points) != 1:
         raise VfopsError(
             f"{pyproject} must declare exactly one entry point in "
-            f'[project.entry-points."{ENTRY_POINT_GROUP}"], found {len(entry_points)}'
+            f'[project.entry-points."{ENTRY_POINT_GROUP}"], found {len(entry_points)} '
+            "(a verifiers environment instead depends on verifiers and has one module)"
         )
     ((env_name, entry_point),) = entry_points.items()
     version = str(project.get("version") or "")
@@ -61,8 +74,32 @@ def read_project(path: Path) -> EnvironmentProject:
         version=version,
         description=project.get("description"),
         readme=_read_text(readme_path) if readme_path.is_file() else None,
-        dependencies=[str(d) for d in project.get("dependencies") or []],
+        dependencies=dependencies,
+        library=library,
     )
+
+
+def requires_verifiers(requirements: list[str]) -> bool:
+    """Whether ``requirements`` (PEP 508 strings) name ``verifiers`` unconditionally."""
+    for requirement in requirements:
+        spec, _, marker = requirement.partition(";")
+        if "extra" in marker:
+            continue
+        match = _REQUIREMENT_NAME.match(spec)
+        if match and match.group(1).lower().replace("_", "-") == "verifiers":
+            return True
+    return False
+
+
+def verifiers_module(pyproject: dict[str, Any], distribution: str) -> str:
+    """The module of a ``verifiers`` environment package: its one ``py-modules`` or
+    ``packages`` entry, else ``verifiers``' convention (the name with ``_`` for ``-``)."""
+    setuptools = (pyproject.get("tool") or {}).get("setuptools") or {}
+    for key in ("py-modules", "packages"):
+        listed = setuptools.get(key)
+        if isinstance(listed, list) and len(listed) == 1:
+            return str(listed[0])
+    return distribution.replace("-", "_").replace(".", "_")
 
 
 def parse_semver(version: str, *, where: str = "version") -> tuple[int, int, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vfops._errors import EnvironmentNotFoundError
-from vfops.envs._loading import installed_environments
+from vfops.envs._loading import find_environment, installed_environments
 from vfops.publishing._hashing import installed_code_hash
 
 
@@ -16,6 +16,10 @@ class InstalledEnvironment:
     env_name: str
     distribution_version: str | None
     code_hash: str
+    library: str = "vfops"
+    """The library the environment is written against: ``vfops`` or ``verifiers``."""
+    library_version: str | None = None
+    """That library's installed version, when it is not vfops (it changes what runs)."""
 
     @property
     def local_label(self) -> str:
@@ -24,17 +28,26 @@ class InstalledEnvironment:
 
 
 def inspect_installed(env_name: str) -> InstalledEnvironment:
-    available = installed_environments()
-    entry = available.get(env_name) or available.get(env_name.replace("-", "_"))
+    entry = find_environment(env_name)
     if entry is None:
         raise EnvironmentNotFoundError(
             f"unknown environment '{env_name}' "
-            f"(installed: {', '.join(sorted(available)) or 'none'}); "
+            f"(installed: {', '.join(sorted(installed_environments())) or 'none'}); "
             "install it with: vfops env install PATH"
         )
     top_level = entry.module.split(".", 1)[0]
+    library_version = None
+    if entry.library != "vfops":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            library_version = version(entry.library)
+        except PackageNotFoundError:
+            library_version = None
     return InstalledEnvironment(
         env_name=entry.name,
-        distribution_version=entry.dist.version if entry.dist else None,
+        distribution_version=entry.version,
         code_hash=installed_code_hash(top_level),
+        library=entry.library,
+        library_version=library_version,
     )

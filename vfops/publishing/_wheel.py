@@ -21,7 +21,7 @@ from packaging.utils import (
 )
 
 from vfops._errors import VfopsError
-from vfops.publishing._project import ENTRY_POINT_GROUP
+from vfops.publishing._project import ENTRY_POINT_GROUP, VERIFIERS_FACTORY, requires_verifiers
 
 
 @dataclass(frozen=True)
@@ -78,11 +78,30 @@ def read_wheel_identity(wheel: Path) -> WheelIdentity:
             f"{wheel.name} says {file_name} {file_version} in its file name but "
             f"{meta_name} {meta_version} in its METADATA; rebuild it with python -m build"
         )
+    environments = _environment_entry_points(wheel, entry_points_text)
+    if not environments and requires_verifiers(metadata.get_all("Requires-Dist") or []):
+        module = _verifiers_module(names, str(file_name))
+        environments = {module: f"{module}:{VERIFIERS_FACTORY}"}
     return WheelIdentity(
-        distribution=str(file_name),
-        version=str(meta_version),
-        environments=_environment_entry_points(wheel, entry_points_text),
+        distribution=str(file_name), version=str(meta_version), environments=environments
     )
+
+
+def _verifiers_module(names: list[str], distribution: str) -> str:
+    """A ``verifiers`` environment wheel's module: the one top-level module or package
+    it installs, else ``verifiers``' naming convention."""
+    tops: set[str] = set()
+    for name in names:
+        head, _, rest = name.partition("/")
+        if head.endswith((".dist-info", ".data")):
+            continue
+        if not rest and head.endswith(".py"):
+            tops.add(head.removesuffix(".py"))
+        elif rest == "__init__.py":
+            tops.add(head)
+    if len(tops) == 1:
+        return tops.pop()
+    return distribution.replace("-", "_")
 
 
 def _environment_entry_points(wheel: Path, text: str) -> dict[str, str]:

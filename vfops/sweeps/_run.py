@@ -120,12 +120,10 @@ def _installed_hash(env_name: str) -> str | None:
 
 def _forget_module(env_name: str) -> None:
     """Drop the imported module of ``env_name`` so its new code is imported next time."""
-    from vfops.envs import installed_environments
+    from vfops.envs import find_environment
 
     importlib.invalidate_caches()
-    entry = installed_environments().get(env_name) or installed_environments().get(
-        env_name.replace("-", "_")
-    )
+    entry = find_environment(env_name)
     if entry is None:
         return
     top = entry.module.split(".", 1)[0]

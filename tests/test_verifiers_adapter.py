@@ -1,0 +1,178 @@
+"""Environments written for ``verifiers`` run unchanged through vfops's evaluation path.
+
+The four packages under ``tests/verifiers_envs`` use only ``verifiers``' public API
+(single-turn with an XML parser, multi-turn, tools, an EnvGroup) and are installed
+from their own folders (``make setup``). Each is evaluated twice against the same
+deterministic stub endpoint (``tests/verifiers_stub.py``): by ``verifiers``' own
+``Environment.evaluate`` (``tests/verifiers_reference.py``) and by vfops
+(``vfops.evaluation.evaluate_async``, the path ``vfops eval``, sweeps, nightly and
+promotion all take). Every example must get the same rewards and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import verifiers as vf
+
+from tests.verifiers_reference import metrics_by_example, rewards_by_example, verifiers_outputs
+from tests.verifiers_stub import reply
+from vfops._rollout import RolloutRecord
+from vfops.envs import installed_environments, load_environment
+from vfops.evaluation import EvalRequest, ModelOptions, evaluate_async, iter_records
+from vfops.testing import StubConfig, StubServer
+
+ENVS = {  # environment -> examples evaluated (vf_group: five rows per sub-environment)
+    "vf_xml_math": 8,
+    "vf_guess": 8,
+    "vf_tools": 8,
+    "vf_group": 10,
+}
+R = 2
+
+
+@pytest.fixture(scope="module")
+def stub() -> Any:
+    with StubServer(StubConfig(reply_mode=reply)) as server:
+        yield server
+
+
+def vfops_records(env: str, base_url: str, tmp_path: Path, n: int) -> list[RolloutRecord]:
+    """vfops's evaluation of ``env``, in this (the main) thread: verifiers installs signal
+    handlers when some environments load (EnvGroup), which only the main thread may."""
+    request = EvalRequest(
+        env_name=env, model="stub-model", base_url=base_url, num_examples=n,
+        rollouts_per_example=R, max_concurrent=16,
+    )  # fmt: skip
+    result = asyncio.run(
+        evaluate_async(
+            request, output_root=tmp_path, registry=False, tracking=False,
+            model_options=ModelOptions(base_url=base_url),
+        )
+    )  # fmt: skip
+    assert result.status == "completed", result.error
+    assert result.run_dir is not None
+    return sorted(iter_records(result.run_dir), key=lambda r: r.key)
+
+
+def test_verifiers_packages_are_found_by_name_with_their_library() -> None:
+    installed = installed_environments()
+    for name in ENVS:
+        assert installed[name].library == "verifiers", name
+        assert installed[name].version == "0.1.0"
+    assert installed["arithmetic"].library == "vfops"
+    env = load_environment("vf_xml_math", num_examples=3)
+    assert type(env).__name__ == "VerifiersEnvironment"
+    assert isinstance(env.vf_env, vf.SingleTurnEnv)  # type: ignore[attr-defined]
+    assert env.eval_size() == 3
+
+
+@pytest.mark.parametrize("env", sorted(ENVS))
+def test_same_rewards_and_metrics_per_example_as_verifiers_own_evaluation(
+    env: str, stub: Any, tmp_path: Path
+) -> None:
+    n = ENVS[env]
+    reference = verifiers_outputs(env, stub.base_url, num_examples=n, rollouts_per_example=R)
+    records = vfops_records(env, stub.base_url, tmp_path, n)
+    assert len(records) == n * R
+    ours: dict[int, list[float]] = {}
+    our_metrics: dict[int, list[dict[str, float]]] = {}
+    for record in records:
+        assert record.reward is not None, record.error
+        ours.setdefault(record.example_id, []).append(record.reward)
+        our_metrics.setdefault(record.example_id, []).append(record.metrics)
+    theirs = rewards_by_example(reference)
+    assert {k: sorted(v) for k, v in ours.items()} == {k: sorted(v) for k, v in theirs.items()}
+    assert len({tuple(v) for v in theirs.values()}) > 1  # the stub's choices differ per row
+    canonical = {k: sorted(json.dumps(m, sort_keys=True) for m in v) for k, v in our_metrics.items()}
+    expected = {
+        k: sorted(json.dumps(m, sort_keys=True) for m in v)
+        for k, v in metrics_by_example(reference).items()
+    }
+    assert canonical == expected
+
+
+def test_records_hold_every_message_tool_calls_and_tokens(stub: Any, tmp_path: Path) -> None:
+    records = vfops_records("vf_tools", stub.base_url, tmp_path, ENVS["vf_tools"])
+    with_tools = [r for r in records if any(m.get("tool_calls") for m in r.completion)]
+    assert with_tools
+    record = with_tools[0]
+    roles = [m["role"] for m in record.completion]
+    assert roles[0] == "assistant" and "tool" in roles
+    call = next(m for m in record.completion if m.get("tool_calls"))["tool_calls"][0]
+    assert call["type"] == "function" and call["function"]["name"] in {"add", "multiply"}
+    answer = next(m for m in record.completion if m["role"] == "tool")
+    assert answer["tool_call_id"] == call["id"] and str(answer["content"]).strip().lstrip("-").isdigit()
+    assert record.turns == sum(1 for m in record.completion if m["role"] == "assistant")
+    assert record.usage.prompt_tokens > 0 and record.usage.completion_tokens > 0
+    assert record.prompt[0]["role"] == "system"
+
+
+def test_an_empty_reply_keeps_verifiers_score_and_a_failed_call_is_unscored(
+    tmp_path: Path,
+) -> None:
+    """verifiers scores a rollout that stopped on an empty reply (the model's doing); a
+    call that still fails after vfops's retries is an error without a reward."""
+    def empty(_: dict[str, Any]) -> dict[str, Any]:
+        return {"role": "assistant", "content": ""}
+
+    with StubServer(StubConfig(reply_mode=empty)) as server:
+        records = vfops_records("vf_xml_math", server.base_url, tmp_path / "a", 2)
+    assert all(r.reward == 0.0 for r in records)
+    assert {r.error.type for r in records if r.error} == {"EmptyModelResponseError"}
+    with StubServer(StubConfig(reply_mode=reply, rate_500=1.0)) as server:
+        request = EvalRequest(
+            env_name="vf_xml_math", model="stub-model", base_url=server.base_url,
+            num_examples=2, rollouts_per_example=1,
+        )  # fmt: skip
+        result = asyncio.run(
+            evaluate_async(
+                request, output_root=tmp_path / "b", registry=False, tracking=False,
+                model_options=ModelOptions(base_url=server.base_url, max_retries=1),
+            )
+        )  # fmt: skip
+        assert result.run_dir is not None
+        failed = list(iter_records(result.run_dir))
+        requests = server.stats["requests"]
+    assert [r.reward for r in failed] == [None, None]
+    assert all(r.error and r.error.stage == "generation" for r in failed)
+    assert all(r.error and "500" in r.error.message for r in failed), failed[0].error
+    assert requests == 4  # each call retried once by vfops's client, then given up
+
+
+def test_vfops_eval_of_a_verifiers_package_records_its_provenance(
+    stub: Any, tmp_path: Path
+) -> None:
+    database = f"sqlite:///{tmp_path / 'registry.db'}"
+    env = {
+        **os.environ, "VFOPS_HOME": str(tmp_path / "home"), "VFOPS_TRACKING": "0",
+        "VFOPS_DATABASE_URL": database,
+    }  # fmt: skip
+    command = [
+        sys.executable, "-m", "vfops", "eval", "vf_guess", "-m", "stub-model",
+        "-b", stub.base_url, "-n", "4", "-r", "2", "-o", str(tmp_path / "out"),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Map:" not in done.stderr  # no stray datasets progress bar
+    (metadata_path,) = (tmp_path / "out").rglob("metadata.json")
+    metadata = json.loads(metadata_path.read_text())
+    assert metadata["env_version"].startswith("local+")
+    assert metadata["env_library"] == f"verifiers=={vf.__version__}"
+    assert metadata["summary"]["rollouts"] == 8
+    from vfops.registry import get_engine, get_run, session_scope
+
+    engine = get_engine(database)
+    with session_scope(engine) as session:
+        run = get_run(session, metadata["run_id"])
+        assert run is not None
+        assert run.status == "completed"
+        assert f"verifiers=={vf.__version__}" in run.tags
+        assert run.environment_version == metadata["env_version"]

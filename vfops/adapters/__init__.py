@@ -1,0 +1,35 @@
+"""Adapters that run environments written for other libraries.
+
+- :class:`VerifiersEnvironment`: an environment package written for ``verifiers``
+  (the classic API of its 0.3 line, ``import verifiers as vf``) evaluated, swept,
+  gated and trained on by vfops; :func:`load_verifiers_environment` builds one and
+  :func:`verifiers_client` is the ``verifiers`` ``Client`` over a vfops client.
+  Needs the ``[verifiers]`` extra.
+
+Importing this package imports no ``verifiers``: the names are resolved on first use.
+"""
+
+from typing import TYPE_CHECKING
+
+from vfops._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from vfops.adapters._verifiers import (
+        SUPPORTED_VERIFIERS,
+        VerifiersEnvironment,
+        load_verifiers_environment,
+        verifiers_client,
+        verifiers_version,
+    )
+
+__all__ = [
+    "SUPPORTED_VERIFIERS",
+    "VerifiersEnvironment",
+    "load_verifiers_environment",
+    "verifiers_client",
+    "verifiers_version",
+]
+
+_LAZY = {name: "vfops.adapters._verifiers" for name in __all__}
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

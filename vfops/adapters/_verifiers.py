@@ -1,0 +1,508 @@
+"""Environments written for ``verifiers`` (the 0.3 line's classic API), run by vfops.
+
+``verifiers``' own objects run as ``verifiers`` runs them: its dataset formatting
+(``get_eval_dataset`` / ``get_dataset``), its ``Environment.rollout`` (turns, stop
+conditions, tools, ``env_response``), its rubric (``score_group``, which writes
+``reward`` and ``metrics`` into its state) and its cleanup. What vfops supplies is
+everything around one group: the model calls, the rows it records, the registry,
+MLflow, sweeps and training.
+
+Model calls go through vfops's client path: :func:`verifiers_client` is a ``verifiers``
+``Client`` (its OpenAI chat-completions one, so prompts, tools and responses are
+converted by ``verifiers``' own code) whose transport is a vfops
+:class:`~vfops.clients.ModelClient` — the pooled OpenAI client with its retries,
+``Retry-After`` and shared budgets, the in-process local model, or a training
+backend (whose responses carry the exact token ids and log-probs the trainer needs).
+
+This module imports ``verifiers`` (seconds: it imports the ``anthropic`` and
+``openai`` SDKs' types); it is imported only when a ``verifiers`` environment is
+loaded. Not supported: ``verifiers``' env-server mode (``env_client``: a vfops
+worker runs the environment in-process instead) and its own ``Client`` types
+(``ClientConfig``, Anthropic, Responses API: vfops picks the transport).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from vfops._errors import MissingExtraError, VfopsError
+from vfops._rollout import ErrorStage, RolloutError, RolloutRecord, StopReason, TokenUsage
+from vfops._types import Message, Messages, SamplingArgs, State
+from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
+from vfops.envs._dataset import Example
+from vfops.envs._environment import Environment, state_to_record
+from vfops.rubrics import RolloutScore
+
+if TYPE_CHECKING:
+    from vfops.envs._loading import EnvironmentEntry
+
+SUPPORTED_VERIFIERS = ">=0.3.1,<0.4"
+"""The ``verifiers`` releases whose classic environment API this adapter runs
+(0.4 keeps only the ``verifiers.v1`` taskset API)."""
+
+_RESPONSES_KEY = "vfops_responses"
+"""Where :func:`verifiers_client` keeps each turn's vfops response in the ``verifiers``
+state (the trainer reads their token ids; ``verifiers`` ignores unknown keys)."""
+
+
+def _import_verifiers() -> Any:
+    try:
+        import verifiers as vf
+    except ImportError as exc:
+        raise MissingExtraError("verifiers", exc.name or "verifiers") from exc
+    version = str(getattr(vf, "__version__", "0"))
+    if not _supported(version):
+        raise VfopsError(
+            f"verifiers {version} is installed; vfops runs the classic environment API of "
+            f"verifiers {SUPPORTED_VERIFIERS}: pip install 'vfops[verifiers]'"
+        )
+    return vf
+
+
+def _supported(version: str) -> bool:
+    parts = [int(p) for p in version.split("+")[0].split(".")[:3] if p.isdigit()]
+    release = tuple([*parts, 0, 0, 0][:3])
+    return (0, 3, 1) <= release < (0, 4, 0)
+
+
+def verifiers_version() -> str:
+    """The installed ``verifiers`` version (for a run's provenance)."""
+    from importlib.metadata import version
+
+    return version("verifiers")
+
+
+def load_verifiers_environment(entry: EnvironmentEntry, **kwargs: Any) -> VerifiersEnvironment:
+    """``verifiers``' own ``load_environment(entry.name, **kwargs)``, wrapped for vfops."""
+    vf = _import_verifiers()
+    from vfops.envs._dataset import quiet_datasets
+
+    try:
+        with quiet_datasets():  # environments build their datasets with Dataset.map
+            vf_env = vf.load_environment(entry.name, **kwargs)
+    except Exception as exc:
+        cause = exc.__cause__ or exc
+        raise VfopsError(
+            f"load_environment of verifiers environment '{entry.name}' raised "
+            f"{type(cause).__name__}: {cause}; check --env-args against its signature"
+        ) from exc
+    if not isinstance(vf_env, vf.Environment):
+        raise VfopsError(
+            f"load_environment of '{entry.name}' returned {type(vf_env).__name__}, "
+            "not a verifiers Environment"
+        )
+    return VerifiersEnvironment(vf_env, name=entry.name)
+
+
+class VerifiersEnvironment(Environment):
+    """A ``verifiers`` ``Environment`` seen as a vfops :class:`Environment`.
+
+    Rows are ``verifiers``' formatted rows (``prompt``, ``answer``, ``info``, ``task``,
+    ``example_id``) and go back to its ``rollout`` unchanged. A group is rolled out and
+    scored as ``verifiers``' own ``run_group`` does it (every rollout, then the rubric's
+    ``score_group`` over the group, then its cleanup), each rollout inside vfops's
+    concurrency limit. Its reward and per-function metrics are the ones ``verifiers``
+    wrote into its state.
+    """
+
+    library = "verifiers"
+
+    def __init__(self, vf_env: Any, *, name: str) -> None:
+        self.vf_env = vf_env
+        self._rows: dict[str, dict[int, dict[str, Any]]] = {}
+        has_train = getattr(vf_env, "dataset_source", None) is not None
+        has_eval = getattr(vf_env, "eval_dataset_source", None) is not None
+        super().__init__(
+            dataset=(lambda: self._split_rows("train")) if has_train else None,
+            eval_dataset=(lambda: self._split_rows("eval")) if has_eval or not has_train else None,
+            name=name,
+        )
+        self.sampling_args = {
+            k: v
+            for k, v in dict(vf_env.sampling_args or {}).items()
+            if k not in ("n", "extra_body")
+        }
+        if dict(vf_env.sampling_args or {}).get("extra_body"):
+            self.sampling_args["extra_body"] = dict(vf_env.sampling_args["extra_body"])
+
+    # --- datasets -------------------------------------------------------------
+    def _split_rows(self, split: str) -> list[dict[str, Any]]:
+        """``verifiers``' formatted rows of ``split``, kept by example id for its rollout."""
+        from vfops.envs._dataset import quiet_datasets
+
+        with quiet_datasets():  # verifiers formats its rows with Dataset.map
+            data = self.vf_env.get_dataset() if split == "train" else self.vf_env.get_eval_dataset()
+            rows: list[dict[str, Any]] = data.to_list()
+        self._rows[split] = {int(row["example_id"]): row for row in rows}
+        return [_vfops_row(row) for row in rows]
+
+    def _input_for(self, example: Example) -> dict[str, Any]:
+        for split in ("eval", "train"):
+            row = self._rows.get(split, {}).get(example.example_id)
+            if row is not None and _same_prompt(row, example):
+                return dict(row)
+        # a row vfops built itself (e.g. a trainer's copy): verifiers' input fields
+        return {
+            "prompt": example.prompt,
+            "example_id": example.example_id,
+            "answer": example.answer,
+            "info": example.info,
+            "task": example.task,
+        }
+
+    # --- rollouts ---------------------------------------------------------------
+    async def run_group(
+        self,
+        client: ModelClient,
+        model: str,
+        example: Example,
+        rollout_indices: Sequence[int],
+        *,
+        sampling_args: SamplingArgs | None = None,
+        limiter: asyncio.Semaphore | None = None,
+    ) -> list[RolloutRecord]:
+        """Records as vfops writes them, with one difference that keeps ``verifiers``'
+        scores: a rollout that ``verifiers`` scored although it stopped on the model's
+        own failure (an empty or invalid reply) keeps that reward next to its error;
+        a call that failed (after vfops's retries) is unscored, as for any vfops
+        environment."""
+        sampling = self.merged_sampling_args(sampling_args)
+        states, scores = await self.run_group_states(
+            client, model, example, rollout_indices, sampling_args=sampling_args, limiter=limiter
+        )
+        records = []
+        for state, score in zip(states, scores, strict=True):
+            record = state_to_record(state, score, model=model, sampling_args=sampling)
+            if state.get("error_is_models") and score.error is None:
+                record.reward = score.reward
+            records.append(record)
+        return records
+
+    async def rollout(
+        self,
+        client: ModelClient,
+        model: str,
+        example: Example,
+        *,
+        rollout_index: int = 0,
+        sampling_args: SamplingArgs | None = None,
+    ) -> State:
+        states, _ = await self.run_group_states(
+            client, model, example, [rollout_index], sampling_args=sampling_args
+        )
+        return states[0]
+
+    async def run_group_states(
+        self,
+        client: ModelClient,
+        model: str,
+        example: Example,
+        rollout_indices: Sequence[int],
+        *,
+        sampling_args: SamplingArgs | None = None,
+        limiter: asyncio.Semaphore | None = None,
+    ) -> tuple[list[State], list[RolloutScore]]:
+        vf_env = self.vf_env
+        sampling = self.merged_sampling_args(sampling_args)
+        vf_client = verifiers_client(client)
+        row = self._input_for(example)
+
+        async def one() -> Any:
+            if limiter is None:
+                return await vf_env.rollout(dict(row), vf_client, model, dict(sampling))
+            async with limiter:
+                return await vf_env.rollout(dict(row), vf_client, model, dict(sampling))
+
+        started = time.perf_counter()
+        vf_states = list(await asyncio.gather(*(one() for _ in rollout_indices)))
+        generated = time.perf_counter()
+        scorer = _scoring_env(vf_env, row)
+        scoring_error: RolloutError | None = None
+        try:
+            if scorer.score_rollouts:
+                await scorer.rubric.score_group(vf_states)
+            else:
+                await scorer.rubric.dummy_score_group(vf_states)
+        except Exception as exc:  # verifiers' rubric raising: the group is unscored
+            scoring_error = RolloutError.from_exception(exc, "scoring")
+        scoring_ms = (time.perf_counter() - generated) * 1000.0
+        for vf_state in vf_states:
+            await scorer.rubric.cleanup(vf_state)
+        states = [
+            self._to_state(vf_state, example, index, (generated - started) * 1000.0)
+            for vf_state, index in zip(vf_states, rollout_indices, strict=True)
+        ]
+        scores = [_score(vf_state, scoring_error, scoring_ms) for vf_state in vf_states]
+        return states, scores
+
+    def _to_state(
+        self, vf_state: Any, example: Example, rollout_index: int, group_ms: float
+    ) -> State:
+        usage = TokenUsage()
+        responses: list[ChatResponse] = list(vf_state.get(_RESPONSES_KEY) or [])
+        for response in responses:
+            usage.add(response.prompt_tokens, response.completion_tokens)
+        error = _error(vf_state.get("error"))
+        return {
+            "example_id": example.example_id,
+            "rollout_index": rollout_index,
+            "prompt": to_messages(vf_state.get("prompt") or example.prompt),
+            "completion": to_messages(vf_state.get("completion") or []),
+            "answer": str(vf_state.get("answer", example.answer) or ""),
+            "info": dict(vf_state.get("info") or example.info or {}),
+            "task": str(vf_state.get("task_name", None) or example.task),
+            "turn": len(vf_state.get("trajectory") or []),
+            "responses": responses,
+            "usage": usage,
+            "stop_reason": _stop_reason(vf_state, error, int(getattr(self.vf_env, "max_turns", 0))),
+            "error": error,
+            "generation_ms": _generation_ms(vf_state, group_ms),
+            "verifiers_stop_condition": vf_state.get("stop_condition"),
+            "error_is_models": error is not None and error.type in _MODEL_BEHAVIOUR_ERRORS,
+        }
+
+
+def _scoring_env(vf_env: Any, row: dict[str, Any]) -> Any:
+    """The environment whose rubric scores ``row``'s group: an ``EnvGroup`` hands a group
+    to the sub-environment its row routes to (``info["env_id"]``), rubric included, as
+    its own ``run_group`` does; any other environment scores its own groups."""
+    import verifiers as vf
+
+    env, child = vf_env, row
+    while isinstance(env, vf.EnvGroup):
+        name, child, _ = env._route_child_input(child)  # verifiers' routing, pinned <0.4
+        env = env.get_env_for_name(name)
+    return env
+
+
+def verifiers_client(model_client: ModelClient) -> Any:
+    """A ``verifiers`` ``Client`` whose transport is ``model_client`` (see the module doc)."""
+    return _client_class()(model_client)
+
+
+_CLIENT_CLASS: type | None = None
+
+
+def _client_class() -> type:
+    """The client class, built once: it subclasses a ``verifiers`` class, so it can only
+    be defined after ``verifiers`` is imported."""
+    global _CLIENT_CLASS
+    if _CLIENT_CLASS is None:
+        _CLIENT_CLASS = _build_client_class()
+    return _CLIENT_CLASS
+
+
+def _build_client_class() -> type:
+    _import_verifiers()
+    from openai.types.chat import ChatCompletion
+    from verifiers.legacy.clients.openai_chat_completions_client import (
+        OpenAIChatCompletionsClient,
+    )
+    from verifiers.legacy.errors import OverlongPromptError
+
+    class _VfopsClient(OpenAIChatCompletionsClient):  # type: ignore[misc]
+        """``verifiers``' chat-completions client over a vfops ``ModelClient``."""
+
+        def setup_client(self, config: Any) -> Any:
+            raise VfopsError("verifiers_client wraps a vfops ModelClient; it takes no config")
+
+        async def close(self) -> None:
+            """The vfops client belongs to whoever made it (it outlives one group)."""
+
+        async def get_native_response(
+            self,
+            prompt: Any,
+            model: str,
+            sampling_args: Any,
+            tools: Any = None,
+            **kwargs: Any,
+        ) -> Any:
+            args = {k: v for k, v in dict(sampling_args or {}).items() if v is not None}
+            if args.get("n") == 1:
+                del args["n"]
+            extra_headers = kwargs.get("extra_headers")
+            if extra_headers:
+                args["extra_headers"] = dict(extra_headers)
+            messages = [_wire_message(m) for m in prompt]
+            try:
+                response: ChatResponse = await self.client.chat(
+                    model=model,
+                    messages=messages,
+                    sampling_args=args,
+                    tools=[dict(t) for t in tools] if tools else None,
+                )
+            except PromptTooLongError as exc:
+                raise OverlongPromptError(str(exc)) from exc
+            state = kwargs.get("state")
+            if state is not None:
+                state.setdefault(_RESPONSES_KEY, []).append(response)
+            return ChatCompletion.model_validate(_completion_json(response, model))
+
+    return _VfopsClient
+
+
+# --------------------------------------------------------------------------- conversions
+
+
+def _wire_message(message: Any) -> dict[str, Any]:
+    """An OpenAI message param (a dict from ``verifiers``' converter) without ``None``s,
+    which some servers reject (``"tool_calls": null``)."""
+    return {k: v for k, v in dict(message).items() if v is not None}
+
+
+def _completion_json(response: ChatResponse, model: str) -> dict[str, Any]:
+    """An OpenAI ``ChatCompletion`` body for ``verifiers``' response parser. Token ids
+    and log-probs, when the backend reports them, travel as vLLM names them
+    (``prompt_token_ids``, ``choices[0].token_ids``, ``logprobs.content``)."""
+    raw = response.raw if isinstance(response.raw, Mapping) else {}
+    message: dict[str, Any] = {"role": "assistant", "content": response.message.get("content")}
+    if response.message.get("tool_calls"):
+        message["tool_calls"] = response.message["tool_calls"]
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": response.finish_reason or "stop",
+    }
+    body: dict[str, Any] = {
+        "id": str(raw.get("id") or "vfops"),
+        "object": "chat.completion",
+        "created": int(raw.get("created") or 0),
+        "model": str(raw.get("model") or model),
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": response.prompt_tokens,
+            "completion_tokens": response.completion_tokens,
+            "total_tokens": response.prompt_tokens + response.completion_tokens,
+        },
+    }
+    from vfops.training import TOKENS_KEY
+
+    tokens = raw.get(TOKENS_KEY)
+    if isinstance(tokens, Mapping) and tokens.get("completion_ids") is not None:
+        body["prompt_token_ids"] = list(tokens.get("prompt_ids") or [])
+        choice["token_ids"] = list(tokens["completion_ids"])
+        choice["logprobs"] = {
+            "content": [
+                {"token": str(t), "logprob": float(lp), "bytes": None, "top_logprobs": []}
+                for t, lp in zip(
+                    tokens["completion_ids"], tokens.get("completion_logprobs") or [], strict=False
+                )
+            ]
+        }
+    return body
+
+
+def to_messages(messages: Any) -> Messages:
+    """``verifiers`` messages (pydantic models or dicts) as vfops/OpenAI message dicts."""
+    if isinstance(messages, str):
+        return [{"role": "assistant", "content": messages}]
+    return [_to_message(m) for m in messages or []]
+
+
+def _to_message(message: Any) -> Message:
+    data: dict[str, Any] = (
+        message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else dict(message)
+    )
+    out: Message = {"role": str(data.get("role", "user")), "content": data.get("content")}
+    if data.get("tool_calls"):
+        out["tool_calls"] = [_tool_call(call) for call in data["tool_calls"]]
+    if data.get("tool_call_id"):
+        out["tool_call_id"] = str(data["tool_call_id"])
+    if data.get("reasoning_content"):
+        out["reasoning_content"] = data["reasoning_content"]
+    return out
+
+
+def _tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    if "function" in call:
+        return dict(call)
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": call.get("name"), "arguments": call.get("arguments") or "{}"},
+    }
+
+
+def _vfops_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``verifiers`` formatted row as the row vfops's dataset layer expects."""
+    out: dict[str, Any] = {
+        "prompt": to_messages(row.get("prompt") or []),
+        "example_id": int(row["example_id"]),
+        "answer": str(row.get("answer") or ""),
+        "task": str(row.get("task") or "default"),
+    }
+    info = row.get("info")
+    if isinstance(info, str):
+        import json
+
+        info = json.loads(info) if info else {}
+    out["info"] = dict(info or {})
+    return out
+
+
+def _same_prompt(row: Mapping[str, Any], example: Example) -> bool:
+    return to_messages(row.get("prompt") or []) == example.prompt
+
+
+def _score(vf_state: Any, scoring_error: RolloutError | None, scoring_ms: float) -> RolloutScore:
+    if scoring_error is not None:
+        return RolloutScore(reward=None, error=scoring_error, scoring_ms=scoring_ms)
+    reward = vf_state.get("reward")
+    metrics = {str(k): float(v) for k, v in dict(vf_state.get("metrics") or {}).items()}
+    return RolloutScore(
+        reward=None if reward is None else float(reward), metrics=metrics, scoring_ms=scoring_ms
+    )
+
+
+def _error(vf_error: Any) -> RolloutError | None:
+    """``verifiers``' error of a rollout (a ``vf.Error`` wrapping the cause, e.g. a
+    ``ModelError`` around the client's exception) as a vfops rollout error."""
+    if vf_error is None:
+        return None
+    cause = vf_error
+    while getattr(cause, "__cause__", None) is not None:
+        cause = cause.__cause__
+    stage: ErrorStage = (
+        "generation" if type(vf_error).__name__ in _GENERATION_ERRORS else "environment"
+    )
+    message = str(cause) or str(vf_error) or type(cause).__name__
+    return RolloutError(type=type(cause).__name__, message=message[:2000], stage=stage)
+
+
+_MODEL_BEHAVIOUR_ERRORS = frozenset({"EmptyModelResponseError", "InvalidModelResponseError"})
+"""The model answered, but not usefully: a sample of its behaviour that ``verifiers``
+scores (unlike a call that failed, which says nothing about the model)."""
+
+_GENERATION_ERRORS = frozenset(
+    {"ModelError", "EmptyModelResponseError", "InvalidModelResponseError", "OverlongPromptError"}
+)
+
+
+def _stop_reason(vf_state: Any, error: RolloutError | None, max_turns: int) -> StopReason:
+    condition = str(vf_state.get("stop_condition") or "")
+    if condition in ("prompt_too_long", "overlong_prompt") or (
+        error is not None and error.type == "OverlongPromptError"
+    ):
+        return "prompt_too_long"
+    if error is not None or condition == "has_error":
+        return "error"
+    if condition == "max_turns_reached" or condition.startswith("max_turns"):
+        # a single-turn environment's one turn is its whole rollout (vfops says completed)
+        return "completed" if max_turns == 1 else "max_turns"
+    if condition == "timeout_reached":
+        return "timeout"
+    if vf_state.get("is_truncated"):
+        return "length"
+    return "completed"
+
+
+def _generation_ms(vf_state: Any, group_ms: float) -> float:
+    timing = vf_state.get("timing")
+    span = getattr(timing, "generation", None)
+    start, end = getattr(span, "start", 0.0), getattr(span, "end", 0.0)
+    if start and end and end >= start:
+        return (end - start) * 1000.0
+    return group_ms
