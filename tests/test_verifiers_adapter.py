@@ -91,7 +91,9 @@ def test_same_rewards_and_metrics_per_example_as_verifiers_own_evaluation(
     theirs = rewards_by_example(reference)
     assert {k: sorted(v) for k, v in ours.items()} == {k: sorted(v) for k, v in theirs.items()}
     assert len({tuple(v) for v in theirs.values()}) > 1  # the stub's choices differ per row
-    canonical = {k: sorted(json.dumps(m, sort_keys=True) for m in v) for k, v in our_metrics.items()}
+    canonical = {
+        k: sorted(json.dumps(m, sort_keys=True) for m in v) for k, v in our_metrics.items()
+    }
     expected = {
         k: sorted(json.dumps(m, sort_keys=True) for m in v)
         for k, v in metrics_by_example(reference).items()
@@ -109,7 +111,10 @@ def test_records_hold_every_message_tool_calls_and_tokens(stub: Any, tmp_path: P
     call = next(m for m in record.completion if m.get("tool_calls"))["tool_calls"][0]
     assert call["type"] == "function" and call["function"]["name"] in {"add", "multiply"}
     answer = next(m for m in record.completion if m["role"] == "tool")
-    assert answer["tool_call_id"] == call["id"] and str(answer["content"]).strip().lstrip("-").isdigit()
+    assert (
+        answer["tool_call_id"] == call["id"]
+        and str(answer["content"]).strip().lstrip("-").isdigit()
+    )
     assert record.turns == sum(1 for m in record.completion if m["role"] == "assistant")
     assert record.usage.prompt_tokens > 0 and record.usage.completion_tokens > 0
     assert record.prompt[0]["role"] == "system"
@@ -120,6 +125,7 @@ def test_an_empty_reply_keeps_verifiers_score_and_a_failed_call_is_unscored(
 ) -> None:
     """verifiers scores a rollout that stopped on an empty reply (the model's doing); a
     call that still fails after vfops's retries is an error without a reward."""
+
     def empty(_: dict[str, Any]) -> dict[str, Any]:
         return {"role": "assistant", "content": ""}
 
