@@ -49,6 +49,7 @@ TORCH_HEAVY_FILES = frozenset(
         "test_training_flow.py",
         "test_training.py",
         "test_local_model.py",
+        "test_verifiers_training.py",
     }
 )
 

@@ -104,8 +104,10 @@ def load_environment(
     seed: int = 0,
     max_turns: int = 6,
     stop_mode: StopMode = "stop_decorator",
+    num_train_examples: int = 0,
     **kwargs: Any,
 ) -> vf.Environment:
+    """``num_train_examples`` > 0 adds a training split (other secrets) for trainers."""
     if max_turns < 2:
         raise ValueError("max_turns must be at least 2")
     parser = vf.XMLParser(["guess"], answer_field="guess")
@@ -124,6 +126,11 @@ def load_environment(
     return GuessEnv(
         stop_mode=stop_mode,
         eval_dataset=Dataset.from_list(build_rows(num_examples, seed=seed)),
+        dataset=(
+            Dataset.from_list(build_rows(num_train_examples, seed=seed + 1))
+            if num_train_examples > 0
+            else None
+        ),
         system_prompt=SYSTEM_PROMPT,
         parser=parser,
         rubric=rubric,
