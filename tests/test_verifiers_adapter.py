@@ -29,6 +29,7 @@ from vfops.envs import installed_environments, load_environment
 from vfops.evaluation import EvalRequest, ModelOptions, evaluate_async, iter_records
 from vfops.testing import StubConfig, StubServer
 
+REPO = Path(__file__).resolve().parent.parent
 ENVS = {  # environment -> examples evaluated (vf_group: five rows per sub-environment)
     "vf_xml_math": 8,
     "vf_guess": 8,
@@ -182,3 +183,125 @@ def test_vfops_eval_of_a_verifiers_package_records_its_provenance(
         assert run.status == "completed"
         assert f"verifiers=={vf.__version__}" in run.tags
         assert run.environment_version == metadata["env_version"]
+
+
+def test_a_verifiers_run_stopped_mid_way_resumes_to_exactly_n_x_r(tmp_path: Path) -> None:
+    """SIGTERM mid-run through an endpoint alias (endpoints.toml): the run is interrupted
+    with its rows kept; --resume asks the endpoint only for what is missing and ends
+    with exactly N x R rollouts whose rewards are verifiers' own."""
+    import signal
+    import time
+
+    database = f"sqlite:///{tmp_path / 'registry.db'}"
+    env = {
+        **os.environ, "VFOPS_HOME": str(tmp_path / "home"), "VFOPS_TRACKING": "0",
+        "VFOPS_DATABASE_URL": database,
+    }  # fmt: skip
+    n = 8
+    with StubServer(StubConfig(reply_mode=reply, latency_ms=150)) as server:
+        endpoints = tmp_path / "endpoints.toml"
+        endpoints.write_text(
+            f'[[endpoint]]\nalias = "stub"\nmodel = "stub-model"\nbase_url = "{server.base_url}"\n'
+        )
+        args = [
+            sys.executable, "-m", "vfops", "eval", "vf_guess", "-m", "stub", "-e", str(endpoints),
+            "-n", str(n), "-r", str(R), "-c", "2", "-o", str(tmp_path / "out"),
+        ]  # fmt: skip
+        process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        results: list[Path] = []
+        while time.monotonic() < deadline:
+            results = list((tmp_path / "out").rglob("results.jsonl"))
+            if results and len(results[0].read_bytes().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 143, stderr.decode()
+        (results_file,) = results
+        done_before = len(results_file.read_bytes().splitlines())
+        assert 0 < done_before < n * R
+        metadata = json.loads((results_file.parent / "metadata.json").read_text())
+        assert metadata["status"] == "interrupted"
+        asked = server.stats["requests"]
+        resumed = subprocess.run(
+            [*args, "--resume", metadata["run_id"]], env=env, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr
+        new_requests = server.stats["requests"] - asked
+        reference = verifiers_outputs("vf_guess", server.base_url, num_examples=n,
+                                      rollouts_per_example=R)  # fmt: skip
+    records = list(iter_records(results_file.parent))
+    assert sorted(r.key for r in records) == [(i, j) for i in range(n) for j in range(R)]
+    ours: dict[int, list[float]] = {}
+    for record in records:
+        ours.setdefault(record.example_id, []).append(float(record.reward or 0.0))
+    theirs = rewards_by_example(reference)
+    assert {k: sorted(v) for k, v in ours.items()} == {k: sorted(v) for k, v in theirs.items()}
+    # only the missing rollouts were generated again (each a few turns)
+    turns_missing = sum(r.turns for r in records) - sum(
+        json.loads(line)["turns"] for line in results_file.read_bytes().splitlines()[:done_before]
+    )
+    assert new_requests <= turns_missing + 2 * 6  # + rollouts in flight at the SIGTERM
+    assert json.loads((results_file.parent / "metadata.json").read_text())["status"] == "completed"
+
+
+def test_publish_and_install_a_verifiers_package_then_eval_records_the_version(
+    stub: Any, tmp_path: Path
+) -> None:
+    """``vfops env publish`` of a verifiers package (no vfops entry point: its module is
+    the environment), ``env install NAME@VER`` into a fresh virtualenv, and an eval there
+    recorded as that published version."""
+    import shutil
+
+    source = REPO / "tests" / "verifiers_envs" / "vf_xml_math"
+    package = tmp_path / "vf_pub_math"
+    package.mkdir()
+    module = (source / "vf_xml_math.py").read_text()
+    (package / "vf_pub_math.py").write_text(module)
+    (package / "pyproject.toml").write_text(
+        (source / "pyproject.toml")
+        .read_text()
+        .replace("vf-xml-math", "vf-pub-math")
+        .replace("vf_xml_math", "vf_pub_math")
+    )
+    assert not list(package.glob("*.egg-info"))
+    database = f"sqlite:///{tmp_path / 'registry.db'}"
+    env = {
+        **os.environ, "VFOPS_HOME": str(tmp_path / "home"), "VFOPS_TRACKING": "0",
+        "VFOPS_DATABASE_URL": database, "VFOPS_ARTIFACTS": (tmp_path / "store").as_uri(),
+    }  # fmt: skip
+
+    def vfops(*args: str, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [python, "-m", "vfops", *args], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    published = vfops("env", "publish", str(package))
+    assert published.returncode == 0, published.stderr
+    assert "published vf_pub_math@0.1.0" in published.stdout
+    assert "eval: 20 rows" in published.stdout  # verifiers' formatted split, snapshotted
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    main_site = next(p for p in sys.path if p.endswith("site-packages"))
+    (site / "vfops_main.pth").write_text(f"import site; site.addsitedir({main_site!r})\n")
+    python = str(venv / "bin" / "python")
+    shutil.rmtree(package)  # what runs next is the published wheel, not the folder
+    installed = vfops("env", "install", "vf_pub_math@0.1.0", "--no-deps", python=python)
+    assert installed.returncode == 0, installed.stderr
+    listed = vfops("env", "list", python=python)
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in listed.stdout.splitlines()]
+    assert ["vf_pub_math", "verifiers", "0.1.0", "1", "0.1.0"] in rows, listed.stdout
+    evaluated = vfops(
+        "eval", "vf_pub_math", "-m", "stub-model", "-b", stub.base_url, "-n", "4", "-r", "2",
+        "-o", str(tmp_path / "out"), "--max-error-rate", "0.6", python=python,
+    )  # fmt: skip
+    # examples 1 and 3 get empty replies: verifiers' EmptyModelResponseError, scored 0.0
+    assert evaluated.returncode == 0, evaluated.stderr
+    (metadata_path,) = (tmp_path / "out").rglob("metadata.json")
+    metadata = json.loads(metadata_path.read_text())
+    assert metadata["env_version"] == "0.1.0"
+    assert metadata["env_library"] == f"verifiers=={vf.__version__}"
+    assert metadata["summary"]["reward_mean"] == pytest.approx((1.2 + 0.0 + 0.04 + 0.0) / 4)

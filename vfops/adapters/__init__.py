@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from vfops.adapters._verifiers import (
         SUPPORTED_VERIFIERS,
         VerifiersEnvironment,
+        build_verifiers_environment,
         load_verifiers_environment,
         verifiers_client,
         verifiers_version,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SUPPORTED_VERIFIERS",
     "VerifiersEnvironment",
+    "build_verifiers_environment",
     "load_verifiers_environment",
     "verifiers_client",
     "verifiers_version",

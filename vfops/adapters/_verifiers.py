@@ -24,8 +24,11 @@ worker runs the environment in-process instead) and its own ``Client`` types
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vfops._errors import MissingExtraError, VfopsError
@@ -78,23 +81,55 @@ def verifiers_version() -> str:
 def load_verifiers_environment(entry: EnvironmentEntry, **kwargs: Any) -> VerifiersEnvironment:
     """``verifiers``' own ``load_environment(entry.name, **kwargs)``, wrapped for vfops."""
     vf = _import_verifiers()
+    return build_verifiers_environment(
+        lambda **args: vf.load_environment(entry.name, **args), name=entry.name, **kwargs
+    )
+
+
+def build_verifiers_environment(
+    factory: Callable[..., Any], *, name: str, **kwargs: Any
+) -> VerifiersEnvironment:
+    """``factory(**kwargs)`` (a package's ``load_environment``) wrapped for vfops, with the
+    process's signal handlers kept (see :func:`_own_signal_handlers`)."""
+    vf = _import_verifiers()
     from vfops.envs._dataset import quiet_datasets
 
     try:
-        with quiet_datasets():  # environments build their datasets with Dataset.map
-            vf_env = vf.load_environment(entry.name, **kwargs)
+        with quiet_datasets(), _own_signal_handlers():
+            vf_env = factory(**kwargs)
     except Exception as exc:
         cause = exc.__cause__ or exc
         raise VfopsError(
-            f"load_environment of verifiers environment '{entry.name}' raised "
+            f"load_environment of verifiers environment '{name}' raised "
             f"{type(cause).__name__}: {cause}; check --env-args against its signature"
         ) from exc
     if not isinstance(vf_env, vf.Environment):
         raise VfopsError(
-            f"load_environment of '{entry.name}' returned {type(vf_env).__name__}, "
+            f"load_environment of '{name}' returned {type(vf_env).__name__}, "
             "not a verifiers Environment"
         )
-    return VerifiersEnvironment(vf_env, name=entry.name)
+    return VerifiersEnvironment(vf_env, name=name)
+
+
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """Keep the process's SIGINT and SIGTERM handlers across ``verifiers`` code.
+
+    A ``verifiers`` environment installs its own when it is built (a teardown, then
+    ``exit(143)``), which would end a vfops evaluation at an arbitrary point instead of
+    letting it record the run as interrupted with every row kept. vfops tears the
+    environment down itself (:meth:`VerifiersEnvironment.aclose`).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 class VerifiersEnvironment(Environment):
@@ -127,6 +162,11 @@ class VerifiersEnvironment(Environment):
         }
         if dict(vf_env.sampling_args or {}).get("extra_body"):
             self.sampling_args["extra_body"] = dict(vf_env.sampling_args["extra_body"])
+
+    async def aclose(self) -> None:
+        """``verifiers``' teardown (its rubric's and the environment's ``@vf.teardown``
+        handlers), which it would otherwise run only from its own signal handlers."""
+        await self.vf_env._teardown()  # the one entry to them in verifiers 0.3
 
     # --- datasets -------------------------------------------------------------
     def _split_rows(self, split: str) -> list[dict[str, Any]]:

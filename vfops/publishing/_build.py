@@ -71,18 +71,20 @@ def load_from_source(project: EnvironmentProject) -> Any:
     with _source_on_path(project.path, project.top_level_module):
         try:
             module = importlib.import_module(module_name)
-            with quiet_datasets():  # environments build their datasets with Dataset.map
-                env = getattr(module, attr or "load_environment")()
+            factory = getattr(module, attr or "load_environment")
+            if project.library == "verifiers":  # its splits, as verifiers formats them
+                from vfops.adapters import build_verifiers_environment
+
+                env = build_verifiers_environment(factory, name=project.env_name)
+                env.splits()  # built while its source is the one imported
+            else:
+                with quiet_datasets():  # environments build their datasets with Dataset.map
+                    env = factory()
         except Exception as exc:
             raise VfopsError(
                 f"load_environment of {project.path} raised {type(exc).__name__}: {exc}; "
                 "it must build with its default arguments to be published"
             ) from exc
-        if project.library == "verifiers":  # its splits, as verifiers formats them
-            from vfops.adapters import VerifiersEnvironment
-
-            env = VerifiersEnvironment(env, name=project.env_name)
-            env.splits()  # built while its source is the one imported
     return env
 
 
