@@ -66,8 +66,9 @@ def test_every_turn_of_a_verifiers_rollout_is_token_in_token_out(tiny_dir: Path)
         for before, after in itertools.pairwise(turns):
             assert after["prompt_ids"][: len(before["prompt_ids"])] == before["prompt_ids"]
             start = len(before["prompt_ids"])
-            assert after["prompt_ids"][start : start + len(before["completion_ids"])] == (
-                before["completion_ids"]
+            assert (
+                after["prompt_ids"][start : start + len(before["completion_ids"])]
+                == (before["completion_ids"])
             )
         for turn, message in zip(turns, assistant, strict=True):
             assert len(turn["completion_logprobs"]) == len(turn["completion_ids"]) > 0
