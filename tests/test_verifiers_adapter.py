@@ -159,12 +159,15 @@ def test_vfops_eval_of_a_verifiers_package_records_its_provenance(
 ) -> None:
     database = f"sqlite:///{tmp_path / 'registry.db'}"
     env = {
-        **os.environ, "VFOPS_HOME": str(tmp_path / "home"), "VFOPS_TRACKING": "0",
-        "VFOPS_DATABASE_URL": database,
+        **os.environ, "VFOPS_HOME": str(tmp_path / "home"), "VFOPS_DATABASE_URL": database,
+        "VFOPS_TRACE_ROLLOUTS": "all",
     }  # fmt: skip
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("VFOPS_TRACKING", None)
     command = [
         sys.executable, "-m", "vfops", "eval", "vf_guess", "-m", "stub-model",
         "-b", stub.base_url, "-n", "4", "-r", "2", "-o", str(tmp_path / "out"),
+        "--wait-for-tracking",
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -183,6 +186,18 @@ def test_vfops_eval_of_a_verifiers_package_records_its_provenance(
         assert run.status == "completed"
         assert f"verifiers=={vf.__version__}" in run.tags
         assert run.environment_version == metadata["env_version"]
+        mlflow_run_id = run.mlflow_run_id
+    # its MLflow run (the embedded store), with verifiers' metrics and a trace per rollout
+    assert mlflow_run_id
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'home' / 'mlflow' / 'mlflow.db'}")
+    logged = client.get_run(mlflow_run_id)
+    assert logged.data.metrics["reward_mean"] == pytest.approx(metadata["summary"]["reward_mean"])
+    assert "speed_bonus" in " ".join(logged.data.metrics)
+    assert logged.data.tags["vfops.environment_version"] == metadata["env_version"]
+    traces = client.search_traces(locations=[logged.info.experiment_id], max_results=50)
+    assert len(traces) == 8
 
 
 def test_a_verifiers_run_stopped_mid_way_resumes_to_exactly_n_x_r(tmp_path: Path) -> None:
