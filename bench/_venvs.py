@@ -7,6 +7,7 @@ reinstalls. Shared by the benchmarks that compare vfops with another tool.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -48,3 +49,29 @@ def venv_versions(python: Path, packages: list[str]) -> dict[str, str]:
     )
     data: dict[str, str] = json.loads(done.stdout)
     return data
+
+
+def ensure_target(
+    python: Path, target: Path, installs: Sequence[Sequence[str]], stamp: str, label: str
+) -> Path:
+    """``pip install --no-deps --target target`` of each argument list with ``python``'s pip
+    (its environment is left as it is); returns ``target``, for a ``PYTHONPATH``.
+
+    ``importlib.metadata`` finds the installed ``.dist-info`` on ``sys.path``, so a
+    process with ``target`` on its ``PYTHONPATH`` sees the packages as installed.
+    """
+    stamp_file = target / ".bench-stamp"
+    if stamp_file.exists() and stamp_file.read_text() == stamp:
+        return target
+    print(f"setting up {target} ({label}) ...", flush=True)
+    if target.exists():
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for args in installs:
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+             "--target", str(target), *args],
+            check=True,
+        )  # fmt: skip
+    stamp_file.write_text(stamp)
+    return target

@@ -10,7 +10,10 @@ latency); the environment is ``arithmetic``. ``vf-eval`` (verifiers
 ``VERIFIERS_VERSION``, in ``.bench/verifiers-venv``, created on first use) runs
 ``bench/vf_arithmetic`` (the same questions, parser and rewards on verifiers'
 legacy ``vf.SingleTurnEnv``) with the same N, R, concurrency and max_tokens
-against the same stub.
+against the same stub. ``vfops eval vf_arithmetic`` (tool ``vfops-vf``) runs that
+very package through vfops' verifiers adapter: installed with ``pip install
+--no-deps --target .bench/vf-envs`` (the project venv is left alone) and put on
+that process's ``PYTHONPATH`` only, with the project venv's ``verifiers``.
 
 Parts (``--only`` runs a subset):
 
@@ -18,6 +21,10 @@ throughput  bar 1: 2,000 rollouts (-n 1000 -r 2), -c 128, stub latency 200 ms
             (bound C/latency = 640/s): vfops end-to-end >= 75 % of the bound,
             rollout phase >= 90 %, end-to-end >= 10x vf-eval's. Also CPU ms per
             rollout (all-in and marginal) and a -n 1 -r 1 start-up run per tool.
+            Also vfops-vf (vfops on the verifiers package) with bar 1d: its
+            end-to-end rate >= 5x vf-eval's (issue 15).
+verifiers-adapter  only the rows of bar 1d: vfops-vf and vf-eval, the
+            throughput workload (part of ``throughput``; this runs just them).
 short       bar 2: a 15-rollout eval (-n 5 -r 3), 0 ms stub, <= 1.5 s wall
             (median of --repeats runs after one warm-up run per variant), next
             to the same with --no-tracking and vf-eval's figure.
@@ -29,6 +36,7 @@ memory      bar 3: 100,000 rollouts (-n 50000 -r 2 -a '{"num_examples": 50000}')
     .venv/bin/python bench/eval_overhead.py          # all parts: a few minutes on 2 cores
     .venv/bin/python bench/eval_overhead.py --quick  # smoke run: small sizes
     .venv/bin/python bench/eval_overhead.py --only short --json out.json
+    .venv/bin/python bench/eval_overhead.py --only verifiers-adapter
     .venv/bin/python bench/eval_overhead.py --skip-verifiers
 """
 
@@ -51,7 +59,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from _venvs import ensure_venv, venv_versions  # bench/ is sys.path[0] when run as a script
+
+# bench/ is sys.path[0] when run as a script
+from _venvs import ensure_target, ensure_venv, venv_versions
 
 from vfops.testing import StubConfig, StubServer
 
@@ -64,12 +74,19 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / ".bench"
 VF_VENV = BENCH_DIR / "verifiers-venv"
 VF_ENV_DIR = ROOT / "bench" / "vf_arithmetic"
+VF_ENVS = BENCH_DIR / "vf-envs"
+"""``vf_arithmetic`` installed with ``pip install --no-deps --target`` for ``vfops-vf``: on
+that process's PYTHONPATH only (importlib.metadata finds its .dist-info there)."""
 VFOPS_BIN = Path(sys.executable).parent / "vfops"
 API_KEY_VAR = "BENCH_DUMMY_API_KEY"
 MODEL = "stub-model"
 MAX_TOKENS = 256
 SAMPLE_INTERVAL_S = 0.1
-PARTS = ("throughput", "short", "memory")
+PARTS = ("throughput", "verifiers-adapter", "short", "memory")
+DEFAULT_PARTS = ("throughput", "short", "memory")
+"""``verifiers-adapter`` is a subset of ``throughput`` (its rows only)."""
+VFOPS_TOOLS = ("vfops", "vfops-vf")
+"""vfops on its own ``arithmetic``, and on the verifiers package ``vf_arithmetic``."""
 
 # The bars, as the issue states them.
 BAR_LATENCY_MS = 200.0
@@ -77,6 +94,10 @@ BAR_THROUGHPUT = {"n": 1000, "r": 2, "c": 128}
 BAR_E2E_FRACTION = 0.75
 BAR_PHASE_FRACTION = 0.90
 BAR_VS_VF_EVAL = 10.0
+BAR_ADAPTER_VS_VF_EVAL = 5.0
+"""Issue 15: vfops eval of a verifiers environment >= 5x vf-eval's rollouts/s on it."""
+BAR_REWARD = 1.2
+"""Every rollout's reward against the stub's ``arithmetic`` replies (answer 1.0 + format 0.2)."""
 BAR_SHORT = {"n": 5, "r": 3}
 BAR_SHORT_WALL_S = 1.5
 BAR_MEMORY = {"n": 50000, "r": 2, "c": 256}
@@ -120,6 +141,14 @@ def ensure_verifiers_venv() -> Path:
     return VF_VENV / "bin" / "vf-eval"
 
 
+def ensure_vf_envs() -> Path:
+    """``.bench/vf-envs``: vf_arithmetic without dependencies, for the project venv's
+    ``vfops eval`` (whose own ``verifiers`` it uses); cached by the same stamp."""
+    return ensure_target(
+        Path(sys.executable), VF_ENVS, [[str(VF_ENV_DIR)]], _stamp(), "vf_arithmetic"
+    )
+
+
 def _vfops_source() -> str:
     """Where the ``vfops`` the CLI runs comes from, and its git commit (what was measured)."""
     # cwd /: not this checkout, which `python -c` would put first on sys.path.
@@ -156,6 +185,12 @@ class RunResult:
     rollouts: int = 0
     errors: int = 0
     reward_mean: float = float("nan")
+    off_rewards: int = 0
+    """Rollouts without an error whose reward is not BAR_REWARD (the stub makes every one 1.2)."""
+    env_name: str | None = None
+    """The environment the run's metadata.json names (vfops: ``env_name``; vf-eval: ``env_id``)."""
+    env_library: str | None = None
+    """vfops: ``env_library`` in metadata.json (``verifiers==0.3.1`` through the adapter)."""
     phase_wall_s: float | None = None
     peak_rss_mb: float = 0.0
     """The client process's own peak RSS (kernel high-water mark VmHWM, last sample)."""
@@ -176,6 +211,20 @@ class RunResult:
     def ok(self) -> bool:
         return self.returncode == 0 and self.rollouts == self.planned
 
+    def problems(self) -> list[str]:
+        """What is wrong with the run beyond its completion: a reward other than the
+        stub's 1.2, or (vfops-vf) not the verifiers package through the adapter."""
+        out = []
+        if self.off_rewards:
+            out.append(f"{self.off_rewards} rollouts scored other than {BAR_REWARD:g}")
+        expected = "arithmetic" if self.tool == "vfops" else "vf_arithmetic"
+        if self.rollouts and self.env_name != expected:
+            out.append(f"metadata.json names env {self.env_name!r}, not {expected!r}")
+        adapted = str(self.env_library or "").startswith("verifiers==")
+        if self.tool == "vfops-vf" and self.rollouts and not adapted:
+            out.append(f"env_library is {self.env_library!r}: not run through the adapter")
+        return out
+
     @property
     def rate(self) -> float:
         return self.rollouts / self.wall_s if self.wall_s > 0 else 0.0
@@ -195,6 +244,7 @@ class RunResult:
             data["reward_mean"] = None
         data.update(
             ok=self.ok,
+            problems=self.problems(),
             rollouts_per_s=self.rate,
             phase_rollouts_per_s=self.phase_rate,
             cpu_ms_per_rollout=self.cpu_ms_per_rollout if self.rollouts else None,
@@ -342,7 +392,9 @@ def _client_env(vfops_home: Path, tool: str) -> dict[str, str]:
             "VFOPS_HOME": str(vfops_home),
         }
     )
-    if tool != "vfops":
+    if tool == "vfops-vf":  # vf_arithmetic visible to this process only
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(VF_ENVS), env.get("PYTHONPATH")]))
+    elif tool not in VFOPS_TOOLS:
         env.pop("PYTHONPATH", None)  # keep the verifiers venv clean of a vfops checkout
     return env
 
@@ -367,7 +419,7 @@ def run_client(
             argv, cwd=out_dir, env=_client_env(vfops_home, tool), stdout=log,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
-        sampler = _TreeSampler(proc.pid, (out_dir, results_glob) if tool == "vfops" else None)
+        sampler = _TreeSampler(proc.pid, (out_dir, results_glob) if tool in VFOPS_TOOLS else None)
         sampler.start()
         # wait4, not wait: its rusage is the client's with every child it reaped
         # (CPU, and ru_maxrss = the peak of the largest of those processes).
@@ -396,6 +448,8 @@ def run_client(
         print(f"  !! {tool} {label} exited {result.returncode} with "
               f"{result.rollouts}/{planned} rollouts; log tail:")  # fmt: skip
         print("     " + result.log[-1500:].replace("\n", "\n     "))
+    for problem in result.problems():
+        print(f"  !! {tool} {label}: {problem}")
     return result
 
 
@@ -431,15 +485,20 @@ def _read_results(
             result.rollouts += 1
             if row.get("reward") is not None:
                 rewards.append(float(row["reward"]))
+            if row.get("reward") is None or abs(float(row["reward"]) - BAR_REWARD) > 1e-9:
+                result.off_rewards += 1
     if rewards:
         result.reward_mean = sum(rewards) / len(rewards)
     meta_path = results_file.parent / "metadata.json"
     if not meta_path.exists():
         return None
     meta = json.loads(meta_path.read_bytes())
-    if result.tool != "vfops":
+    if result.tool not in VFOPS_TOOLS:
+        result.env_name = meta.get("env_id") or meta.get("env")
         result.phase_wall_s = meta.get("time")
         return None
+    result.env_name = meta.get("env_name")
+    result.env_library = meta.get("env_library")
     result.phase_wall_s = (meta.get("summary") or {}).get("wall_s")
     last_rollout = results_file.stat().st_mtime
     result.last_rollout_to_exit_s = exit_epoch - last_rollout
@@ -449,6 +508,7 @@ def _read_results(
 
 RESULTS_GLOB = {
     "vfops": "outputs/evals/arithmetic--*/*/results.jsonl",
+    "vfops-vf": "outputs/evals/vf_arithmetic--*/*/results.jsonl",
     "vf-eval": "outputs/evals/vf_arithmetic--*/*/results.jsonl",
 }
 
@@ -492,9 +552,10 @@ class Bench:
         ]  # fmt: skip
         if w.env_args:
             common += ["-a", json.dumps(w.env_args)]
-        if tool == "vfops":
+        if tool in VFOPS_TOOLS:
             # No --quiet: the live display is off anyway (stderr is a log file, not a TTY).
-            return [str(VFOPS_BIN), "eval", "arithmetic", *common, *extra]
+            env = "arithmetic" if tool == "vfops" else "vf_arithmetic"
+            return [str(VFOPS_BIN), "eval", env, *common, *extra]
         assert self.vf_eval is not None
         # -s: save results.jsonl (what we count); -d: plain logging instead of the
         # Rich live display (the cheaper of the two).
@@ -503,7 +564,7 @@ class Bench:
     def run(
         self, tool: str, label: str, base_url: str, w: Workload, extra: list[str] | None = None
     ) -> RunResult:
-        if tool == "vfops" and not self.stores_ready:
+        if tool in VFOPS_TOOLS and not self.stores_ready:
             self._warm_stores(base_url)
         self._runs += 1
         out_dir = self.work / f"{self._runs:03d}-{tool}-{label}"
@@ -523,8 +584,10 @@ class Bench:
         if not res.ok:
             raise SystemExit("the vfops warm-up run failed; see the log above")
 
-    def describe_argv(self, argv: list[str]) -> str:
+    def describe_argv(self, argv: list[str], tool: str = "") -> str:
         text = shlex.join(argv).replace(str(self.work), "$WORK")
+        if tool == "vfops-vf":
+            text = f"PYTHONPATH={VF_ENVS.relative_to(ROOT)} {text}"
         if self.vf_eval is not None:
             text = text.replace(str(self.vf_eval), "vf-eval")
         return text.replace(str(VFOPS_BIN), "vfops")
@@ -547,7 +610,8 @@ def _run_line(res: RunResult) -> str:
     return (
         f"  {res.tool:<8} {res.label:<16} {res.rollouts:>7}/{res.planned} rollouts  "
         f"wall {res.wall_s:7.2f} s  phase {_fmt(res.phase_wall_s, '7.2f')} s  "
-        f"CPU {res.cpu_s:7.2f} s  reward {res.reward_mean:.3f}{survivor}"
+        f"CPU {res.cpu_s:7.2f} s  reward {res.reward_mean:.3f}"
+        f"{f' env {res.env_name}' if res.tool == 'vfops-vf' else ''}{survivor}"
     )
 
 
@@ -559,14 +623,19 @@ def _stub(latency_ms: float) -> StubServer:
 
 
 def part_throughput(
-    bench: Bench, tools: list[str], w: Workload, *, latencies: list[float]
+    bench: Bench,
+    tools: list[str],
+    w: Workload,
+    *,
+    latencies: list[float],
+    part: str = "throughput",
 ) -> dict[str, Any]:
     """Bar 1: full run and -n 1 -r 1 start-up run of each tool at each latency."""
     rows: list[dict[str, Any]] = []
     for latency in latencies:
         wl = Workload(w.n, w.r, w.c, latency)
         with _stub(latency) as stub:
-            print(f"[throughput] stub latency {latency:g} ms at {stub.base_url}", flush=True)
+            print(f"[{part}] stub latency {latency:g} ms at {stub.base_url}", flush=True)
             for tool in tools:
                 start = bench.run(tool, "start-up", stub.base_url, Workload(1, 1, w.c, latency))
                 print(_run_line(start), flush=True)
@@ -575,7 +644,7 @@ def part_throughput(
                 rows.append(_throughput_row(tool, wl, start, full, bench))
             print(f"  stub served {stub.stats['ok']} ok / {stub.stats['requests']} requests")
     workload = {k: v for k, v in w.__dict__.items() if k != "latency_ms"}
-    return {"workload": workload | {"latencies_ms": latencies}, "rows": rows}
+    return {"part": part, "workload": workload | {"latencies_ms": latencies}, "rows": rows}
 
 
 def _throughput_row(
@@ -589,7 +658,7 @@ def _throughput_row(
         "tool": tool,
         "latency_ms": w.latency_ms,
         "settings": w.describe(),
-        "command": bench.describe_argv(full.argv),
+        "command": bench.describe_argv(full.argv, tool),
         "bound_per_s": bound,
         "e2e_fraction_of_bound": full.rate / bound if bound else None,
         "phase_fraction_of_bound": (full.phase_rate or 0.0) / bound if bound else None,
@@ -683,10 +752,12 @@ class Bar:
 def print_throughput(data: dict[str, Any]) -> list[Bar]:
     rows = data["rows"]
     w = data["workload"]
+    part = data.get("part", "throughput")
     print()
     latencies = ", ".join(f"{x:g}" for x in w["latencies_ms"])
+    title = "[1] throughput" if part == "throughput" else "[1d] verifiers adapter (throughput rows)"
     print(
-        f"[1] throughput: {w['n'] * w['r']:,} rollouts (-n {w['n']} -r {w['r']}), -c {w['c']}, "
+        f"{title}: {w['n'] * w['r']:,} rollouts (-n {w['n']} -r {w['r']}), -c {w['c']}, "
         f"max_tokens {MAX_TOKENS}, stub latency {latencies} ms"
     )
     for row in rows:
@@ -694,7 +765,7 @@ def print_throughput(data: dict[str, Any]) -> list[Bar]:
     header = (
         f"  {'tool':<8} {'latency':>7} {'done':>6} {'wall s':>7} {'e2e/s':>7} {'phase s':>7} "
         f"{'phase/s':>7} {'e2e %':>6} {'phase %':>7} {'CPU ms/r':>8} {'marg ms/r':>9} "
-        f"{'tail s':>6} {'start s':>7} {'start CPU':>9}"
+        f"{'tail s':>6} {'start s':>7} {'start CPU':>9} {'peak MB':>7} {'tree MB':>7}"
     )
     print(header)
     print("  " + "-" * (len(header) - 2))
@@ -709,7 +780,7 @@ def print_throughput(data: dict[str, Any]) -> list[Bar]:
             f"{e2e_pct:>6} {phase_pct:>7} {_fmt(full['cpu_ms_per_rollout'], '8.3f')} "
             f"{_fmt(row['marginal_cpu_ms_per_rollout'], '9.3f')} "
             f"{_fmt(full['last_rollout_to_exit_s'], '6.2f')} {start['wall_s']:>7.2f} "
-            f"{start['cpu_s']:>9.2f}"
+            f"{start['cpu_s']:>9.2f} {full['peak_rss_mb']:>7.0f} {full['tree_peak_rss_mb']:>7.0f}"
         )
     print(
         "  e2e/s: rollouts / process wall time (start to exit: imports, env load, rollouts,\n"
@@ -718,22 +789,39 @@ def print_throughput(data: dict[str, Any]) -> list[Bar]:
         "  e2e % / phase %: of the bound C / latency; CPU ms/r: CPU of the client's process\n"
         "  tree (vfops: + tracker child) / rollouts; marg ms/r: (CPU - start-up run CPU) /\n"
         "  (rollouts - 1); tail s: last rollout (mtime of results.jsonl) to process exit;\n"
-        "  start s / start CPU: wall and CPU s of a -n 1 -r 1 run."
+        "  start s / start CPU: wall and CPU s of a -n 1 -r 1 run; peak MB: the client\n"
+        "  process' peak RSS (VmHWM); tree MB: the largest sampled sum of the tree's RSS."
     )
+    if any(row["tool"] == "vfops-vf" for row in rows):
+        print(
+            "  vfops-vf: `vfops eval vf_arithmetic`, the verifiers package vf-eval runs, through\n"
+            "  vfops' verifiers adapter (PYTHONPATH=.bench/vf-envs, the project venv's verifiers)."
+        )
     by = {(r["tool"], r["latency_ms"]): r for r in rows}
     for latency in w["latencies_ms"]:
-        a, b = by.get(("vfops", latency)), by.get(("vf-eval", latency))
-        if not (a and b and a["full"]["rollouts"] and b["full"]["rollouts"]):
-            continue
-        pa, pb = a["full"]["phase_rollouts_per_s"], b["full"]["phase_rollouts_per_s"]
-        print(
-            f"  ratio vfops/vf-eval @ {latency:g} ms: rollouts/s "
-            f"x{a['full']['rollouts_per_s'] / b['full']['rollouts_per_s']:.2f} end-to-end, "
-            f"x{_fmt(pa / pb if pa and pb else None, '.2f')} rollout phase; vf-eval uses "
-            f"x{b['full']['cpu_ms_per_rollout'] / a['full']['cpu_ms_per_rollout']:.2f} "
-            "the CPU per rollout"
-        )
-    return _throughput_bars(by, w)
+        for tool, other in (("vfops", "vf-eval"), ("vfops-vf", "vf-eval"), ("vfops-vf", "vfops")):
+            a, b = by.get((tool, latency)), by.get((other, latency))
+            if not (a and b and a["full"]["rollouts"] and b["full"]["rollouts"]):
+                continue
+            pa, pb = a["full"]["phase_rollouts_per_s"], b["full"]["phase_rollouts_per_s"]
+            print(
+                f"  ratio {tool}/{other} @ {latency:g} ms: rollouts/s "
+                f"x{a['full']['rollouts_per_s'] / b['full']['rollouts_per_s']:.2f} end-to-end, "
+                f"x{_fmt(pa / pb if pa and pb else None, '.2f')} rollout phase; {other} uses "
+                f"x{b['full']['cpu_ms_per_rollout'] / a['full']['cpu_ms_per_rollout']:.2f} "
+                "the CPU per rollout"
+            )
+    for row in rows:
+        if row["tool"] == "vfops-vf":
+            full = row["full"]
+            problems = "; ".join(full["problems"] + row["startup"]["problems"]) or "none"
+            print(
+                f"  vfops-vf @ {row['latency_ms']:g} ms: env {full['env_name']!r} "
+                f"({full['env_library']}), reward mean {_fmt(full['reward_mean'], '.3f')}, "
+                f"problems: {problems}"
+            )
+    bars = _throughput_bars(by, w) if part == "throughput" else []
+    return [*bars, _adapter_bar(by, w)]
 
 
 def _pct(fraction: float | None) -> float | None:
@@ -779,6 +867,24 @@ def _throughput_bars(by: dict[tuple[str, float], dict[str, Any]], w: dict[str, A
                 full["ok"] and other["full"]["ok"] and ratio >= BAR_VS_VF_EVAL, exact)
         )  # fmt: skip
     return bars
+
+
+def _adapter_bar(by: dict[tuple[str, float], dict[str, Any]], w: dict[str, Any]) -> Bar:
+    """Bar 1d (issue 15): vfops on the verifiers package vs vf-eval on it, end to end."""
+    exact = {k: w[k] for k in ("n", "r", "c")} == BAR_THROUGHPUT
+    what = "vfops on a verifiers env end-to-end rate vs vf-eval's"
+    target = f">= x{BAR_ADAPTER_VS_VF_EVAL:g}"
+    row, other = by.get(("vfops-vf", BAR_LATENCY_MS)), by.get(("vf-eval", BAR_LATENCY_MS))
+    if row is None or other is None or not other["full"]["rollouts_per_s"]:
+        return Bar("1d", what, "-", target, None, exact)
+    a, b = row["full"], other["full"]
+    ratio = a["rollouts_per_s"] / b["rollouts_per_s"]
+    clean = not (a["problems"] or b["problems"])
+    return Bar(
+        "1d", f"{what} (same env and workload)",
+        f"x{ratio:.2f} ({a['rollouts_per_s']:.0f} vs {b['rollouts_per_s']:.0f}/s)", target,
+        a["ok"] and b["ok"] and clean and ratio >= BAR_ADAPTER_VS_VF_EVAL, exact,
+    )  # fmt: skip
 
 
 def print_short(data: dict[str, Any]) -> list[Bar]:
@@ -882,10 +988,14 @@ def print_bars(bars: list[Bar]) -> None:
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes, 2 repeats")
-    parser.add_argument("--skip-verifiers", action="store_true", help="vfops only")
     parser.add_argument(
-        "--only", default=",".join(PARTS),
-        help=f"comma-separated parts to run: {', '.join(PARTS)} (default: all)",
+        "--skip-verifiers", action="store_true",
+        help="vfops on its own env only: no vf-eval, no vfops-vf (the verifiers adapter)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--only", default=",".join(DEFAULT_PARTS),
+        help=f"comma-separated parts to run: {', '.join(PARTS)} (default: "
+        f"{','.join(DEFAULT_PARTS)}; throughput includes verifiers-adapter's rows)",
     )  # fmt: skip
     parser.add_argument("-n", "--num-examples", type=int, default=None, help="throughput -n")
     parser.add_argument("-r", "--rollouts-per-example", type=int, default=BAR_THROUGHPUT["r"])
@@ -904,13 +1014,19 @@ def _parse_args() -> argparse.Namespace:
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown or not args.parts:
         parser.error(f"--only: unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    if args.skip_verifiers and args.parts == ["verifiers-adapter"]:
+        parser.error("--only verifiers-adapter runs verifiers only; drop --skip-verifiers")
     return args
 
 
-def _versions(vf_eval: Path | None) -> dict[str, str]:
+def _versions(vf_eval: Path | None, adapter: bool) -> dict[str, str]:
+    packages = ["vfops", "openai", "mlflow", "sqlalchemy"] + (["verifiers"] if adapter else [])
+    project = venv_versions(Path(sys.executable), packages)
+    if adapter:
+        project["verifiers (project venv, vfops-vf)"] = project.pop("verifiers")
     versions = {
         "python": platform.python_version(),
-        **venv_versions(Path(sys.executable), ["vfops", "openai", "mlflow", "sqlalchemy"]),
+        **project,
         "vfops source": _vfops_source(),
         "cpus": str(os.cpu_count()),
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
@@ -922,12 +1038,26 @@ def _versions(vf_eval: Path | None) -> dict[str, str]:
     return versions
 
 
+def _project_has_verifiers() -> bool:
+    """Whether the project venv has ``verifiers`` (the ``[verifiers]`` extra) for vfops-vf."""
+    if venv_versions(Path(sys.executable), ["verifiers"])["verifiers"] != "-":
+        return True
+    print(
+        "vfops-vf skipped: verifiers is not installed in the project venv "
+        "(pip install -e '.[verifiers]'); bar 1d is n/a",
+        flush=True,
+    )
+    return False
+
+
 def compile_sources() -> None:
     """Byte-compile the sources both tools run from a checkout (vfops, its environments,
     the verifiers twin), as pip does for an installed package: with
     PYTHONDONTWRITEBYTECODE set (as on these machines) an editable install would
     otherwise compile every module at every start (~0.4 s for vfops)."""
     folders = [ROOT / "vfops", ROOT / "environments", ROOT / "bench" / "vf_arithmetic"]
+    if VF_ENVS.exists():
+        folders.append(VF_ENVS)
     subprocess.run(
         [sys.executable, "-m", "compileall", "-q", *map(str, folders)],
         check=True,
@@ -951,11 +1081,20 @@ def main() -> None:
     )
     latencies = [float(x) for x in args.latencies.split(",") if x]
 
-    needs_vf = {"throughput", "short"} & set(args.parts)
+    needs_vf = {"throughput", "verifiers-adapter", "short"} & set(args.parts)
     vf_eval = None if args.skip_verifiers or not needs_vf else ensure_verifiers_venv()
+    adapter = (
+        not args.skip_verifiers
+        and bool({"throughput", "verifiers-adapter"} & set(args.parts))
+        and _project_has_verifiers()
+    )
+    if adapter:
+        ensure_vf_envs()
     compile_sources()
     tools = ["vfops"] + (["vf-eval"] if vf_eval is not None else [])
-    versions = _versions(vf_eval)
+    # vfops-vf next to vf-eval: the rows of bar 1d
+    throughput_tools = ["vfops"] + (["vfops-vf"] if adapter else []) + tools[1:]
+    versions = _versions(vf_eval, adapter)
 
     BENCH_DIR.mkdir(exist_ok=True)
     work = BENCH_DIR / "eval_overhead" / time.strftime("%Y%m%dT%H%M%S")
@@ -965,7 +1104,14 @@ def main() -> None:
     bars: list[Bar] = []
     try:
         if "throughput" in args.parts:
-            summary["throughput"] = part_throughput(bench, tools, throughput, latencies=latencies)
+            summary["throughput"] = part_throughput(
+                bench, throughput_tools, throughput, latencies=latencies
+            )
+        elif "verifiers-adapter" in args.parts:  # throughput has these rows already
+            summary["verifiers-adapter"] = part_throughput(
+                bench, [t for t in throughput_tools if t != "vfops"], throughput,
+                latencies=latencies, part="verifiers-adapter",
+            )  # fmt: skip
         if "short" in args.parts:
             summary["short"] = part_short(bench, tools, short, repeats=repeats)
         if "memory" in args.parts:
@@ -978,6 +1124,8 @@ def main() -> None:
         )
         if "throughput" in summary:
             bars += print_throughput(summary["throughput"])
+        if "verifiers-adapter" in summary:
+            bars += print_throughput(summary["verifiers-adapter"])
         if "short" in summary:
             bars += print_short(summary["short"])
         if "memory" in summary:
