@@ -320,3 +320,19 @@ def test_publish_and_install_a_verifiers_package_then_eval_records_the_version(
     assert metadata["env_version"] == "0.1.0"
     assert metadata["env_library"] == f"verifiers=={vf.__version__}"
     assert metadata["summary"]["reward_mean"] == pytest.approx((1.2 + 0.0 + 0.04 + 0.0) / 4)
+
+
+def test_finding_verifiers_packages_imports_no_verifiers() -> None:
+    """`vfops env list`, `vfops eval` of a vfops environment and the adapter package itself
+    stay free of verifiers' import (seconds: it imports the Anthropic and OpenAI SDK types)."""
+    code = (
+        "import sys, vfops, vfops.adapters\n"
+        "from vfops.envs import find_environment, installed_environments, load_environment\n"
+        "assert installed_environments()['vf_guess'].library == 'verifiers'\n"
+        "assert find_environment('vf-tools').name == 'vf_tools'\n"
+        "load_environment('arithmetic')\n"
+        "heavy = sorted(m for m in ('verifiers', 'anthropic') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
