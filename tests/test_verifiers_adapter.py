@@ -336,3 +336,28 @@ def test_finding_verifiers_packages_imports_no_verifiers() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_verifiers_environment_builds_in_a_worker_thread() -> None:
+    """Prefect runs tasks (sweep and nightly cells) in worker threads, where verifiers'
+    own signal.signal calls would raise; the process's handlers stay as they were."""
+    import signal
+    import threading
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    built: list[Any] = []
+    failed: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            built.append(load_environment("vf_xml_math", num_examples=2))
+        except BaseException as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=build)
+    worker.start()
+    worker.join()
+    assert not failed, failed
+    assert built[0].eval_size() == 2
+    load_environment("vf_guess")  # and on the main thread
+    assert {sig: signal.getsignal(sig) for sig in before} == before

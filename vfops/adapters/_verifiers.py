@@ -24,11 +24,9 @@ worker runs the environment in-process instead) and its own ``Client`` types
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vfops._errors import MissingExtraError, VfopsError
@@ -62,6 +60,7 @@ def _import_verifiers() -> Any:
             f"verifiers {version} is installed; vfops runs the classic environment API of "
             f"verifiers {SUPPORTED_VERIFIERS}: pip install 'vfops[verifiers]'"
         )
+    _keep_signal_handlers()
     return vf
 
 
@@ -90,12 +89,12 @@ def build_verifiers_environment(
     factory: Callable[..., Any], *, name: str, **kwargs: Any
 ) -> VerifiersEnvironment:
     """``factory(**kwargs)`` (a package's ``load_environment``) wrapped for vfops, with the
-    process's signal handlers kept (see :func:`_own_signal_handlers`)."""
+    process's signal handlers kept (see :class:`_HandlersKeptByVfops`); any thread."""
     vf = _import_verifiers()
     from vfops.envs._dataset import quiet_datasets
 
     try:
-        with quiet_datasets(), _own_signal_handlers():
+        with quiet_datasets():
             vf_env = factory(**kwargs)
     except Exception as exc:
         cause = exc.__cause__ or exc
@@ -111,25 +110,31 @@ def build_verifiers_environment(
     return VerifiersEnvironment(vf_env, name=name)
 
 
-@contextlib.contextmanager
-def _own_signal_handlers() -> Iterator[None]:
-    """Keep the process's SIGINT and SIGTERM handlers across ``verifiers`` code.
+class _HandlersKeptByVfops:
+    """What ``verifiers``' environment module sees as ``signal``: the real module, except
+    that ``signal.signal`` installs nothing.
 
-    A ``verifiers`` environment installs its own when it is built (a teardown, then
-    ``exit(143)``), which would end a vfops evaluation at an arbitrary point instead of
-    letting it record the run as interrupted with every row kept. vfops tears the
-    environment down itself (:meth:`VerifiersEnvironment.aclose`).
+    A ``verifiers`` environment installs SIGINT and SIGTERM handlers when it is built (a
+    teardown, then ``exit(143)``). In a vfops evaluation they would end the run at an
+    arbitrary point instead of recording it as interrupted with every row kept, and off
+    the main thread (a Prefect task runs in a worker thread) ``signal.signal`` raises, so
+    the environment could not be built at all. vfops keeps its own handlers and tears
+    the environment down itself (:meth:`VerifiersEnvironment.aclose`).
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            if handler is not None:
-                signal.signal(sig, handler)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(signal, name)
+
+    @staticmethod
+    def signal(signalnum: int, handler: Any) -> Any:
+        return signal.getsignal(signalnum)
+
+
+def _keep_signal_handlers() -> None:
+    from verifiers.legacy.envs import environment
+
+    if not isinstance(environment.signal, _HandlersKeptByVfops):
+        environment.signal = _HandlersKeptByVfops()
 
 
 class VerifiersEnvironment(Environment):
