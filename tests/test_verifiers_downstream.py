@@ -482,3 +482,77 @@ def test_verifiers_environments_gate_a_promotion(
                 assert record.reward == pytest.approx(1.0 / (1.0 + len(reply_text)))
                 assert record.metrics["brevity"] == pytest.approx(record.reward)
     assert models == {env: {f"models:/tiny/{v}" for v in ("1", "2", "3")} for env in GATE_ENVS}
+
+
+@pytest.fixture(scope="module")
+def published_vf_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A verifiers package (a renamed copy of vf_xml_math) published, then installed from
+    the registry into a folder on sys.path: what ``nightly-eval`` evaluates at @latest."""
+    import importlib
+
+    from vfops.publishing import install_published, publish_environment
+
+    root = tmp_path_factory.mktemp("vf-nightly")
+    source = Path(__file__).resolve().parent / "verifiers_envs" / "vf_xml_math"
+    package = root / "src" / "vf_night_math"
+    package.mkdir(parents=True)
+    (package / "vf_night_math.py").write_text((source / "vf_xml_math.py").read_text())
+    (package / "pyproject.toml").write_text(
+        (source / "pyproject.toml")
+        .read_text()
+        .replace("vf-xml-math", "vf-night-math")
+        .replace("vf_xml_math", "vf_night_math")
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VFOPS_DATABASE_URL", f"sqlite:///{root / 'registry.db'}")
+        patch.setenv("VFOPS_ARTIFACTS", (root / "artifacts").as_uri())
+        patch.setenv("VFOPS_HOME", str(root / "home"))
+        patch.delenv("OPENAI_API_KEY", raising=False)
+        publish_environment(package)
+        site = root / "site"
+        install_published("vf_night_math@latest", target=site, no_deps=True)
+        shutil.rmtree(package)  # what runs is the installed wheel
+        sys.path.insert(0, str(site))
+        importlib.invalidate_caches()
+        try:
+            yield str(root)
+        finally:
+            sys.path.remove(str(site))
+    dispose_engines()
+
+
+# Prefect's events client (emit_event) leaves its websocket sockets to the garbage
+# collector, as in tests/test_flow_nightly.py: that is Prefect's, not ours.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_verifiers_environment_is_a_nightly_cell(
+    harness: None, published_vf_env: str, vf_stub: StubServer
+) -> None:
+    """Two nights of ``nightly-eval`` on a published verifiers package: each night's cell is
+    a completed registry run of the published version (tagged with the verifiers
+    version), with verifiers' per-example rewards, and the second night is compared with
+    the first (same rewards: no regression)."""
+    from flows.nightly import NightlyConfig, nightly_eval
+
+    endpoints = write_endpoints(Path(published_vf_env) / "endpoints.toml", vf_stub.base_url)
+    url = f"sqlite:///{Path(published_vf_env) / 'registry.db'}"
+    nights = []
+    for night in ("2026-12-01", "2026-12-02"):
+        config = NightlyConfig(
+            environments=["vf_night_math"], endpoints=["stub"], endpoints_file=str(endpoints),
+            num_examples=8, rollouts_per_example=2, date=night,
+        )  # fmt: skip
+        nights.append(await nightly_eval(config))
+    first, second = (comparisons[0] for comparisons in nights)
+    for comparison in (first, second):
+        run = registry_run(url, comparison["run_id"])
+        assert run.status == "completed" and run.environment_version == "0.1.0"
+        assert run.environment_version_id is not None  # the published row
+        assert f"verifiers=={vf.__version__}" in run.tags and "nightly" in run.tags
+        rewards = rewards_by_example(url, run.id)
+        expected = [1.2, 0.0, 0.04, 0.0, 0.04, 0.2, 0.2, 1.12]  # the stub's pinned rows
+        assert sorted(rewards) == list(range(8))
+        for example, value in enumerate(expected):
+            assert rewards[example] == pytest.approx([value, value])
+    assert first["previous_run_id"] is None
+    assert second["previous_run_id"] == first["run_id"]
+    assert second["regressed"] is False
