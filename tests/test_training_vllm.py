@@ -302,6 +302,45 @@ async def test_tool_call_turn_keeps_sampled_tokens(
     assert t1["prompt_ids"] == _render(tokenizer, messages[:1], tools)
 
 
+async def test_a_verifiers_tool_rollout_through_the_vllm_backend_keeps_every_turns_tokens(
+    fake: tuple[FakeVLLM, str], tokenizer: Any, tmp_path: Path
+) -> None:
+    """A ``verifiers`` ToolEnv (tests/verifiers_envs/vf_tools) rolled out through the vLLM
+    backend: verifiers' own loop asks for a tool, runs it and sends its result back; each
+    turn's tokens are the server's exactly, the second continuing the first."""
+    from vfops.envs import load_environment
+
+    server, url = fake
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    env = load_environment("vf_tools", num_examples=1)
+    example = next(iter(env.iter_eval_examples(1)))
+    question = str(example.prompt[-1]["content"])
+    import re
+
+    a, b, c = (int(x) for x in re.findall(r"-?\d+", question)[:3])
+    call = f'<tool_call>{{"name":"add","arguments":{{"a":{a},"b":{b}}}}}</tool_call>'
+    sent = [
+        [*_encode(tokenizer, call), eos],
+        [*_encode(tokenizer, f"<answer>{(a + b) * c}</answer>"), eos],
+    ]
+    server.script += [list(ids) for ids in sent]
+    backend = _backend(url, tokenizer, tmp_path)
+    states, scores = await env.run_group_states(
+        backend.client, "m", example, [0], sampling_args={"max_tokens": 40}
+    )
+    await backend.aclose()
+    (state,) = states
+    assert state["error"] is None and scores[0].reward is not None
+    roles = [m["role"] for m in state["completion"]]
+    assert roles == ["assistant", "tool", "assistant"]
+    assert state["completion"][1]["content"] == str(a + b)  # verifiers ran the tool
+    t1, t2 = (r.raw[TOKENS_KEY] for r in state["responses"])
+    assert [t1["completion_ids"], t2["completion_ids"]] == sent
+    prefix = t1["prompt_ids"] + t1["completion_ids"]
+    assert t2["prompt_ids"][: len(prefix)] == prefix  # continued, not re-rendered
+    assert server.bodies("/v1/completions")[1]["prompt"] == t2["prompt_ids"]
+
+
 async def test_filesystem_sync_writes_weights_then_reloads_and_resets(
     fake: tuple[FakeVLLM, str], tokenizer: Any, tiny_dir: Path, tmp_path: Path
 ) -> None:
