@@ -30,11 +30,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vfops._errors import MissingExtraError, VfopsError
-from vfops._rollout import ErrorStage, RolloutError, RolloutRecord, StopReason, TokenUsage
+from vfops._rollout import ErrorStage, RolloutError, StopReason, TokenUsage
 from vfops._types import Message, Messages, SamplingArgs, State
 from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
 from vfops.envs._dataset import Example
-from vfops.envs._environment import Environment, state_to_record
+from vfops.envs._environment import Environment
 from vfops.rubrics import RolloutScore
 
 if TYPE_CHECKING:
@@ -199,33 +199,6 @@ class VerifiersEnvironment(Environment):
         }
 
     # --- rollouts ---------------------------------------------------------------
-    async def run_group(
-        self,
-        client: ModelClient,
-        model: str,
-        example: Example,
-        rollout_indices: Sequence[int],
-        *,
-        sampling_args: SamplingArgs | None = None,
-        limiter: asyncio.Semaphore | None = None,
-    ) -> list[RolloutRecord]:
-        """Records as vfops writes them, with one difference that keeps ``verifiers``'
-        scores: a rollout that ``verifiers`` scored although it stopped on the model's
-        own failure (an empty or invalid reply) keeps that reward next to its error;
-        a call that failed (after vfops's retries) is unscored, as for any vfops
-        environment."""
-        sampling = self.merged_sampling_args(sampling_args)
-        states, scores = await self.run_group_states(
-            client, model, example, rollout_indices, sampling_args=sampling_args, limiter=limiter
-        )
-        records = []
-        for state, score in zip(states, scores, strict=True):
-            record = state_to_record(state, score, model=model, sampling_args=sampling)
-            if state.get("error_is_models") and score.error is None:
-                record.reward = score.reward
-            records.append(record)
-        return records
-
     async def rollout(
         self,
         client: ModelClient,
@@ -306,7 +279,8 @@ class VerifiersEnvironment(Environment):
             "error": error,
             "generation_ms": _generation_ms(vf_state, group_ms),
             "verifiers_stop_condition": vf_state.get("stop_condition"),
-            "error_is_models": error is not None and error.type in _MODEL_BEHAVIOUR_ERRORS,
+            # the model's own empty or invalid reply: verifiers scored it, vfops keeps that
+            "error_scored": error is not None and error.type in _MODEL_BEHAVIOUR_ERRORS,
         }
 
 

@@ -2,7 +2,7 @@
 
 from vfops.envs._dataset import Example, format_dataset, iter_examples, quiet_datasets
 from vfops.envs._env_group import EnvGroup
-from vfops.envs._environment import Environment, Scorer, state_to_record
+from vfops.envs._environment import Environment, Scorer
 from vfops.envs._loading import (
     EnvironmentEntry,
     Library,
@@ -34,7 +34,6 @@ __all__ = [
     "iter_examples",
     "load_environment",
     "quiet_datasets",
-    "state_to_record",
     "tool_schema",
     "verifiers_environments",
 ]

@@ -260,8 +260,11 @@ def state_to_record(
 ) -> RolloutRecord:
     """Combine a finished state and its score into the rollout record."""
     generation_error: RolloutError | None = state.get("error")
-    # A rollout whose generation failed is not scored: 0.0 would bias the mean.
-    reward = None if generation_error is not None else score.reward
+    # A rollout whose generation failed is not scored: 0.0 would bias the mean. Unless
+    # the state says the error is the model's own answer (``error_scored``: an empty or
+    # invalid reply, which an adapted library scores), whose score is kept beside it.
+    unscored = generation_error is not None and not state.get("error_scored", False)
+    reward = None if unscored else score.reward
     return RolloutRecord(
         example_id=state["example_id"],
         rollout_index=state["rollout_index"],
