@@ -12,6 +12,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from typing import Any
+from uuid import UUID
 
 import pytest
 
@@ -38,3 +39,15 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
+
+
+async def flow_run_artifacts(flow_run_id: UUID) -> dict[str, Any]:
+    """The artifacts of a flow run, by key."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async with get_client() as client:
+        artifacts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return {artifact.key: artifact for artifact in artifacts}

@@ -16,7 +16,6 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 # before Prefect is imported: no telemetry, no ~/.prefect
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -26,6 +25,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from tests.prefect_fixtures import flow_run_artifacts
 from vfops.registry import EvalRunRow, count_rollouts, dispose_engines, get_engine
 from vfops.sweeps import SweepSpec
 from vfops.testing import StubConfig, StubServer
@@ -79,17 +79,6 @@ def sweep_params(endpoints_toml: Path, output: Path, /, **overrides: Any) -> dic
 def run_count(url: str) -> int:
     with Session(get_engine(url)) as session:
         return int(session.scalar(select(func.count()).select_from(EvalRunRow)) or 0)
-
-
-async def flow_run_artifacts(flow_run_id: UUID) -> dict[str, Any]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    async with get_client() as client:
-        artifacts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
-        )
-    return {artifact.key: artifact for artifact in artifacts}
 
 
 def test_sweep_runs_every_cell_and_attaches_artifacts(

@@ -34,7 +34,6 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 # before Prefect is imported: no telemetry, no ~/.prefect
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -46,6 +45,7 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from tests.mlflow_fixtures import MlflowServer, fake_aws_env
+from tests.prefect_fixtures import flow_run_artifacts
 from tests.registry_fixtures import DIALECTS, database_url
 from tests.verifiers_stub import reply
 from vfops.registry import (
@@ -147,17 +147,6 @@ def write_endpoints(path: Path, base_url: str) -> Path:
         f'[[endpoint]]\nalias = "stub"\nmodel = "stub-model"\nbase_url = "{base_url}"\n'
     )
     return path
-
-
-async def flow_run_artifacts(flow_run_id: UUID) -> dict[str, Any]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    async with get_client() as client:
-        artifacts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
-        )
-    return {artifact.key: artifact for artifact in artifacts}
 
 
 def test_verifiers_environments_are_cells_of_an_eval_sweep_flow(
