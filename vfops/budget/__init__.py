@@ -3,33 +3,77 @@
 Budgets are Prefect global concurrency limits (:func:`ensure_limits`,
 :class:`PrefectRequestLimiter`), so sweeps, judge scoring and training rollouts on
 any worker cannot exceed an API's limit together; :class:`LocalRequestLimiter`
-is the same for one process without Prefect. A limiter is attached to a client
-with ``OpenAIClient(..., limiter=...)``. Importing this package does not import
-Prefect.
+is the same for one process without Prefect; :class:`AdaptiveLimiter` learns an
+endpoint's concurrency limit from its 429s when none is configured. A limiter is
+attached to a client with ``OpenAIClient(..., limiter=...)``. Importing this package does not import
+Prefect (nor pydantic: the exports load on first use).
 """
 
-from vfops.budget._config import (
-    BUDGETS_ENV_VAR,
-    Budget,
-    budget_for,
-    budgets_path,
-    limit_name,
-    load_budgets,
-    rate_limit_batch,
-    rate_limit_name,
-)
-from vfops.budget._limiter import LocalRequestLimiter, Pacer
-from vfops.budget._prefect import (
-    LimitsInfo,
-    PrefectRequestLimiter,
-    ensure_limits,
-    prefect_limiter,
-    read_rate_limit,
-)
-from vfops.clients._openai import RequestLimiter
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vfops.budget._adaptive import AdaptiveLimiter, shared_adaptive_limiter
+    from vfops.budget._config import (
+        BUDGETS_ENV_VAR,
+        Budget,
+        budget_for,
+        budgets_path,
+        limit_name,
+        load_budgets,
+        rate_limit_batch,
+        rate_limit_name,
+    )
+    from vfops.budget._limiter import LocalRequestLimiter, Pacer
+    from vfops.budget._prefect import (
+        LimitsInfo,
+        PrefectRequestLimiter,
+        ensure_limits,
+        prefect_limiter,
+        read_rate_limit,
+    )
+    from vfops.clients._openai import RequestLimiter
+
+_MODULES = {
+    "vfops.budget._adaptive": ("AdaptiveLimiter", "shared_adaptive_limiter"),
+    "vfops.budget._config": (
+        "BUDGETS_ENV_VAR",
+        "Budget",
+        "budget_for",
+        "budgets_path",
+        "limit_name",
+        "load_budgets",
+        "rate_limit_batch",
+        "rate_limit_name",
+    ),
+    "vfops.budget._limiter": ("LocalRequestLimiter", "Pacer"),
+    "vfops.budget._prefect": (
+        "LimitsInfo",
+        "PrefectRequestLimiter",
+        "ensure_limits",
+        "prefect_limiter",
+        "read_rate_limit",
+    ),
+    "vfops.clients._openai": ("RequestLimiter",),
+}
+_SOURCE = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    # Exports load on first use: the adaptive limiter (used by every evaluation)
+    # needs neither pydantic (budgets.toml's models) nor anything else here.
+    module = _SOURCE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BUDGETS_ENV_VAR",
+    "AdaptiveLimiter",
     "Budget",
     "LimitsInfo",
     "LocalRequestLimiter",
@@ -45,4 +89,5 @@ __all__ = [
     "rate_limit_batch",
     "rate_limit_name",
     "read_rate_limit",
+    "shared_adaptive_limiter",
 ]

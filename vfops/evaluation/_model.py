@@ -53,7 +53,13 @@ class ModelOptions:
     """Before the run, check the model name against the endpoint's ``GET /models``
     (skipped where the endpoint lists none)."""
     limiter: RequestLimiter | None = None
-    """Admission control around every request (a shared Prefect budget)."""
+    """Admission control around every request (a shared Prefect budget). When set,
+    it is the only one: an explicit budget wins over adaptive concurrency."""
+    adaptive_concurrency: bool = True
+    """Without a ``limiter``, learn the endpoint's concurrency limit from its 429s
+    (:class:`vfops.budget.AdaptiveLimiter`, one per base URL and model in a process):
+    no cap until the endpoint pushes back. ``False``: requests go out as the
+    rollout concurrency sends them."""
     seed: int | None = None
     """Sampling seed of a model loaded in-process (``local:``; ``models:/`` uses 0 when unset)."""
 
@@ -121,13 +127,18 @@ async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
     # Required: a loopback server with the default variable unset gets "EMPTY".
     api_key = read_api_key(endpoint, required=True)
     await check_reachable(endpoint.base_url)
+    limiter = options.limiter
+    if limiter is None and options.adaptive_concurrency:
+        from vfops.budget._adaptive import shared_adaptive_limiter
+
+        limiter = shared_adaptive_limiter(f"{endpoint.base_url.rstrip('/')} {endpoint.model}")
     client = OpenAIClient(
         endpoint.base_url,
         api_key,
         timeout_s=options.request_timeout_s,
         max_retries=options.max_retries,
         max_retry_wait_s=options.max_retry_wait_s,
-        limiter=options.limiter,
+        limiter=limiter,
     )
     if options.check_model:
         try:

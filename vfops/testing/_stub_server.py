@@ -87,6 +87,11 @@ class StubConfig:
     times of admitted requests are kept in ``StubServer.admitted_times``."""
     rate_limit_burst: int = 0
     """Requests allowed in the window beyond ``floor(rate_limit_per_s)``."""
+    max_in_flight: int | None = None
+    """When set, a chat request arriving while this many chat requests are being
+    answered gets a 429 (``Retry-After``: ``retry_after_s``), as a provider with a
+    cap on concurrent requests answers; counted in ``stats["in_flight_limited"]``
+    (and ``"429"``), the most held at once in ``stats["max_active"]``."""
 
     def __post_init__(self) -> None:
         total = self.rate_429 + self.rate_500 + self.rate_timeout + self.rate_malformed
@@ -103,6 +108,8 @@ class StubConfig:
             raise ValueError("rate_limit_per_s must be at least 1 (requests per second) or None")
         if self.rate_limit_burst < 0:
             raise ValueError("rate_limit_burst must be 0 or more")
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1 or None")
 
     @property
     def rate_limit_capacity(self) -> int | None:
@@ -192,6 +199,9 @@ class _StubApp:
             "rate_limited": 0,
             "in_flight": 0,
             "max_in_flight": 0,
+            "active": 0,
+            "max_active": 0,
+            "in_flight_limited": 0,
         }
         self.requests: list[dict[str, Any]] = []
         self.admitted_times: list[float] = []
@@ -201,7 +211,7 @@ class _StubApp:
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/chat/completions", self.chat_entry)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/stats", self.get_stats)
         return app
@@ -277,6 +287,34 @@ class _StubApp:
                 return kind
             r -= rate
         return None
+
+    async def chat_entry(self, request: web.Request) -> web.Response:
+        """Counts chat requests being answered (``active``); over ``max_in_flight``, 429."""
+        stats = self.stats
+        cap = self.config.max_in_flight
+        if cap is not None and stats["active"] >= cap:
+            await request.read()
+            stats["requests"] += 1
+            stats["429"] += 1
+            stats["in_flight_limited"] += 1
+            headers = dict(_JSON_HEADERS)
+            if self.config.retry_after_s is not None:
+                headers["Retry-After"] = _format_number(self.config.retry_after_s)
+            return web.Response(
+                status=429,
+                body=_error_body(
+                    f"Too many concurrent requests: at most {cap} in flight (stub)",
+                    "requests",
+                    "rate_limit_exceeded",
+                ),
+                headers=headers,
+            )
+        stats["active"] += 1
+        stats["max_active"] = max(stats["max_active"], stats["active"])
+        try:
+            return await self.chat_completions(request)
+        finally:
+            stats["active"] -= 1
 
     async def chat_completions(self, request: web.Request) -> web.Response:
         config = self.config
