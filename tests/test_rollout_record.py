@@ -94,7 +94,11 @@ OLD_LINE = (
 def test_old_jsonl_line_loads_and_is_written_byte_for_byte() -> None:
     record = RolloutRecord.from_json(OLD_LINE)
     assert record == sample_record(trace_id="245d75b48346d4a2fb739193b49e4aa2")
-    assert record.to_json() == OLD_LINE
+    # unchanged but for the usage fields added since (cost: migration 0005), at defaults
+    assert record.to_json() == OLD_LINE.replace(
+        b'"completion_tokens":9}', b'"completion_tokens":9,"cached_tokens":0,"cost_usd":null}'
+    )
+    assert record.usage.cost_usd is None  # unpriced, never 0
 
 
 def test_sparse_json_record_takes_the_defaults() -> None:
@@ -145,6 +149,7 @@ def test_arrow_schema_matches_the_features_and_round_trips() -> None:
         "error_type",
         "error_message",
         "error_stage",
+        "cost_usd",
     ]
     records = [sample_record(), sample_record(rollout_index=3, error=None, reward=None)]
     table = pa.Table.from_pylist([r.to_row() for r in records], schema=schema)

@@ -61,14 +61,27 @@ class Timing:
 
 @dataclass(slots=True)
 class TokenUsage:
-    """Token counts summed over every model call of the rollout."""
+    """Token counts summed over every model call of the rollout, and its cost.
+
+    ``cost_usd`` sums the calls of priced endpoints (the policy's and the judges'
+    that scored this rollout); ``None`` when none was priced, never 0 for "unknown".
+    """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens the endpoint served from its cache (part of ``prompt_tokens``)."""
+    cost_usd: float | None = None
 
-    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def add(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
+        self.cached_tokens += cached_tokens
+
+    def add_cost(self, usd: float | None) -> None:
+        """Add one call's cost (``None``: an unpriced call, which changes nothing)."""
+        if usd is not None:
+            self.cost_usd = usd if self.cost_usd is None else self.cost_usd + usd
 
 
 def new_trace_id() -> str:
@@ -194,6 +207,8 @@ ROLLOUT_COLUMNS: tuple[RolloutColumn, ...] = (
     RolloutColumn("scoring_ms", "float", part="timing"),
     RolloutColumn("prompt_tokens", "int", part="usage"),
     RolloutColumn("completion_tokens", "int", part="usage"),
+    RolloutColumn("cached_tokens", "int", part="usage"),
+    RolloutColumn("cost_usd", "float", nullable=True, part="usage"),
     RolloutColumn("turns", "int"),
     RolloutColumn("model", "str", per_run=True),
     RolloutColumn("sampling_args", "json", per_run=True),

@@ -33,6 +33,7 @@ from vfops._errors import MissingExtraError, VfopsError
 from vfops._rollout import ErrorStage, RolloutError, StopReason, TokenUsage
 from vfops._types import Message, Messages, SamplingArgs, State
 from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
+from vfops.costs import BudgetExhausted
 from vfops.envs._dataset import Example
 from vfops.envs._environment import Environment
 from vfops.rubrics import RolloutScore
@@ -262,7 +263,8 @@ class VerifiersEnvironment(Environment):
         usage = TokenUsage()
         responses: list[ChatResponse] = list(vf_state.get(_RESPONSES_KEY) or [])
         for response in responses:
-            usage.add(response.prompt_tokens, response.completion_tokens)
+            usage.add(response.prompt_tokens, response.completion_tokens, response.cached_tokens)
+            usage.add_cost(response.cost_usd)
         error = _error(vf_state.get("error"))
         return {
             "example_id": example.example_id,
@@ -484,6 +486,8 @@ def _error(vf_error: Any) -> RolloutError | None:
     cause = vf_error
     while getattr(cause, "__cause__", None) is not None:
         cause = cause.__cause__
+    if isinstance(cause, BudgetExhausted):  # a cap was reached: the run stops here
+        raise cause
     stage: ErrorStage = (
         "generation" if type(vf_error).__name__ in _GENERATION_ERRORS else "environment"
     )

@@ -131,14 +131,23 @@ def eval_command(
             "above it (or when every rollout errored) the run exits 3.",
         ),
     ] = DEFAULT_MAX_ERROR_RATE,
+    max_cost: Annotated[
+        float | None,
+        typer.Option(
+            help="Spend at most this many USD on the run (needs endpoint prices): each request "
+            "reserves its worst case first; the run stops with status budget_exhausted (exit 5) "
+            "and --resume with a higher cap, or none, finishes it.",
+            show_default=False,
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Run N examples x R rollouts and save every trace as it completes.
 
     Exit status: 0 completed; 1 failed (finish it with --resume); 2 bad input;
     3 completed with errors above --max-error-rate; 4 another process is working on
-    the run; 130 interrupted (SIGINT), 143 interrupted (SIGTERM): both resumable
-    with --resume.
+    the run; 5 stopped by --max-cost; 130 interrupted (SIGINT), 143 interrupted
+    (SIGTERM): all resumable with --resume.
     """
     if not 0.0 <= max_error_rate <= 1.0:  # also rejects NaN
         raise VfopsError(
@@ -183,6 +192,7 @@ def eval_command(
                         tracking=tracking,
                         hand_off_tracking=not wait_for_tracking,
                         progress=display,
+                        max_cost=max_cost,
                     ),
                     signals,
                 )

@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from vfops._rollout import RolloutRecord
+from vfops.costs import format_cost
 from vfops.evaluation import EvalResult, EvalSummary, OpenedRun
 from vfops.tracking import mlflow_run_link
 
@@ -102,6 +103,7 @@ def summary_rows(result: EvalResult) -> list[tuple[str, str]]:
     rows.append(
         ("tokens (prompt / completion)", f"{summary.prompt_tokens} / {summary.completion_tokens}")
     )
+    rows.append(("cost", format_cost(summary.cost_usd)))
     rate = summary.new_rollouts / summary.wall_s if summary.wall_s else 0.0
     rows.append(("wall time", f"{summary.wall_s:.1f} s ({rate:.1f} rollouts/s)"))
     return rows

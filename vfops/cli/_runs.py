@@ -225,3 +225,69 @@ def export_command(
     from vfops.evaluation._export import export_run
 
     print(f"exported to {export_run(_engine(), run_id, to)}")
+
+
+_COST_GROUPS = ("run", "day", "env", "model")
+
+
+@app.command("cost")
+def cost_command(
+    env: Annotated[str | None, typer.Option("--env", help="Only runs of this environment.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Only runs of this model.")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Only runs started on or after this date (YYYY-MM-DD, UTC)."),
+    ] = None,
+    by: Annotated[str, typer.Option("--by", help="Group by run, day, env or model.")] = "day",
+) -> None:
+    """What the runs cost (USD, from endpoint prices), grouped. Unpriced runs say so."""
+    import datetime as dt
+
+    from sqlalchemy.orm import Session
+
+    from vfops.costs import format_cost
+    from vfops.registry import run_costs
+
+    if by not in _COST_GROUPS:
+        raise VfopsError(f"--by must be one of {', '.join(_COST_GROUPS)}, got {by!r}")
+    start = None
+    if since is not None:
+        try:
+            start = dt.datetime.strptime(since, "%Y-%m-%d").replace(tzinfo=dt.UTC)
+        except ValueError:
+            raise VfopsError(f"--since must be a date like 2026-12-01, got {since!r}") from None
+    with Session(_engine()) as session:
+        costs = run_costs(session, env_name=env, model=model, since=start)
+    if not costs:
+        raise VfopsError("no runs match; drop a filter, or list runs with: vfops runs list")
+    key_of: dict[str, Callable[[Any], str]] = {
+        "run": lambda c: c.run_id[:12],
+        "day": lambda c: c.started_at.strftime("%Y-%m-%d"),
+        "env": lambda c: c.environment_name,
+        "model": lambda c: c.model,
+    }
+    groups: dict[str, list[Any]] = {}
+    for cost in costs:
+        groups.setdefault(key_of[by](cost), []).append(cost)
+    table = Table(by, "runs", "rollouts", "cost", "unpriced runs")
+    total: float | None = None
+    for key, members in groups.items():
+        priced = [c.cost_usd for c in members if c.cost_usd is not None]
+        spent = sum(priced) if priced else None
+        if spent is not None:
+            total = spent if total is None else total + spent
+        table.add_row(
+            key,
+            str(len(members)),
+            str(sum(c.rollouts for c in members)),
+            format_cost(spent),
+            str(sum(c.cost_usd is None for c in members)),
+        )
+    table.add_row(
+        "total",
+        str(len(costs)),
+        str(sum(c.rollouts for c in costs)),
+        format_cost(total),
+        str(sum(c.cost_usd is None for c in costs)),
+    )
+    Console().print(table)

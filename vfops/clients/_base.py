@@ -26,6 +26,10 @@ class ChatResponse:
     finish_reason: str | None = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens served from the endpoint's cache (``prompt_tokens_details``)."""
+    cost_usd: float | None = None
+    """What the call cost, from the endpoint's prices (``None``: unpriced)."""
     raw: dict[str, Any] | None = field(default=None, repr=False)
 
 

@@ -7,6 +7,11 @@
     model = "gpt-4.1-mini"             # model name sent to the server
     base_url = "https://api.openai.com/v1"
     api_key_var = "OPENAI_API_KEY"     # NAME of the environment variable (default OPENAI_API_KEY)
+    input_price_per_mtok = 0.40        # USD per million prompt tokens (optional)
+    output_price_per_mtok = 1.60       # USD per million completion tokens
+    cached_input_price_per_mtok = 0.10 # USD per million cached prompt tokens (default: input)
+
+An endpoint without prices is unpriced: its runs' cost is shown as "unpriced", never 0.
 
 Keys are never stored in the file: a literal ``api_key`` field is an error.
 """
@@ -22,6 +27,7 @@ from urllib.parse import urlsplit
 
 from vfops._env_vars import check_env_var_name
 from vfops._errors import EndpointError
+from vfops.costs import Pricing
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_API_KEY_VAR = "OPENAI_API_KEY"
@@ -38,6 +44,8 @@ class Endpoint:
     model: str
     base_url: str
     api_key_var: str = DEFAULT_API_KEY_VAR
+    pricing: Pricing | None = None
+    """USD per million tokens (``None``: unpriced)."""
 
 
 def url_problem(base_url: str) -> str | None:
@@ -92,6 +100,7 @@ def resolve_endpoint(
             model=found.model,
             base_url=base_url or found.base_url,
             api_key_var=api_key_var or found.api_key_var,
+            pricing=found.pricing,
         )
     if base_url is None and endpoints_file is not None:
         known = ", ".join(sorted(endpoints)) or "(none)"

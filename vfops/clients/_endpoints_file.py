@@ -14,6 +14,7 @@ from pydantic import AfterValidator, Field, model_validator
 from vfops._config import ConfigError, ConfigModel, EnvVarName, load_toml
 from vfops._errors import EndpointError
 from vfops.clients._endpoints import DEFAULT_API_KEY_VAR, Endpoint, url_problem
+from vfops.costs import Pricing
 
 
 class EndpointsFileError(ConfigError, EndpointError):
@@ -34,6 +35,8 @@ def _not_blank(value: str) -> str:
 
 
 NonBlank = Annotated[str, AfterValidator(_not_blank)]
+# TOML writes 3 as an integer: both are a price
+Price = Annotated[float | int, Field(ge=0, allow_inf_nan=False)]
 
 
 class EndpointEntry(ConfigModel):
@@ -56,8 +59,45 @@ class EndpointEntry(ConfigModel):
         description="NAME of the environment variable holding the API key (never the key).",
     )
 
+    input_price_per_mtok: Price | None = Field(
+        default=None, description="USD per million prompt tokens (set with the output price)."
+    )
+    output_price_per_mtok: Price | None = Field(
+        default=None, description="USD per million completion tokens (set with the input price)."
+    )
+    cached_input_price_per_mtok: Price | None = Field(
+        default=None,
+        description="USD per million prompt tokens served from the cache (default: the input "
+        "price).",
+    )
+
+    @model_validator(mode="after")
+    def _prices_together(self) -> Self:
+        given = [self.input_price_per_mtok is not None, self.output_price_per_mtok is not None]
+        if any(given) and not all(given):
+            missing = "output_price_per_mtok" if given[0] else "input_price_per_mtok"
+            raise ValueError(
+                f"endpoint {self.alias!r} has one price but not {missing}; set both "
+                "(USD per million tokens), or neither for an unpriced endpoint"
+            )
+        if self.cached_input_price_per_mtok is not None and not all(given):
+            raise ValueError(
+                f"endpoint {self.alias!r} has cached_input_price_per_mtok without "
+                "input_price_per_mtok and output_price_per_mtok; set those too"
+            )
+        return self
+
     def endpoint(self) -> Endpoint:
-        return Endpoint(self.alias, self.model, self.base_url, self.api_key_var)
+        pricing = None
+        if self.input_price_per_mtok is not None and self.output_price_per_mtok is not None:
+            pricing = Pricing(
+                float(self.input_price_per_mtok),
+                float(self.output_price_per_mtok),
+                None
+                if self.cached_input_price_per_mtok is None
+                else float(self.cached_input_price_per_mtok),
+            )
+        return Endpoint(self.alias, self.model, self.base_url, self.api_key_var, pricing)
 
 
 class EndpointsFile(ConfigModel):

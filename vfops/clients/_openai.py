@@ -30,6 +30,7 @@ from vfops.clients._retry import (
     RetryPolicy,
     RetryState,
 )
+from vfops.costs import Pricing, current_ledger, max_completion_tokens, prompt_tokens_bound
 
 log = logging.getLogger("vfops.clients")
 
@@ -128,11 +129,13 @@ def parse_chat_completion(body: bytes) -> ChatResponse:
     if tool_calls:
         message["tool_calls"] = _normalize_tool_calls(tool_calls)
     usage = data.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
     return ChatResponse(
         message=message,
         finish_reason=choice.get("finish_reason"),
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
+        cached_tokens=int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
         raw=data,
     )
 
@@ -151,6 +154,9 @@ class OpenAIClient:
     wait for a connection.
     ``limiter`` (a :class:`RequestLimiter`) is entered around each HTTP attempt,
     retries included, to keep a shared rate/concurrency budget.
+    ``pricing`` (a :class:`~vfops.costs.Pricing`) prices each response's usage
+    (``ChatResponse.cost_usd``); a priced call inside an evaluation with a cost cap
+    first reserves its worst case on the cap's ledger (:mod:`vfops.costs`).
 
     Failures raise :class:`~vfops.clients.APIStatusError` subclasses (with the
     server's message), :class:`~vfops.clients.APITimeoutError`,
@@ -171,6 +177,7 @@ class OpenAIClient:
         max_connections: int | None = None,
         backoff: RetryPolicy | None = None,
         limiter: RequestLimiter | None = None,
+        pricing: Pricing | None = None,
     ) -> None:
         if backoff is not None and (max_retries is not None or max_retry_wait_s is not None):
             raise ValueError(
@@ -179,6 +186,7 @@ class OpenAIClient:
         self.base_url = base_url
         self.timeout_s = timeout_s
         self.limiter = limiter
+        self.pricing = pricing
         if backoff is None:
             backoff = RetryPolicy(
                 max_retries=DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
@@ -231,7 +239,38 @@ class OpenAIClient:
         if tools:
             body["tools"] = tools
         payload = orjson.dumps(body)
+        pricing = self.pricing
+        if pricing is None:
+            return await self._send(model, payload, headers)
+        ledger = current_ledger()
+        if ledger is None:
+            response = await self._send(model, payload, headers)
+            response.cost_usd = pricing.cost(
+                response.prompt_tokens, response.completion_tokens, response.cached_tokens
+            )
+            return response
+        worst = pricing.worst_case(
+            prompt_tokens_bound(messages, tools), max_completion_tokens(sampling_args)
+        )
+        reservation = await ledger.reserve(worst)
+        try:
+            response = await self._send(model, payload, headers)
+        except APIStatusError:  # the endpoint refused it: not billed
+            await asyncio.shield(ledger.settle(reservation, 0.0))
+            raise
+        except BaseException:  # lost or cancelled in flight: it may have been billed
+            await asyncio.shield(ledger.settle(reservation, worst))
+            raise
+        response.cost_usd = pricing.cost(
+            response.prompt_tokens, response.completion_tokens, response.cached_tokens
+        )
+        await asyncio.shield(ledger.settle(reservation, response.cost_usd))
+        return response
 
+    async def _send(
+        self, model: str, payload: bytes, headers: dict[str, str] | None
+    ) -> ChatResponse:
+        """POST one request, with retries; the parsed response."""
         retries = RetryState(self.retry)
         limiter = self.limiter
         request = self._http.request

@@ -9,6 +9,7 @@ from typing import Any
 from vfops._rollout import RolloutError
 from vfops._types import Messages, SamplingArgs, State
 from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
+from vfops.costs import BudgetExhausted
 from vfops.envs._dataset import Example
 from vfops.envs._environment import Environment, new_state
 
@@ -72,6 +73,8 @@ class MultiTurnEnv(Environment):
             state["stop_reason"] = "timeout"
         except PromptTooLongError:
             state["stop_reason"] = "prompt_too_long"
+        except BudgetExhausted:  # the run stops; this rollout is not recorded
+            raise
         except _EnvironmentFailure as failure:
             state["stop_reason"] = "error"
             state["error"] = RolloutError.from_exception(failure.cause, "environment")
@@ -115,7 +118,9 @@ class MultiTurnEnv(Environment):
     def _record_response(state: State, response: ChatResponse) -> None:
         state["turn"] += 1
         state["responses"].append(response)
-        state["usage"].add(response.prompt_tokens, response.completion_tokens)
+        usage = state["usage"]
+        usage.add(response.prompt_tokens, response.completion_tokens, response.cached_tokens)
+        usage.add_cost(response.cost_usd)
 
     @staticmethod
     async def _guarded(awaitable: Any) -> Any:

@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
@@ -38,6 +39,13 @@ from vfops._rollout import RolloutRecord
 from vfops._settings import registry_retry_s
 from vfops._twins import blocking_twin
 from vfops.clients._base import ModelClient
+from vfops.costs import (
+    BUDGET_EXHAUSTED_EXIT_CODE,
+    BudgetExhausted,
+    RegistryLedger,
+    set_caps,
+    use_ledger,
+)
 from vfops.evaluation._lock import RunFolderLock
 from vfops.evaluation._model import ModelOptions, connect_model
 from vfops.evaluation._runner import (
@@ -72,7 +80,7 @@ if TYPE_CHECKING:
 
 Action = Literal["created", "resumed", "reused"]
 Existing = Literal["new", "resume", "reuse"]
-Outcome = Literal["completed", "completed_with_errors", "interrupted", "failed"]
+Outcome = Literal["completed", "completed_with_errors", "interrupted", "failed", "budget_exhausted"]
 DEFAULT_OUTPUT_ROOT = Path("outputs")
 DEFAULT_MAX_ERROR_RATE: Final = 0.0
 """The share of errored rollouts above which a completed run is reported as
@@ -84,6 +92,7 @@ EXIT_CODES: Final[dict[Outcome, int]] = {
     "completed_with_errors": 3,
     # 4: the run is busy (another process holds its lease or folder lock): RunBusyError
     "interrupted": 130,  # 128 + SIGINT; SIGTERM exits 143 (the CLI knows which came)
+    "budget_exhausted": BUDGET_EXHAUSTED_EXIT_CODE,  # a cost cap stopped it; resumable
 }
 
 _CATCH_UP_BATCH = 512
@@ -96,7 +105,7 @@ class EvalResult:
     run_dir: Path | None
     summary: EvalSummary
     status: str
-    """``completed``, ``failed`` or ``interrupted``."""
+    """``completed``, ``failed``, ``interrupted`` or ``budget_exhausted``."""
     metadata: dict[str, Any]
     run_id: str | None = None
     """The registry run (``None`` without the registry)."""
@@ -113,7 +122,9 @@ class EvalResult:
         than ``max_error_rate`` of the rollouts errored, or every one did),
         ``interrupted`` or ``failed``."""
         if self.status != "completed":
-            return "interrupted" if self.status == "interrupted" else "failed"
+            if self.status in ("interrupted", "budget_exhausted"):
+                return self.status  # type: ignore[return-value]
+            return "failed"
         errors, rollouts = self.summary.error_count, self.summary.rollouts
         if errors and (errors == rollouts or errors > max_error_rate * rollouts):
             return "completed_with_errors"
@@ -206,8 +217,17 @@ async def evaluate_async(
     environment: Environment | None = None,
     client: ModelClient | None = None,
     progress: EvalProgress | None = None,
+    max_cost: float | None = None,
+    cost_caps: Mapping[str, float | None] | None = None,
 ) -> EvalResult:
     """Run (or resume, or reuse) an evaluation; see the module docstring.
+
+    ``max_cost`` caps the run's spend in USD (its own ledger scope ``run:<id>``, so a
+    resume with a higher cap continues it); ``cost_caps`` are further scopes the run
+    spends against, shared with other runs (a sweep's ``sweep:<name>``: ``None``
+    records the spend without a cap). Each priced request reserves its worst-case
+    cost on every scope first; a run that finds no room stops with status
+    ``budget_exhausted`` (needs the registry and a priced endpoint).
 
     ``tracking`` (default: on unless ``VFOPS_TRACKING=0``) needs the registry.
     ``hand_off_tracking``: do not wait for MLflow at the end; the tracker process
@@ -220,6 +240,7 @@ async def evaluate_async(
     """
     request = dataclasses.replace(request, tags=list(request.tags))
     request.validate()
+    _check_caps(max_cost, cost_caps, registry=registry)
     options = model_options or ModelOptions()
     options.validate()
     output_root = output_root or DEFAULT_OUTPUT_ROOT
@@ -241,6 +262,7 @@ async def evaluate_async(
     # registry and opening the run would otherwise come first); resuming or reusing
     # needs the registry's answer before anything is generated.
     open_in_background = registry and resume is None and existing == "new"
+    capped = max_cost is not None or bool(cost_caps)
     calls: RegistryCalls | None = None
     try:
         if registry:
@@ -259,6 +281,8 @@ async def evaluate_async(
             request.model, request.base_url = connection.model, connection.base_url
         else:
             request.base_url = request.base_url or options.base_url
+        if capped:
+            _check_priced(client, request.model)
         if track:
             await asyncio.to_thread(_check_tracking_server)
         opening: asyncio.Task[RegistryCalls] | None = None
@@ -270,6 +294,10 @@ async def evaluate_async(
         if plan.action == "reused":
             assert calls is not None and plan.run_id is not None
             return await _reused_result(calls, plan)
+        ledger = None
+        if capped:
+            assert calls is not None and plan.run_id is not None
+            ledger = await _open_ledger(calls, plan.run_id, max_cost, cost_caps or {})
         return await _run(
             env,
             client,
@@ -282,6 +310,7 @@ async def evaluate_async(
             mlflow_parent_run_id=mlflow_parent_run_id,
             hand_off_tracking=hand_off_tracking,
             progress=progress,
+            ledger=ledger,
         )
     finally:
         if connection_client is not None:
@@ -292,6 +321,45 @@ async def evaluate_async(
             await tracker.aclose()
         if calls is not None:
             await calls.aclose()
+
+
+def _check_caps(
+    max_cost: float | None, cost_caps: Mapping[str, float | None] | None, *, registry: bool
+) -> None:
+    caps = {"max_cost": max_cost, **{f"cost cap {k!r}": v for k, v in (cost_caps or {}).items()}}
+    for name, cap in caps.items():
+        if cap is not None and not (math.isfinite(cap) and cap > 0):
+            raise VfopsError(f"{name} must be a positive number of USD, got {cap}; e.g. 5.0")
+    if (max_cost is not None or cost_caps) and not registry:
+        raise VfopsError(
+            "a cost cap needs the registry (its ledger is shared by every process); "
+            "drop --no-registry or the cap"
+        )
+
+
+def _check_priced(client: ModelClient, model: str) -> None:
+    if getattr(client, "pricing", None) is None:
+        raise VfopsError(
+            f"a cost cap needs prices for model {model!r}: set input_price_per_mtok and "
+            "output_price_per_mtok (USD per million tokens) on its [[endpoint]] in "
+            "endpoints.toml, or drop the cap"
+        )
+
+
+async def _open_ledger(
+    calls: RegistryCalls,
+    run_id: str,
+    max_cost: float | None,
+    cost_caps: Mapping[str, float | None],
+) -> RegistryLedger:
+    caps = {**cost_caps, run_scope(run_id): max_cost}
+    await calls.call(set_caps, caps, run_id)
+    return RegistryLedger(calls, list(caps), run_id)
+
+
+def run_scope(run_id: str) -> str:
+    """The ledger scope of one run's own cap (``vfops eval --max-cost``)."""
+    return f"run:{run_id}"
 
 
 async def _registry_calls(engine: Engine | None) -> RegistryCalls:
@@ -574,6 +642,7 @@ async def _run(
     mlflow_parent_run_id: str | None,
     hand_off_tracking: bool,
     progress: EvalProgress | None,
+    ledger: RegistryLedger | None = None,
 ) -> EvalResult:
     request, run_dir = plan.request, plan.run_dir
     metadata = initial_metadata(request, type(env).__name__)
@@ -596,7 +665,7 @@ async def _run(
         return await _run_locked(
             env, client, plan, metadata, planned=planned, registry=registry, opening=opening,
             tracker=tracker, track=track, mlflow_parent_run_id=mlflow_parent_run_id,
-            hand_off_tracking=hand_off_tracking, progress=progress,
+            hand_off_tracking=hand_off_tracking, progress=progress, ledger=ledger,
         )  # fmt: skip
     finally:
         folder_lock.release()
@@ -623,6 +692,7 @@ async def _run_locked(
     mlflow_parent_run_id: str | None,
     hand_off_tracking: bool,
     progress: EvalProgress | None,
+    ledger: RegistryLedger | None = None,
 ) -> EvalResult:
     request, run_dir = plan.request, plan.run_dir
     writer = RolloutWriter(run_dir)
@@ -664,10 +734,13 @@ async def _run_locked(
             await asyncio.wait({delivering})
             delivering.result()
 
-        await run_rollouts(env, client, request, done, handle)
+        with use_ledger(ledger):
+            await run_rollouts(env, client, request, done, handle)
         status = "completed"
     except SinkError as exc:
         status, error = "failed", str(exc)
+    except BudgetExhausted as exc:
+        status, error = "budget_exhausted", _budget_hint(plan, exc, planned)
     except asyncio.CancelledError:
         status = "interrupted"
         raise
@@ -732,6 +805,14 @@ def _library_tags(provenance: Provenance) -> list[str]:
     version among its tags (``verifiers==0.3.1``)."""
     label = provenance.library_label
     return [label] if label is not None else []
+
+
+def _budget_hint(plan: _Plan, exc: BudgetExhausted, planned: int) -> str:
+    label = plan.run_id or plan.run_dir
+    return (
+        f"{exc}; the run {label} stopped (planned {planned} rollouts); continue it with "
+        f"vfops eval ... --resume {label} and a higher --max-cost (or none)"
+    )
 
 
 def _resume_hint(plan: _Plan, problem: str) -> str:

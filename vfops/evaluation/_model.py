@@ -85,6 +85,8 @@ class ModelConnection:
     model: str
     """The name recorded on the run (a registry model pinned to its version)."""
     base_url: str | None
+    priced: bool = False
+    """The endpoint has prices: its calls have a cost (in-process models cost nothing)."""
 
 
 def is_in_process(model: str) -> bool:
@@ -139,6 +141,7 @@ async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
         max_retries=options.max_retries,
         max_retry_wait_s=options.max_retry_wait_s,
         limiter=limiter,
+        pricing=endpoint.pricing,
     )
     if options.check_model:
         try:
@@ -146,7 +149,12 @@ async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
         except BaseException:
             await client.aclose()
             raise
-    return ModelConnection(client=client, model=endpoint.model, base_url=endpoint.base_url)
+    return ModelConnection(
+        client=client,
+        model=endpoint.model,
+        base_url=endpoint.base_url,
+        priced=endpoint.pricing is not None,
+    )
 
 
 async def _check_model_served(client: OpenAIClient, endpoint: Endpoint) -> None:

@@ -61,6 +61,8 @@ class EvalSummary:
     stop_reasons: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cost_usd: float | None = None
+    """The sum of the rollouts' costs; ``None`` when none was priced ("unpriced")."""
     generation_ms: RunningMean = field(default_factory=RunningMean)
     wall_s: float = 0.0
     # example_id -> [rollouts, passing rollouts]; errors count as failures
@@ -83,6 +85,9 @@ class EvalSummary:
         self.stop_reasons[record.stop_reason] += 1
         self.prompt_tokens += record.usage.prompt_tokens
         self.completion_tokens += record.usage.completion_tokens
+        cost = record.usage.cost_usd
+        if cost is not None:
+            self.cost_usd = cost if self.cost_usd is None else self.cost_usd + cost
         self.generation_ms.add(record.timing.generation_ms)
         counts = self._passes.setdefault(record.example_id, [0, 0])
         counts[0] += 1
@@ -127,6 +132,7 @@ class EvalSummary:
             "stop_reasons": dict(self.stop_reasons),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "cost_usd": self.cost_usd,
             "wall_s": self.wall_s,
             "rollouts_per_s": self.new_rollouts / self.wall_s if self.wall_s > 0 else 0.0,
         }

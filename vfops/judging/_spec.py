@@ -153,6 +153,7 @@ def make_judge_rubric(
         max_retries=spec.max_retries,
         max_connections=max(64, spec.max_concurrent),
         limiter=limiter,
+        pricing=plan.endpoint.pricing,
     )
     return JudgeRubric(
         judge_client=client,

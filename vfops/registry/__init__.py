@@ -18,6 +18,18 @@ from __future__ import annotations
 
 from vfops._lease import LEASE_TTL_S, LeaseOwner
 from vfops.registry._alias_events import list_alias_events, record_alias_event
+from vfops.registry._costs import (
+    RESERVATION_TTL_S,
+    CostBudget,
+    RunCost,
+    get_cost_budget,
+    release_run_reservations,
+    reserve_cost,
+    run_cost,
+    run_costs,
+    set_cost_caps,
+    settle_cost,
+)
 from vfops.registry._db import (
     current_revision,
     dispose_engines,
@@ -44,6 +56,8 @@ from vfops.registry._judge_cache import JudgeCacheEntry, RegistryJudgeCache
 from vfops.registry._models import (
     AliasEventRow,
     Base,
+    CostBudgetRow,
+    CostReservationRow,
     EnvironmentRow,
     EnvironmentVersionRow,
     EvalRunRow,
@@ -77,9 +91,13 @@ from vfops.registry._runs import (
 
 __all__ = [
     "LEASE_TTL_S",
+    "RESERVATION_TTL_S",
     "RUN_STATUSES",
     "AliasEventRow",
     "Base",
+    "CostBudget",
+    "CostBudgetRow",
+    "CostReservationRow",
     "EnvironmentRow",
     "EnvironmentVersionRow",
     "EvalRunRow",
@@ -89,6 +107,7 @@ __all__ = [
     "RegistryJudgeCache",
     "RolloutRow",
     "RunBusyError",
+    "RunCost",
     "add_environment_version",
     "add_run_tags",
     "completed_keys",
@@ -102,6 +121,7 @@ __all__ = [
     "find_resumable_run",
     "find_version",
     "finish_run",
+    "get_cost_budget",
     "get_engine",
     "get_or_create_environment",
     "get_run",
@@ -118,12 +138,18 @@ __all__ = [
     "record_alias_event",
     "referenced_artifact_uris",
     "release_run_lease",
+    "release_run_reservations",
     "renew_run_lease",
+    "reserve_cost",
     "rollouts_for_example",
+    "run_cost",
+    "run_costs",
     "runs_tagged",
     "session_scope",
+    "set_cost_caps",
     "set_mlflow_run_id",
     "set_run_status",
+    "settle_cost",
     "take_run_lease",
     "transaction",
     "upgrade",

@@ -233,3 +233,35 @@ class AliasEventRow(Base):
     # {"<env>": {"candidate_run_id", "holder_run_id", "delta", "verdict", ...}}
     evidence: Mapped[dict[str, Any]] = mapped_column(default=dict)
     reason: Mapped[str] = mapped_column(Text)
+
+
+class CostBudgetRow(Base):
+    """A spending cap and what was spent against it, shared by every process.
+
+    ``scope`` names what the cap covers: ``run:<id>`` (``vfops eval --max-cost``),
+    ``sweep:<name>`` or any name several sweeps share. ``reserved_usd`` is the sum of
+    the worst-case costs of the requests in flight (:class:`CostReservationRow`).
+    """
+
+    __tablename__ = "cost_budgets"
+
+    scope: Mapped[str] = mapped_column(String(300), primary_key=True)
+    cap_usd: Mapped[float | None] = mapped_column(Float)
+    spent_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    reserved_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class CostReservationRow(Base):
+    """One request's worst-case cost, held against a budget while it is in flight."""
+
+    __tablename__ = "cost_reservations"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    scope: Mapped[str] = mapped_column(
+        ForeignKey("cost_budgets.scope", ondelete="CASCADE"), primary_key=True
+    )
+    usd: Mapped[float] = mapped_column(Float)
+    # the run whose request it is: a process that takes the run over releases them
+    run_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    expires_at: Mapped[dt.datetime]

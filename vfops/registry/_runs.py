@@ -16,7 +16,9 @@ from vfops._version import __version__
 from vfops.registry._db import transaction
 from vfops.registry._models import EvalRunRow, utcnow
 
-RUN_STATUSES: Final = frozenset({"running", "completed", "failed", "interrupted"})
+RUN_STATUSES: Final = frozenset(
+    {"running", "completed", "failed", "interrupted", "budget_exhausted"}
+)
 # a run in any other status can be resumed (its missing rollouts generated)
 _FINISHED: Final = "completed"
 

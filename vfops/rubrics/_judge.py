@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from vfops._errors import VfopsError
 from vfops._types import Messages, SamplingArgs, State
+from vfops.costs import charge_rollout
 from vfops.parsers import Parser
 from vfops.parsers._parser import last_user_text, message_text
 from vfops.rubrics._rubric import RewardFunc, Rubric
@@ -279,6 +280,7 @@ class JudgeRubric(Rubric):
                         messages=messages,
                         sampling_args=dict(self.judge_sampling_args) or None,
                     )
+                charge_rollout(reply.cost_usd)  # to the rollout being scored
                 return message_text(reply.message)
             except Exception as exc:
                 if attempt >= self.max_retries or not is_transient_error(exc):

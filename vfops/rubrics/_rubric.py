@@ -18,8 +18,9 @@ from numbers import Real
 from typing import Any, ClassVar
 
 from vfops._errors import VfopsError
-from vfops._rollout import RolloutError
+from vfops._rollout import RolloutError, TokenUsage
 from vfops._types import State
+from vfops.costs import BudgetExhausted, scoring_rollout
 from vfops.parsers import Parser
 from vfops.rubrics._score import RolloutScore
 
@@ -256,7 +257,11 @@ class Rubric:
                 try:
                     result = spec.func(**kwargs)
                     if inspect.isawaitable(result):
-                        pending.append(self._await_one(result, spec, values[f], errors[f], i))
+                        pending.append(
+                            self._await_one(
+                                result, spec, values[f], errors[f], i, states[i].get("usage")
+                            )
+                        )
                     else:
                         values[f][i] = _as_float(result, spec.name)
                 except Exception as exc:
@@ -362,8 +367,13 @@ class Rubric:
         values: list[float | None],
         errors: list[RolloutError | None],
         i: int,
+        usage: TokenUsage | None,
     ) -> None:
+        # this task's judge calls are charged to rollout i (the coroutine runs here)
+        scoring_rollout(usage)
         try:
             values[i] = _as_float(await awaitable, spec.name)
+        except BudgetExhausted:  # a judge call had no room under the cap: the run stops
+            raise
         except Exception as exc:
             errors[i] = _error(exc, spec.name)

@@ -194,6 +194,8 @@ def _metrics_from_stored(stored: dict[str, Any]) -> dict[str, float]:
         "completion_tokens": float(completion),
         "total_tokens": float(prompt + completion),
     }
+    if stored.get("cost_usd") is not None:  # unpriced: no metric, never a 0
+        metrics["cost_usd"] = float(stored["cost_usd"])
     if scored:
         for key in ("reward_mean", "reward_std", "reward_stderr"):
             metrics[key] = float(stored.get(key) or 0.0)

@@ -1,0 +1,43 @@
+"""What model calls cost, and spending caps that hold across processes.
+
+Prices come from ``endpoints.toml`` (USD per million tokens); every rollout records
+its cost (``None``: unpriced). A capped evaluation reserves each request's
+worst-case cost in the registry's ledger before sending it, and stops with status
+``budget_exhausted`` when a cap has no room. Importing this package is cheap.
+"""
+
+from vfops.costs._ledger import (
+    BUDGET_EXHAUSTED_EXIT_CODE,
+    BudgetExhausted,
+    CostLedger,
+    RegistryLedger,
+    charge_rollout,
+    current_ledger,
+    scoring_rollout,
+    set_caps,
+    use_ledger,
+)
+from vfops.costs._pricing import (
+    DEFAULT_MAX_COMPLETION_TOKENS,
+    Pricing,
+    format_cost,
+    max_completion_tokens,
+    prompt_tokens_bound,
+)
+
+__all__ = [
+    "BUDGET_EXHAUSTED_EXIT_CODE",
+    "DEFAULT_MAX_COMPLETION_TOKENS",
+    "BudgetExhausted",
+    "CostLedger",
+    "Pricing",
+    "RegistryLedger",
+    "charge_rollout",
+    "current_ledger",
+    "format_cost",
+    "max_completion_tokens",
+    "prompt_tokens_bound",
+    "scoring_rollout",
+    "set_caps",
+    "use_ledger",
+]
