@@ -17,8 +17,9 @@ from the answers, the way TCP learns a path's capacity (AIMD, Chiu & Jain 1989):
   window); it only lowers the limit to ``backoff`` times the requests still in
   flight, so the limit never compounds below ``backoff`` times what the endpoint
   accepted.
-- **Additive increase on success**: ``+1/limit`` per success while the limit is
-  the bottleneck (requests waiting, or the limit full), i.e. about +1 per
+- **Additive increase on success**: ``+1/limit`` per success of a request admitted
+  since the last decrease while the limit is the bottleneck (requests waiting, or
+  the limit full), i.e. about +1 per
   round-trip's worth of successes, counted, not timed. Near the point of the last
   drop (``w_max``, the requests in flight that the endpoint held), the increase is
   ``probe_slowdown`` times slower: that is where the next 429 is, and probing it
@@ -273,7 +274,9 @@ class AdaptiveLimiter:
             ):
                 self.latency_decreases += 1
                 self._decrease(in_flight - 1, new_window=True)
-            elif in_flight >= self._cap or self._waiters:
+            elif seq > self._window_seq and (in_flight >= self._cap or self._waiters):
+                # admitted under the current limit, and the limit is full: probe up
+                # (requests from before a decrease say nothing about the new limit)
                 self._increase()
         elif _is_overload(exc):
             self.rate_limited += 1
@@ -308,11 +311,9 @@ class AdaptiveLimiter:
         if math.isinf(limit) or (self.max_limit is not None and limit >= self.max_limit):
             return
         step = 1.0
-        band = max(1.0, PROBE_BAND * self._w_max)
-        if abs(limit - self._w_max) <= band or (
-            limit < self._w_max and limit + band >= self._w_max
-        ):
-            step /= self.probe_slowdown
+        w_max = self._w_max
+        if not math.isinf(w_max) and abs(limit - w_max) <= max(1.0, PROBE_BAND * w_max):
+            step /= self.probe_slowdown  # near the last drop point: probe it slowly
         self._set_limit(limit + step / limit)
 
     # -- the latency signal --------------------------------------------------------

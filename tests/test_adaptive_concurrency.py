@@ -1,0 +1,263 @@
+"""Adaptive concurrency (issue 16 part 3): :class:`vfops.budget.AdaptiveLimiter`.
+
+The controller is driven directly (permits entered and left with the outcomes an
+:class:`OpenAIClient` attempt has: a return, a :class:`RateLimitError`), then over
+real HTTP against the stub with a cap on requests in flight that the client is not
+told. Assertions are on counts and limits, never on durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from vfops.budget import AdaptiveLimiter, LocalRequestLimiter
+from vfops.clients import OpenAIClient, RateLimitError
+from vfops.evaluation import ModelOptions
+from vfops.evaluation._model import connect_model
+from vfops.testing import StubConfig, StubServer
+
+MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+def _rate_limited() -> RateLimitError:
+    return RateLimitError(429, "Too many concurrent requests", retry_after_s=0.05)
+
+
+class _Held:
+    """``n`` permits entered at once, left one at a time with a chosen outcome."""
+
+    def __init__(self, limiter: AdaptiveLimiter) -> None:
+        self.limiter = limiter
+        self.permits: list[contextlib.AbstractAsyncContextManager[None]] = []
+
+    async def enter(self, n: int) -> None:
+        for _ in range(n):
+            permit = self.limiter.acquire()
+            await permit.__aenter__()
+            self.permits.append(permit)
+
+    async def succeed(self, n: int = 1) -> None:
+        for _ in range(n):
+            await self.permits.pop().__aexit__(None, None, None)
+
+    async def reject(self, n: int = 1) -> None:
+        for _ in range(n):
+            exc = _rate_limited()
+            await self.permits.pop().__aexit__(type(exc), exc, None)
+
+
+async def _saturate(limiter: AdaptiveLimiter, successes: int, *, workers: int) -> None:
+    """``workers`` tasks each taking permits and succeeding, ``successes`` in all
+    (give or take the ones already admitted when the last one was counted)."""
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        while done < successes:
+            async with limiter.acquire():
+                await asyncio.sleep(0)
+            done += 1
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+
+
+async def _succeed_at_full_limit(held: _Held, n: int) -> None:
+    """``n`` successes, each with the limit full (the limit is what holds requests back)."""
+    for _ in range(n):
+        limit = held.limiter.limit
+        assert limit is not None
+        await held.enter(max(0, int(limit) - held.limiter.in_flight))
+        await held.succeed(1)
+
+
+async def test_no_cap_and_no_waiting_until_the_endpoint_pushes_back() -> None:
+    limiter = AdaptiveLimiter()
+    held = _Held(limiter)
+    await held.enter(500)
+    await held.succeed(500)
+    assert limiter.limit is None
+    assert (limiter.waited, limiter.max_in_flight, limiter.succeeded) == (0, 500, 500)
+    assert limiter.decreases == 0
+
+
+async def test_a_burst_of_429s_from_one_overload_is_one_decrease_from_what_got_through() -> None:
+    # 100 sent at once to an endpoint holding 24: 76 come back 429 at once
+    limiter = AdaptiveLimiter()
+    held = _Held(limiter)
+    await held.enter(100)
+    await held.reject(76)
+    assert limiter.rate_limited == 76
+    assert limiter.decreases == 1
+    # backoff (0.9) times the 24 still in flight, not 0.9 ** 76 nor 0.9 * 100
+    assert limiter.limit == pytest.approx(0.9 * 24)
+    await held.succeed(24)
+    assert limiter.decreases == 1
+
+    # a 429 on a request admitted after the decrease is a new overload: one more
+    await held.enter(21)
+    await held.reject(1)
+    assert limiter.decreases == 2
+    assert limiter.limit == pytest.approx(0.9 * 20)
+    await held.succeed(20)
+
+
+async def test_additive_increase_is_one_per_limit_of_successes_and_slower_near_the_drop() -> None:
+    limiter = AdaptiveLimiter(initial_limit=10)
+    held = _Held(limiter)
+    await _succeed_at_full_limit(held, 10)  # ~ one round trip's worth at limit 10
+    assert limiter.limit is not None and 10.9 < limiter.limit < 11.0
+    assert limiter.max_in_flight == 10
+    await held.succeed(len(held.permits))
+
+    # the endpoint held 30: the limit drops to 27 and probes 29..31 8x slower
+    limiter = AdaptiveLimiter()
+    held = _Held(limiter)
+    await held.enter(31)
+    await held.reject(1)
+    await held.succeed(30)
+    assert limiter.limit == pytest.approx(27.0)
+    fast = 0
+    while limiter.limit < 28.0:
+        await _succeed_at_full_limit(held, 1)
+        fast += 1  # 27 -> 28: about 27 successes
+    while limiter.limit < 29.0:
+        await _succeed_at_full_limit(held, 1)
+    slow = 0
+    while limiter.limit < 30.0:
+        await _succeed_at_full_limit(held, 1)
+        slow += 1  # 29 -> 30 is in the band around 30: about 8 x 29
+    assert 20 <= fast <= 30
+    assert slow > 6 * fast
+
+
+async def test_no_increase_while_the_limit_is_not_what_holds_requests_back() -> None:
+    limiter = AdaptiveLimiter(initial_limit=10)
+    await _saturate(limiter, 200, workers=3)
+    assert limiter.limit == 10.0
+    assert limiter.waited == 0
+
+
+async def test_an_explicit_limit_caps_the_adaptive_one() -> None:
+    limiter = AdaptiveLimiter(max_limit=8)
+    assert limiter.limit == 8.0
+    await _saturate(limiter, 400, workers=40)
+    assert limiter.limit == 8.0  # success never raises it past the explicit limit
+    assert limiter.max_in_flight == 8
+    with pytest.raises(ValueError, match="backoff"):
+        AdaptiveLimiter(backoff=1.0)
+
+
+async def test_connect_model_uses_one_adaptive_limiter_per_endpoint_unless_told_otherwise() -> None:
+    with StubServer(StubConfig()) as server:
+
+        async def limiter_of(options: ModelOptions) -> object:
+            connection = await connect_model("stub-model", options)
+            client = connection.client
+            assert isinstance(client, OpenAIClient)
+            await client.aclose()
+            return client.limiter
+
+        default = await limiter_of(ModelOptions(base_url=server.base_url))
+        assert isinstance(default, AdaptiveLimiter)
+        assert await limiter_of(ModelOptions(base_url=server.base_url)) is default
+        explicit = LocalRequestLimiter(max_concurrent=4)
+        assert await limiter_of(ModelOptions(base_url=server.base_url, limiter=explicit)) is (
+            explicit
+        )
+        off = ModelOptions(base_url=server.base_url, adaptive_concurrency=False)
+        assert await limiter_of(off) is None
+
+
+async def _run_requests(client: OpenAIClient, n: int, concurrency: int) -> None:
+    remaining = n
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            response = await client.chat(model="stub-model", messages=MESSAGES)
+            assert response.message["content"]
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def test_over_http_the_limit_converges_near_an_unknown_in_flight_cap_with_few_429s() -> None:
+    cap, concurrency, n = 8, 48, 800
+    limiter = AdaptiveLimiter()
+    with StubServer(StubConfig(latency_ms=50, max_in_flight=cap)) as server:
+        async with OpenAIClient(server.base_url, limiter=limiter) as client:
+            await _run_requests(client, n, concurrency)
+        stats = server.stats
+    assert stats["ok"] == n
+    assert stats["max_active"] == cap  # the cap was reached: the client found it, not less
+    # the first burst (48 sent into a cap of 8) is one overload; after it, 429s are rare
+    assert stats["429"] == limiter.rate_limited
+    assert stats["429"] <= (concurrency - cap) + 0.03 * n
+    assert limiter.decreases <= 1 + 0.03 * n
+    assert limiter.limit is not None and 0.7 * cap <= limiter.limit <= cap + 2
+    assert limiter.max_in_flight == concurrency  # no slow start: all 48 went out first
+
+
+async def test_a_fixed_limit_above_the_cap_gets_many_more_429s() -> None:
+    # the counterpart of the previous test: what the adaptive limit saves
+    cap, n = 8, 400
+    with StubServer(StubConfig(latency_ms=50, max_in_flight=cap)) as server:
+        limiter = LocalRequestLimiter(max_concurrent=2 * cap)
+        async with OpenAIClient(server.base_url, limiter=limiter) as client:
+            await _run_requests(client, n, 48)
+        stats = server.stats
+    assert stats["ok"] == n
+    assert stats["in_flight_limited"] == stats["429"] > n  # more 429s than answers
+
+
+@contextlib.asynccontextmanager
+async def _hog_the_event_loop(block_s: float, pause_s: float) -> AsyncIterator[None]:
+    """Client CPU load: the event loop is blocked ``block_s`` out of every
+    ``block_s + pause_s`` (a CPU-bound client), while the endpoint's latency is constant."""
+    stop = asyncio.Event()
+
+    async def hog() -> None:
+        while not stop.is_set():
+            until = time.perf_counter() + block_s
+            while time.perf_counter() < until:
+                pass
+            await asyncio.sleep(pause_s)
+
+    task = asyncio.create_task(hog())
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+
+
+async def test_the_latency_signal_ignores_client_cpu_load_on_a_constant_latency_endpoint() -> None:
+    limiter = AdaptiveLimiter(initial_limit=16, latency_tolerance=2.0)
+    with StubServer(StubConfig(latency_ms=50), subprocess=True) as server:
+        async with OpenAIClient(server.base_url, limiter=limiter) as client:
+            await _run_requests(client, 64, 16)  # the minimum latency, unloaded
+            async with _hog_the_event_loop(block_s=0.2, pause_s=0.05):
+                await _run_requests(client, 300, 16)
+    snapshot = limiter.snapshot()
+    # the client's own queueing did raise what it measured well past 2x the minimum...
+    assert snapshot["smoothed_latency_s"] > 2 * snapshot["min_latency_s"], snapshot
+    # ...but it is not the endpoint's, so no decrease
+    assert limiter.latency_decreases == 0 and limiter.decreases == 0, snapshot
+    assert limiter.limit is not None and limiter.limit >= 16
+
+
+async def test_the_latency_signal_decreases_when_the_endpoints_latency_climbs() -> None:
+    limiter = AdaptiveLimiter(initial_limit=16, latency_tolerance=2.0)
+    with StubServer(StubConfig(latency_ms=20)) as server:
+        async with OpenAIClient(server.base_url, limiter=limiter) as client:
+            await _run_requests(client, 160, 16)
+            assert limiter.latency_decreases == 0
+            server.config.latency_ms = 200  # the in-process stub reads it per request
+            await _run_requests(client, 64, 16)
+    assert limiter.latency_decreases >= 1
+    assert limiter.limit is not None and limiter.limit < 16
