@@ -122,13 +122,13 @@ async def test_additive_increase_is_one_per_limit_of_successes_and_slower_near_t
     await held.succeed(30)
     assert limiter.limit == pytest.approx(27.0)
     fast = 0
-    while limiter.limit < 28.0:
+    while (limiter.limit or 0.0) < 28.0:
         await _succeed_at_full_limit(held, 1)
         fast += 1  # 27 -> 28: about 27 successes
-    while limiter.limit < 29.0:
+    while (limiter.limit or 0.0) < 29.0:
         await _succeed_at_full_limit(held, 1)
     slow = 0
-    while limiter.limit < 30.0:
+    while (limiter.limit or 0.0) < 30.0:
         await _succeed_at_full_limit(held, 1)
         slow += 1  # 29 -> 30 is in the band around 30: about 8 x 29
     assert 20 <= fast <= 30
