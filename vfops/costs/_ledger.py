@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from vfops._rollout import TokenUsage
     from vfops.registry import CostBudget
 
+CAP_TOLERANCE_USD = 1e-9
+"""As the registry's (:data:`vfops.registry.CAP_TOLERANCE_USD`; not imported: the
+registry is heavy and this module is imported by every client)."""
+
 T = TypeVar("T")
 
 BUDGET_EXHAUSTED_EXIT_CODE = 5
@@ -126,7 +130,7 @@ class RegistryLedger:
             if full is None:
                 self.reserved += 1
                 return reservation
-            if full.cap_usd is None or full.spent_usd + usd > full.cap_usd:
+            if full.cap_usd is None or full.spent_usd + usd > full.cap_usd + CAP_TOLERANCE_USD:
                 raise BudgetExhausted(full.scope, full.cap_usd, full.spent_usd, usd)
             # a settlement here wakes it at once; one elsewhere within the poll interval
             with contextlib.suppress(TimeoutError):

@@ -23,6 +23,9 @@ from sqlalchemy.orm import Session
 
 from vfops.registry._models import CostBudgetRow, CostReservationRow, RolloutRow, utcnow
 
+CAP_TOLERANCE_USD: Final = 1e-9
+"""Float sums of many small amounts drift by ~1e-16 each: a request that fits the cap
+exactly must not be refused for it (a nano-dollar is below any price)."""
 RESERVATION_TTL_S: Final = 3600.0
 """A reservation nobody settled (its process died) stops counting after this long."""
 
@@ -96,7 +99,8 @@ def reserve_cost(
 
 def _take(session: Session, scope: str, usd: float) -> bool:
     room = (CostBudgetRow.cap_usd.is_(None)) | (
-        CostBudgetRow.spent_usd + CostBudgetRow.reserved_usd + usd <= CostBudgetRow.cap_usd
+        CostBudgetRow.spent_usd + CostBudgetRow.reserved_usd + usd
+        <= CostBudgetRow.cap_usd + CAP_TOLERANCE_USD
     )
     taken = session.execute(
         update(CostBudgetRow)
