@@ -20,7 +20,7 @@ HTTP requests the stub answered, summed over rounds). The bar (issue 16 part 3):
 adaptive reaches >= 85 % of the best fixed setting's throughput with <= 2 % of its
 requests answered 429. Exits 0 either way and prints PASS/FAIL.
 
-    .venv/bin/python bench/adaptive_concurrency.py                 # X=24, 100 ms, C=128, N=6000
+    .venv/bin/python bench/adaptive_concurrency.py                 # X=24, 100 ms, C=128, N=10000
     .venv/bin/python bench/adaptive_concurrency.py --cap 24 --latency-ms 200 --requests 4000
     .venv/bin/python bench/adaptive_concurrency.py --quick         # smoke run (~30 s)
 """
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=24, help="X: the stub's in-flight cap")
     parser.add_argument("--latency-ms", type=float, default=100.0)
     parser.add_argument("--concurrency", "-c", type=int, default=128)
-    parser.add_argument("--requests", "-n", type=int, default=6000)
+    parser.add_argument("--requests", "-n", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument(
         "--fixed", default=None, help="comma-separated fixed limits (default: X x 2/3..2)"
