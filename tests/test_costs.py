@@ -366,3 +366,77 @@ def test_reserve_waits_for_room_held_in_flight_then_gets_it(tmp_path: Path) -> N
     with session_scope(engine) as session:
         budget = get_cost_budget(session, "s")
     assert budget is not None and budget.spent_usd == pytest.approx(sum(spent))
+
+
+# --- sweeps sharing a cap ----------------------------------------------------------------
+
+_SWEEP_WORKER = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from pathlib import Path
+    from vfops.sweeps import SamplingConfig, SweepSpec, run_cell_async, validate_sweep
+
+    endpoints, out, name, cap = sys.argv[1], Path(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    spec = SweepSpec(
+        environments=["arithmetic"], endpoints=["priced"], endpoints_file=endpoints,
+        sampling=[SamplingConfig(name=f"{name}-{t}", args={"temperature": t, "max_tokens": 32})
+                  for t in (0.0, 0.3, 0.6)],
+        num_examples=200, rollouts_per_example=2, max_concurrent=16,
+        tags=[f"sweep:{name}"], max_cost=cap, cost_scope="team",
+    )
+
+    async def main():
+        cells = validate_sweep(spec)
+        results = await asyncio.gather(*(run_cell_async(c, output_root=out) for c in cells))
+        print(json.dumps([[r.status, r.cost_usd] for r in results]))
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_two_sweeps_in_two_processes_share_one_cap(db_url: str, tmp_path: Path) -> None:
+    """The bar: two sweeps started together, each in its own process (as on two workers),
+    naming one cost scope: together they spend at most the cap plus the reservations in
+    flight, and their cells stop budget_exhausted instead of failing."""
+    cap = 0.02  # 12 cells x 400 rollouts cost about 0.45: the cap stops them early
+    with StubServer(StubConfig(reply_mode="arithmetic", latency_ms=20)) as stub:
+        endpoints = endpoints_file(tmp_path, stub.base_url)
+        env = {
+            "PATH": "/usr/bin:/bin", "VFOPS_DATABASE_URL": db_url, "VFOPS_TRACKING": "0",
+            "VFOPS_HOME": str(tmp_path / "home"),
+        }  # fmt: skip
+        workers = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _SWEEP_WORKER,
+                    str(endpoints),
+                    str(tmp_path / name),
+                    name,
+                    str(cap),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for name in ("a", "b")
+        ]
+        outputs = [w.communicate(timeout=280) for w in workers]
+    for worker, (_, err) in zip(workers, outputs, strict=True):
+        assert worker.returncode == 0, err[-3000:]
+    cells = [cell for out, _ in outputs for cell in json.loads(out.strip().splitlines()[-1])]
+    assert len(cells) == 6
+    assert {status for status, _ in cells} == {"budget_exhausted"}
+    with session_scope(get_engine(db_url)) as session:
+        team = get_cost_budget(session, "sweep:team")
+    assert team is not None and team.cap_usd == pytest.approx(cap)
+    # each request reserves at most this; at most 6 cells x 16 rollouts are in flight
+    one_reservation = Pricing(2.0, 8.0).worst_case(200, 32)
+    assert team.spent_usd <= cap + one_reservation
+    assert team.spent_usd > cap * 0.5  # both sweeps spent, neither stopped at once
+    assert team.reserved_usd == pytest.approx(0.0, abs=1e-12)
+    recorded = sum(cost or 0.0 for _, cost in cells)
+    assert recorded <= team.spent_usd + 1e-12

@@ -131,6 +131,13 @@ def eval_command(
             "above it (or when every rollout errored) the run exits 3.",
         ),
     ] = DEFAULT_MAX_ERROR_RATE,
+    adaptive_concurrency: Annotated[
+        bool,
+        typer.Option(
+            help="Back off when the endpoint answers 429 (AIMD on requests in flight) and probe "
+            "up again, so its limit need not be known; an explicit budget wins.",
+        ),
+    ] = _MODEL_DEFAULTS.adaptive_concurrency,
     max_cost: Annotated[
         float | None,
         typer.Option(
@@ -176,6 +183,7 @@ def eval_command(
         max_retries=max_retries,
         max_retry_wait_s=max_retry_wait,
         check_model=check_model,
+        adaptive_concurrency=adaptive_concurrency,
     )
     display = EvalDisplay(enabled=not quiet and sys.stderr.isatty())
     signals: list[int] = []

@@ -83,6 +83,16 @@ class NightlyConfig(ConfigModel):
     date: Annotated[str | None, AfterValidator(_iso_date)] = Field(
         default=None, description="Night to run as (YYYY-MM-DD); default: today (UTC)."
     )
+    max_cost: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="USD one night may spend over all its cells (needs endpoint prices).",
+    )
+    cost_scope: str | None = Field(
+        default=None,
+        description="A ledger name shared with other sweeps (default: one cap per night).",
+    )
 
     def sweep(self) -> SweepSpec:
         refs = [ref if "@" in ref else f"{ref}@latest" for ref in self.environments]
@@ -95,6 +105,10 @@ class NightlyConfig(ConfigModel):
             rollouts_per_example=self.rollouts_per_example,
             max_concurrent=self.max_concurrent,
             tags=nightly_tags(self.night()),
+            max_cost=self.max_cost,
+            # one cap per night unless a shared scope is named
+            cost_scope=self.cost_scope
+            or (f"nightly:{self.night().isoformat()}" if self.max_cost is not None else None),
         )
 
     def night(self) -> dt.date:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.orm import Session
@@ -46,19 +46,23 @@ class CostBudget:
 
 def set_cost_caps(session: Session, caps: Mapping[str, float | None]) -> None:
     """Create each scope's budget, or set its cap (a higher cap continues a capped run;
-    ``None`` lifts it). What was spent is kept."""
+    ``None`` lifts it). What was spent is kept. An upsert: processes starting together
+    (two sweeps naming one scope) both succeed."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    upsert: Any = (
+        postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    )
     for scope, cap in sorted(caps.items()):
-        changed = session.execute(
-            update(CostBudgetRow)
-            .where(CostBudgetRow.scope == scope)
-            .values(cap_usd=cap, updated_at=utcnow())
+        statement = upsert(CostBudgetRow).values(
+            scope=scope, cap_usd=cap, spent_usd=0.0, reserved_usd=0.0, updated_at=utcnow()
         )
-        if changed.rowcount == 0:  # type: ignore[attr-defined]
-            session.execute(
-                insert(CostBudgetRow).values(
-                    scope=scope, cap_usd=cap, spent_usd=0.0, reserved_usd=0.0, updated_at=utcnow()
-                )
+        session.execute(
+            statement.on_conflict_do_update(
+                index_elements=[CostBudgetRow.scope],
+                set_={"cap_usd": statement.excluded.cap_usd, "updated_at": utcnow()},
             )
+        )
 
 
 def get_cost_budget(session: Session, scope: str) -> CostBudget | None:

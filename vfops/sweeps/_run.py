@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field
 
 from vfops._errors import EnvironmentNotFoundError, VfopsError
+from vfops.costs import format_cost
 from vfops.sweeps._spec import MODEL_REF_TAG, Cell
 
 if TYPE_CHECKING:
@@ -88,6 +89,9 @@ class CellResult(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     tokens: int
+    cost_usd: float | None = Field(
+        default=None, description="USD, the sum over the run's rollouts (None: unpriced)"
+    )
     notes: list[str] = Field(default_factory=list)
     mlflow_run_id: str | None = Field(
         default=None, description="The run's MLflow run (None: not tracked, or not yet linked)"
@@ -271,8 +275,10 @@ async def run_cell_async(
         engine=engine,
         mlflow_parent_run_id=mlflow_parent_run_id,
         client=client,
+        cost_caps=cell.cost_caps or None,
     )
-    result.raise_for_status()
+    if result.status != "budget_exhausted":  # a cap is no fault to retry: the row says it
+        result.raise_for_status()
     assert result.run_id is not None
     await asyncio.to_thread(record_worker, engine, result.run_id, flow_run_id)
     notes = [prepared.note] if prepared.note else []
@@ -361,6 +367,7 @@ def cell_result_from_registry(
         prompt_tokens=summary.prompt_tokens,
         completion_tokens=summary.completion_tokens,
         tokens=summary.prompt_tokens + summary.completion_tokens,
+        cost_usd=summary.cost_usd,
         notes=notes,
     )
 
@@ -409,6 +416,7 @@ def _result(
         prompt_tokens=summary.prompt_tokens,
         completion_tokens=summary.completion_tokens,
         tokens=summary.prompt_tokens + summary.completion_tokens,
+        cost_usd=summary.cost_usd,
         notes=notes,
     )
 
@@ -440,11 +448,14 @@ def sweep_table(results: Sequence[CellResult | dict[str, Any]]) -> list[dict[str
                     "reward": str(data.get("status", "failed")),
                     "rollouts": None,
                     "errors": None,
+                    "cost": None,
                 }
             )
             continue
         mean, stderr = data.get("reward_mean"), data.get("reward_stderr")
         reward = "—" if mean is None else f"{mean:.3f} ± {_fmt(stderr)}"
+        if data.get("status") == "budget_exhausted":  # stopped by the sweep's max_cost
+            reward = f"budget exhausted ({reward})"
         rows.append(
             {
                 "environment": data["env"],
@@ -454,6 +465,7 @@ def sweep_table(results: Sequence[CellResult | dict[str, Any]]) -> list[dict[str
                 "reward": reward,
                 "rollouts": data["rollouts"],
                 "errors": data["errors"],
+                "cost": format_cost(data.get("cost_usd")),
             }
         )
     return rows

@@ -7,6 +7,7 @@ itself. Nothing here touches the registry, the network or Prefect.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
@@ -192,11 +193,58 @@ class SweepSpec(ConfigModel):
             "tags make new runs while the same tags resume or reuse the earlier ones."
         ),
     )
+    max_cost: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "USD the whole sweep may spend, over every cell and worker (needs endpoint "
+            "prices); a cell that finds no room stops with status budget_exhausted."
+        ),
+    )
+    cost_scope: Annotated[str, AfterValidator(_scope_name)] | None = Field(
+        default=None,
+        description=(
+            "Name of the ledger max_cost is kept in; sweeps (and nightly sweeps) naming the "
+            "same scope share one cap. Default: one per sweep (its environments, endpoints, "
+            "sampling and tags)."
+        ),
+    )
+
+    def cost_caps(self) -> dict[str, float | None]:
+        """The ledger scopes every cell spends against ({} when the sweep is uncapped)."""
+        if self.max_cost is None and self.cost_scope is None:
+            return {}
+        return {sweep_scope(self): self.max_cost}
 
     @model_validator(mode="after")
     def _env_args_name_environments(self) -> Self:
         check_env_args(self.env_args, self.environments)
         return self
+
+
+_SWEEP_IDENTITY = {
+    "environments", "endpoints", "sampling", "tags", "num_examples", "rollouts_per_example"
+}  # fmt: skip
+
+
+def sweep_scope(spec: SweepSpec) -> str:
+    """The ledger scope of a sweep's cap: ``sweep:<cost_scope>``, or one derived from
+    what makes the sweep (so a re-run of it continues the same cap)."""
+    if spec.cost_scope is not None:
+        return f"sweep:{spec.cost_scope}"
+    identity = spec.model_dump(
+        mode="json",
+        include=_SWEEP_IDENTITY,
+    )
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return f"sweep:{digest}"
+
+
+def _scope_name(value: str) -> str:
+    if not value.strip() or len(value) > 200:
+        raise ValueError("must be a non-empty name of at most 200 characters, e.g. team-nightly")
+    return value.strip()
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
@@ -232,6 +280,9 @@ class Cell(BaseModel):
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_retries: int = Field(default=5, ge=0)
     tags: list[str] = Field(default_factory=list)
+    cost_caps: dict[str, float | None] = Field(
+        default_factory=dict, description="Ledger scopes the cell spends against, and caps."
+    )
 
     @property
     def label(self) -> str:
@@ -311,6 +362,7 @@ def plan_sweep(spec: SweepSpec, pinned: Mapping[str, str] | None = None) -> list
                         request_timeout_s=spec.request_timeout_s,
                         max_retries=spec.max_retries,
                         tags=list(spec.tags),
+                        cost_caps=spec.cost_caps(),
                     )
                 )
     return cells
