@@ -116,8 +116,10 @@ def test_sweep_runs_every_cell_and_attaches_artifacts(
         "reward",
         "rollouts",
         "errors",
+        "cost",
     ]
     assert all(" ± " in row["reward"] and row["rollouts"] == N * R for row in rows)
+    assert {row["cost"] for row in rows} == {"unpriced"}  # the stub alias has no prices
     assert {(row["environment"], row["model"]) for row in rows} == {
         ("arithmetic", "stub"),
         ("guess_number", "stub"),
