@@ -39,7 +39,7 @@ def compare_cell(
 @flow(name="nightly-eval")
 async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
     """Sweep the latest versions tonight and flag significant regressions."""
-    from vfops.reports import nightly_markdown, nightly_table, nightly_trend_chart
+    from vfops.reports import cost_line, nightly_markdown, nightly_table, nightly_trend_chart
 
     logger = get_run_logger()
     # bad input fails here, before any model call; registry aliases (models:/NAME@champion)
@@ -64,6 +64,7 @@ async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
             nightly_trend_chart(history) if history else None,
             night=config.night().isoformat(),
             pinned=pinned,
+            cost=cost_line(results),
         ),
         description="Nightly regressions: trend chart, comparisons, run ids",
     )

@@ -261,6 +261,8 @@ def test_promotion_gate_records_every_decision(
         if run
     }
     assert len(run_ids) == 3  # v1, v2, v3: each evaluated once, reused after
+    # the gate evaluates in-process models: nothing priced, so no cost (never $0)
+    assert all(e.evidence["cost_usd"] is None for e in history)
     with engine.connect() as connection:
         envs = connection.execute(text("SELECT DISTINCT environment_name FROM eval_runs")).scalars()
         assert list(envs) == [gate_env]

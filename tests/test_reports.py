@@ -16,6 +16,7 @@ from vfops.reports import (
     EMAIL_AUTOLINK,
     PNG_MAGIC,
     RewardCurve,
+    cost_line,
     escape_markdown,
     markdown_image,
     nightly_markdown,
@@ -321,3 +322,23 @@ def test_deployment_forms_have_no_autolinked_versions() -> None:
     assert any("NAME@VERSION" in text for text in texts)  # the forms were read
     linked = sorted({m.group(0) for text in texts for m in EMAIL_AUTOLINK.finditer(text)})
     assert not linked, f"these become mailto: links in the V1 run form: {linked}"
+
+
+def test_sweep_and_nightly_reports_say_what_the_cells_cost_and_which_are_unpriced() -> None:
+    def cell(name: str, cost: float | None) -> dict[str, Any]:
+        return {
+            "env": name, "env_ref": name, "version": "0.1.0", "model_alias": "m",
+            "sampling": "s", "run_id": f"run-{name}", "status": "completed",
+            "reward_mean": 0.5, "reward_stderr": 0.1, "cost_usd": cost,
+        }  # fmt: skip
+
+    priced = [cell("a", 0.25), cell("b", 0.125)]
+    assert cost_line(priced) == "$0.3750"
+    assert cost_line([*priced, cell("c", None)]) == "$0.3750 (1 of 3 cells unpriced)"
+    assert cost_line([cell("c", None)]) == "unpriced"  # never $0
+    assert cost_line([{"env": "old", "run_id": "r"}]) is None  # results from before costs
+    md = sweep_markdown([*priced, cell("c", None)])
+    assert "3 cells. Cost: $0.3750 (1 of 3 cells unpriced)." in md
+    assert "cost $0.2500" in md and "cost unpriced" in md
+    night = nightly_markdown([], night="2026-11-02", cost=cost_line(priced))
+    assert "This night cost $0.3750." in night

@@ -198,6 +198,17 @@ def _run_row(engine: Engine, run_id: str) -> Any:
         return run
 
 
+def _runs_cost(engine: Engine, run_ids: set[str]) -> float | None:
+    """The sum of the runs' rollout costs; ``None`` when none of them is priced."""
+    from vfops.registry import run_cost, session_scope
+
+    with session_scope(engine, write=False) as session:
+        costs = [
+            cost for run_id in sorted(run_ids) if (cost := run_cost(session, run_id)) is not None
+        ]
+    return sum(costs) if costs else None
+
+
 def evidence_request(engine: Engine, env: str, run_id: str, candidate_uri: str) -> GateRequest:
     """The gate request an existing run of the candidate answers; refuses a run that can't."""
     run = _run_row(engine, run_id)
@@ -508,8 +519,13 @@ async def promote_async(
         }
         for r, q in zip(results, requests, strict=True)
     }
+    gate_runs = {r.candidate_run_id for r in results} | {
+        r.holder_run_id for r in results if r.holder_run_id is not None
+    }
     evidence_doc: dict[str, Any] = {
         "envs": evidence,
+        # what the gate's runs cost (None: nothing priced, e.g. in-process models)
+        "cost_usd": _runs_cost(engine, gate_runs),
         "num_examples": num_examples,
         "rollouts_per_example": rollouts_per_example,
         "sampling_args": dict(sampling_args or {}),

@@ -21,6 +21,7 @@ from vfops.reports._charts import (
 from vfops.reports._markdown import (
     EMAIL_AUTOLINK,
     RewardCurve,
+    cost_line,
     escape_markdown,
     markdown_image,
     nightly_markdown,
@@ -35,6 +36,7 @@ __all__ = [
     "PNG_MAGIC",
     "RewardCurve",
     "cell_label",
+    "cost_line",
     "env_label",
     "escape_markdown",
     "format_sampling",

@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from vfops.costs import format_cost
 from vfops.reports._charts import (
     Z_95,
     env_label,
@@ -86,6 +87,20 @@ def _plural(n: int, word: str) -> str:
 # --------------------------------------------------------------------------- sweep
 
 
+def cost_line(cells: Sequence[Mapping[str, Any]]) -> str | None:
+    """What the cells cost together: ``$0.4210``, ``$0.4210 (2 of 6 cells unpriced)``,
+    or ``unpriced``; ``None`` when no cell says (results from before costs existed)."""
+    known = [cell for cell in cells if "cost_usd" in cell and cell.get("run_id")]
+    if not known:
+        return None
+    priced = [float(cell["cost_usd"]) for cell in known if cell["cost_usd"] is not None]
+    if not priced:
+        return "unpriced"
+    total = format_cost(sum(priced))
+    unpriced = len(known) - len(priced)
+    return f"{total} ({unpriced} of {len(known)} cells unpriced)" if unpriced else total
+
+
 def _failed(cell: Mapping[str, Any]) -> bool:
     return str(cell.get("status", "")).startswith("failed")
 
@@ -114,6 +129,8 @@ def _sweep_details(cell: Mapping[str, Any]) -> str:
                 f"{_number(cell['completion_tokens'])} completion)"
             )
         parts.append(tokens)
+    if "cost_usd" in cell and cell.get("run_id"):
+        parts.append(f"cost {escape_markdown(format_cost(cell['cost_usd']))}")
     if cell.get("model_alias") and cell.get("model") and cell["model"] != cell["model_alias"]:
         parts.append(f"model {escape_markdown(str(cell['model']))}")
     if cell.get("flow_run"):
@@ -157,7 +174,9 @@ def sweep_markdown(
         ]
         row += [_number(cell.get(key)) for key in extra]
         rows.append(row)
-    parts = [f"# {escape_markdown(title)}", "", f"{_plural(len(cells), 'cell')}."]
+    cost = cost_line(cells)
+    spent = f" Cost: {escape_markdown(cost)}." if cost is not None else ""
+    parts = [f"# {escape_markdown(title)}", "", f"{_plural(len(cells), 'cell')}.{spent}"]
     if chart_png is not None:
         parts += ["", markdown_image(chart_png, "reward per cell")]
     parts += ["", _table(headers, rows) if rows else "_No cells._", ""]
@@ -236,12 +255,13 @@ def nightly_markdown(
     *,
     night: str | None = None,
     pinned: Mapping[str, str] | None = None,
+    cost: str | None = None,
 ) -> str:
     """The nightly report: :func:`regression_markdown` of the compared cells, then the
     models pinned for the night, the baselines and each cell's run ids.
 
     ``comparisons``: :class:`vfops.nightly.CellComparison` (``label``, ``run_id``,
-    ``previous_run_id``, ``report``).
+    ``previous_run_id``, ``report``). ``cost``: what the night cost (:func:`cost_line`).
     """
     title = "Nightly regression check" + (f" for {night}" if night else "")
     reports = [(c.label, c.report) for c in comparisons if c.report is not None]
@@ -251,6 +271,8 @@ def nightly_markdown(
         markdown = f"# {escape_markdown(title)}\n"
         if chart_png is not None:
             markdown += "\n" + markdown_image(chart_png, "nightly reward trend") + "\n"
+    if cost is not None:
+        markdown += f"\nThis night cost {escape_markdown(cost)}.\n"
     if pinned:
         markdown += "\nModels this night: " + ", ".join(
             f"{escape_markdown(ref)} = {escape_markdown(version)}"
