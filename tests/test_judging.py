@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
 
 from tests.registry_fixtures import DIALECTS, database_url, make_error_record, make_record
 from vfops._errors import EndpointError, VfopsError
@@ -488,3 +489,33 @@ def test_importing_vfops_budget_and_judging_does_not_import_prefect() -> None:
         "assert 'prefect' not in sys.modules, 'prefect imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_a_priced_judge_adds_each_call_cost_to_the_rollout_it_scored(
+    engine: Engine,
+) -> None:
+    """Re-scoring a stored run with a priced judge (real HTTP, the stub): each new
+    request's cost lands on its rollout's stored cost; a rerun (all cached) adds none."""
+    from vfops.costs import Pricing
+    from vfops.registry import iter_rollouts, run_cost
+
+    run_id = _make_run(engine, _records(4, 2))
+    with Session(engine) as session:
+        before = run_cost(session, run_id)
+    with StubServer(StubConfig(reply_mode=lambda _: {"role": "assistant", "content": "yes"})) as s:
+        client = OpenAIClient(s.base_url, pricing=Pricing(3.0, 15.0))
+        rubric = _rubric(client)
+        try:
+            first = await rescore_run(engine, run_id, rubric, max_concurrent=4)
+            again = await rescore_run(engine, run_id, rubric, max_concurrent=4)
+        finally:
+            await rubric.aclose()
+    assert first.n_judged == 8 and first.cost_usd is not None and first.cost_usd > 0
+    assert again.n_cached == 8 and again.cost_usd is None  # no request: no cost
+    costs = [r.usage.cost_usd for r in iter_rollouts(engine, run_id)]
+    assert all(c is not None and c > 0 for c in costs)
+    with Session(engine) as session:
+        after = run_cost(session, run_id)
+    assert after == pytest.approx((before or 0.0) + first.cost_usd)
+    assert sum(c or 0.0 for c in costs) == pytest.approx(after)
+    assert first.summary()["cost_usd"] == first.cost_usd  # in the flow's artifacts

@@ -20,9 +20,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from vfops._errors import VfopsError
-from vfops._rollout import RolloutRecord
+from vfops._rollout import RolloutRecord, TokenUsage
+from vfops.costs import scoring_rollout
 from vfops.parsers._parser import last_user_text
-from vfops.registry import RegistryJudgeCache, get_run, iter_rollouts
+from vfops.registry import RegistryJudgeCache, add_rollout_cost, get_run, iter_rollouts
 from vfops.rubrics import JudgeRubric
 from vfops.rubrics._judge import judge_says_yes
 
@@ -63,6 +64,9 @@ class RescoreResult:
     """Without a response to judge (the rollout failed before scoring)."""
     n_errors: int = 0
     """The judge request failed (after retries); a rerun tries these again."""
+    cost_usd: float | None = None
+    """What the new judge requests cost (``None``: the judge is unpriced); each one's
+    cost is added to the stored rollout it scored."""
     score_sum: float = 0.0
     elapsed_s: float = 0.0
     errors: list[str] = field(default_factory=list)
@@ -90,6 +94,7 @@ class RescoreResult:
             "n_skipped": self.n_skipped,
             "n_errors": self.n_errors,
             "mean_score": self.mean_score,
+            "cost_usd": self.cost_usd,
             "elapsed_s": round(self.elapsed_s, 3),
             "errors": list(self.errors),
         }
@@ -192,7 +197,15 @@ async def rescore_run(
                     score = score_fn(entry.response)
                     await cache.set_score(key, score)
                 return RolloutJudgement(*ids, key=key, score=score, cached=True)
-            text = await rubric.judge(record.prompt, record.completion, answer)
+            charged = TokenUsage()
+            scoring_rollout(charged)  # the judge's calls below are this rollout's
+            try:
+                text = await rubric.judge(record.prompt, record.completion, answer)
+            finally:
+                scoring_rollout(None)
+            if charged.cost_usd is not None:
+                await asyncio.to_thread(add_rollout_cost, engine, full_id, *ids, charged.cost_usd)
+                result.cost_usd = (result.cost_usd or 0.0) + charged.cost_usd
             score = score_fn(text)
             await cache.set_score(key, score)
             return RolloutJudgement(*ids, key=key, score=score, cached=False)

@@ -19,6 +19,7 @@ from vfops._errors import VfopsError
 from vfops.budget import Budget, budget_for, limit_name
 from vfops.clients import Endpoint, OpenAIClient, read_api_key, resolve_endpoint
 from vfops.clients._openai import RequestLimiter
+from vfops.costs import format_cost
 from vfops.judging._rescore import RescoreResult, rescore_run, resolve_run_id
 from vfops.rubrics import DEFAULT_JUDGE_PROMPT, JudgeRubric
 
@@ -208,6 +209,7 @@ def judge_score_table(result: RescoreResult, plan: JudgeScorePlan) -> list[dict[
             "cached": result.n_cached,
             "skipped": result.n_skipped,
             "errors": result.n_errors,
+            "cost": format_cost(result.cost_usd),
             "requests_per_s_limit": rate,
             "elapsed_s": round(result.elapsed_s, 2),
         }
@@ -231,6 +233,8 @@ def judge_score_markdown(result: RescoreResult, plan: JudgeScorePlan) -> str:
         f"| {_fmt(result.mean_score)} | {result.n_rollouts} | {result.n_scored} | "
         f"{result.n_judged} | {result.n_cached} | {result.n_skipped} | {result.n_errors} |",
         "",
+        f"New judge requests cost {format_cost(result.cost_usd)}, added to the rollouts "
+        "they scored. "
         f"Took {result.elapsed_s:.1f} s. Verdicts are stored in the registry's judge cache: "
         "rerunning with the same judge, template and sampling arguments makes no new requests.",
     ]

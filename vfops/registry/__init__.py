@@ -66,6 +66,7 @@ from vfops.registry._models import (
     RolloutRow,
 )
 from vfops.registry._rollouts import (
+    add_rollout_cost,
     completed_keys,
     count_rollouts,
     insert_rollouts,
@@ -111,6 +112,7 @@ __all__ = [
     "RunBusyError",
     "RunCost",
     "add_environment_version",
+    "add_rollout_cost",
     "add_run_tags",
     "completed_keys",
     "count_rollouts",

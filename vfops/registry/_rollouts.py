@@ -193,3 +193,22 @@ def rollouts_for_example(engine: Engine, run_id: str, example_id: int) -> list[R
     )
     with transaction(engine, write=False) as connection:
         return [_to_record(row, model, dict(sampling_args)) for row in connection.execute(query)]
+
+
+def add_rollout_cost(
+    engine: Engine, run_id: str, example_id: int, rollout_index: int, usd: float
+) -> bool:
+    """Add ``usd`` to one stored rollout's cost (a judge's call that re-scored it, made
+    after the rollout was written); whether the rollout exists. One transaction."""
+    table = Base.metadata.tables["rollouts"]
+    with transaction(engine) as connection:
+        changed = connection.execute(
+            table.update()
+            .where(
+                table.c.run_id == run_id,
+                table.c.example_id == example_id,
+                table.c.rollout_index == rollout_index,
+            )
+            .values(cost_usd=func.coalesce(table.c.cost_usd, 0.0) + usd)
+        )
+    return bool(changed.rowcount)
