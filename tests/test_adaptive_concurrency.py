@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -261,3 +262,90 @@ async def test_the_latency_signal_decreases_when_the_endpoints_latency_climbs() 
             await _run_requests(client, 64, 16)
     assert limiter.latency_decreases >= 1
     assert limiter.limit is not None and limiter.limit < 16
+
+
+# --- across processes: pushbacks through the registry -------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def registry_engine(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    from tests.registry_fixtures import database_url
+    from vfops.registry import get_engine
+
+    for url in database_url(request.param, tmp_path):
+        yield get_engine(url)
+
+
+async def test_a_pushback_one_process_sees_makes_the_others_back_off(
+    registry_engine: Any,
+) -> None:
+    """Two limiters of one endpoint, each with its own PeerSync over the registry (as in
+    two processes): A's 429 decrease is told through the registry, B backs off from what
+    it holds in flight; nothing is heard twice, and one's own report is not news to it."""
+    from vfops.budget import PeerSync
+    from vfops.evaluation._registry_calls import ThreadCalls
+
+    calls = ThreadCalls(registry_engine)
+    endpoint = "http://api.example/v1 big-model"
+    a, b = AdaptiveLimiter(name=endpoint), AdaptiveLimiter(name=endpoint)
+    other = AdaptiveLimiter(name="http://other.example/v1 m")
+    syncs = [PeerSync(limiter, calls, interval_s=3600) for limiter in (a, b, other)]
+    for sync in syncs:
+        await sync.start()
+    sync_a, sync_b, sync_other = syncs
+    held_a, held_b, held_other = _Held(a), _Held(b), _Held(other)
+    await held_a.enter(20)
+    await held_b.enter(10)
+    await held_other.enter(10)
+    await held_a.reject()  # A is pushed back: 19 still in flight
+    assert a.decreases == 1 and a.limit == pytest.approx(0.9 * 19)
+    assert b.limit is None  # B has not heard yet
+
+    await sync_b.step()  # nothing reported yet
+    assert b.limit is None and sync_b.heard == 0
+    await sync_a.step()  # A tells
+    await sync_a.step()  # ... and does not hear itself
+    assert sync_a.told == 1 and sync_a.heard == 0 and a.decreases == 1
+    await sync_b.step()  # B hears: backs off from its 10 in flight
+    assert sync_b.heard == 1 and b.peer_decreases == 1
+    assert b.limit == pytest.approx(0.9 * 10)
+    await sync_b.step()  # the same news is heard once
+    assert b.peer_decreases == 1 and b.own_decreases == 0
+    await sync_b.step()  # and B, which did not get a 429 itself, tells nothing
+    await sync_a.step()
+    assert a.peer_decreases == 0
+    await sync_other.step()  # another endpoint's limit is another matter
+    assert other.limit is None and sync_other.heard == 0
+
+    idle = AdaptiveLimiter(name=endpoint)  # a process idle at the news keeps its limit
+    assert not idle.peer_decrease() and idle.limit is None
+    for held in (held_a, held_b, held_other):
+        await held.succeed(len(held.permits))
+    for sync in syncs:
+        await sync.aclose()
+
+
+def test_vfops_eval_tells_the_registry_when_the_endpoint_pushes_back(tmp_path: Any) -> None:
+    """The wiring: an eval whose endpoint answers 429 above 4 requests in flight records
+    the pushback for other processes (the endpoint's epoch moves), and still completes."""
+    import subprocess
+    import sys
+
+    from vfops.registry import get_engine, pushback_epoch, session_scope
+
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    with StubServer(StubConfig(reply_mode="arithmetic", latency_ms=50, max_in_flight=4)) as stub:
+        done = subprocess.run(
+            [sys.executable, "-m", "vfops", "eval", "arithmetic", "-m", "stub-model",
+             "-b", stub.base_url, "-n", "60", "-r", "2", "-c", "32", "-q",
+             "-o", str(tmp_path / "out")],
+            capture_output=True, text=True, timeout=300, check=False,
+            env={"PATH": "/usr/bin:/bin", "VFOPS_DATABASE_URL": url, "VFOPS_TRACKING": "0",
+                 "VFOPS_HOME": str(tmp_path / "home")},
+        )  # fmt: skip
+        rejected = stub.stats["429"]
+    assert done.returncode == 0, done.stderr
+    assert rejected > 0  # the endpoint did push back
+    with session_scope(get_engine(url), write=False) as session:
+        epoch = pushback_epoch(session, f"{stub.base_url.rstrip('/')} stub-model")
+    assert epoch >= 1

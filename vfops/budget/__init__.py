@@ -4,9 +4,11 @@ Budgets are Prefect global concurrency limits (:func:`ensure_limits`,
 :class:`PrefectRequestLimiter`), so sweeps, judge scoring and training rollouts on
 any worker cannot exceed an API's limit together; :class:`LocalRequestLimiter`
 is the same for one process without Prefect; :class:`AdaptiveLimiter` learns an
-endpoint's concurrency limit from its 429s when none is configured. A limiter is
-attached to a client with ``OpenAIClient(..., limiter=...)``. Importing this package does not import
-Prefect (nor pydantic: the exports load on first use).
+endpoint's concurrency limit from its 429s when none is configured, and
+:class:`PeerSync` shares what it learns with every process using the endpoint,
+through the registry. A limiter is attached to a client with
+``OpenAIClient(..., limiter=...)``. Importing this package does not import Prefect
+(nor pydantic: the exports load on first use).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
         rate_limit_name,
     )
     from vfops.budget._limiter import LocalRequestLimiter, Pacer
+    from vfops.budget._peer import PEER_SYNC_S, PeerSync, peer_sync
     from vfops.budget._prefect import (
         LimitsInfo,
         PrefectRequestLimiter,
@@ -46,6 +49,7 @@ _MODULES = {
         "rate_limit_name",
     ),
     "vfops.budget._limiter": ("LocalRequestLimiter", "Pacer"),
+    "vfops.budget._peer": ("PEER_SYNC_S", "PeerSync", "peer_sync"),
     "vfops.budget._prefect": (
         "LimitsInfo",
         "PrefectRequestLimiter",
@@ -73,11 +77,13 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BUDGETS_ENV_VAR",
+    "PEER_SYNC_S",
     "AdaptiveLimiter",
     "Budget",
     "LimitsInfo",
     "LocalRequestLimiter",
     "Pacer",
+    "PeerSync",
     "PrefectRequestLimiter",
     "RequestLimiter",
     "budget_for",
@@ -85,6 +91,7 @@ __all__ = [
     "ensure_limits",
     "limit_name",
     "load_budgets",
+    "peer_sync",
     "prefect_limiter",
     "rate_limit_batch",
     "rate_limit_name",

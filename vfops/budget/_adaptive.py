@@ -173,6 +173,8 @@ class AdaptiveLimiter:
         """Of :attr:`decreases`, those the latency signal made."""
         self.waited = 0
         """Admissions that had to wait for a free slot."""
+        self.peer_decreases = 0
+        """Decreases made on another process's pushback (:meth:`peer_decrease`)."""
         self.max_in_flight = 0
         """The most requests this limiter held in flight at once."""
 
@@ -209,6 +211,7 @@ class AdaptiveLimiter:
             "decreases": self.decreases,
             "latency_decreases": self.latency_decreases,
             "waited": self.waited,
+            "peer_decreases": self.peer_decreases,
             "min_latency_s": None if math.isinf(self._min_latency) else self._min_latency,
             "smoothed_latency_s": self._smoothed,
         }
@@ -306,6 +309,22 @@ class AdaptiveLimiter:
         else:  # another 429 of the same overload: fewer got through than first seen
             self._w_max = min(self._w_max, float(max(survivors, self.min_limit)))
         self._set_limit(min(self._limit, target))
+
+    @property
+    def own_decreases(self) -> int:
+        """Decreases this limiter made on its own answers (what it tells its peers)."""
+        return self.decreases - self.peer_decreases
+
+    def peer_decrease(self) -> bool:
+        """Another process using the endpoint was pushed back (its 429s): its cap is this
+        process's too, so back off from what this process holds in flight, as if the 429
+        were its own (synchronised decreases: the processes' shares converge, as TCP
+        flows sharing a link do). An idle limiter keeps its limit; whether it decreased."""
+        if self._in_flight < 1:
+            return False
+        self.peer_decreases += 1
+        self._decrease(self._in_flight, new_window=True)
+        return True
 
     def _increase(self) -> None:
         limit = self._limit

@@ -28,7 +28,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
@@ -38,6 +38,7 @@ from vfops._paths import check_writable_folder
 from vfops._rollout import RolloutRecord
 from vfops._settings import registry_retry_s
 from vfops._twins import blocking_twin
+from vfops.budget import AdaptiveLimiter
 from vfops.clients._base import ModelClient
 from vfops.costs import (
     BUDGET_EXHAUSTED_EXIT_CODE,
@@ -298,20 +299,21 @@ async def evaluate_async(
         if capped:
             assert calls is not None and plan.run_id is not None
             ledger = await _open_ledger(calls, plan.run_id, max_cost, cost_caps or {})
-        return await _run(
-            env,
-            client,
-            plan,
-            planned=planned,
-            registry=None if opening is not None else calls,
-            opening=opening,
-            tracker=tracker,
-            track=track,
-            mlflow_parent_run_id=mlflow_parent_run_id,
-            hand_off_tracking=hand_off_tracking,
-            progress=progress,
-            ledger=ledger,
-        )
+        async with _peers(client, calls):
+            return await _run(
+                env,
+                client,
+                plan,
+                planned=planned,
+                registry=None if opening is not None else calls,
+                opening=opening,
+                tracker=tracker,
+                track=track,
+                mlflow_parent_run_id=mlflow_parent_run_id,
+                hand_off_tracking=hand_off_tracking,
+                progress=progress,
+                ledger=ledger,
+            )
     finally:
         if connection_client is not None:
             await connection_client.aclose()
@@ -321,6 +323,20 @@ async def evaluate_async(
             await tracker.aclose()
         if calls is not None:
             await calls.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _peers(client: ModelClient, calls: RegistryCalls | None) -> AsyncIterator[None]:
+    """While the run runs, its adaptive limiter shares pushbacks with other processes
+    using the endpoint, through the registry (:class:`vfops.budget.PeerSync`)."""
+    limiter = getattr(client, "limiter", None)
+    if calls is None or not isinstance(limiter, AdaptiveLimiter) or not limiter.name:
+        yield
+        return
+    from vfops.budget import peer_sync
+
+    async with peer_sync(limiter, calls):
+        yield
 
 
 def _check_caps(

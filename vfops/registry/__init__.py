@@ -59,12 +59,14 @@ from vfops.registry._models import (
     Base,
     CostBudgetRow,
     CostReservationRow,
+    EndpointPushbackRow,
     EnvironmentRow,
     EnvironmentVersionRow,
     EvalRunRow,
     JudgeCacheRow,
     RolloutRow,
 )
+from vfops.registry._pushback import bump_pushback, pushback_epoch
 from vfops.registry._rollouts import (
     add_rollout_cost,
     completed_keys,
@@ -101,6 +103,7 @@ __all__ = [
     "CostBudget",
     "CostBudgetRow",
     "CostReservationRow",
+    "EndpointPushbackRow",
     "EnvironmentRow",
     "EnvironmentVersionRow",
     "EvalRunRow",
@@ -114,6 +117,7 @@ __all__ = [
     "add_environment_version",
     "add_rollout_cost",
     "add_run_tags",
+    "bump_pushback",
     "completed_keys",
     "count_rollouts",
     "create_run",
@@ -139,6 +143,7 @@ __all__ = [
     "list_versions",
     "mask_url",
     "parse_version",
+    "pushback_epoch",
     "record_alias_event",
     "referenced_artifact_uris",
     "release_run_lease",

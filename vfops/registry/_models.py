@@ -265,3 +265,15 @@ class CostReservationRow(Base):
     # the run whose request it is: a process that takes the run over releases them
     run_id: Mapped[str | None] = mapped_column(String(32), index=True)
     expires_at: Mapped[dt.datetime]
+
+
+class EndpointPushbackRow(Base):
+    """How often processes were pushed back (429s) by one endpoint: the signal adaptive
+    limiters in other processes back off on (``vfops.budget.PeerSync``)."""
+
+    __tablename__ = "endpoint_pushback"
+
+    # the endpoint's base URL and model, never a key
+    endpoint: Mapped[str] = mapped_column(String(500), primary_key=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -1,4 +1,4 @@
-"""What a rollout cost, and spending caps shared by every process.
+"""What a rollout cost, spending caps shared by every process, endpoint pushback.
 
 Why: evaluations and judge calls against hosted APIs cost money, and a sweep over
 a grid of models can spend far more than anyone meant. Each rollout now records
@@ -6,7 +6,9 @@ its cached prompt tokens and its cost in USD (NULL: the endpoint is unpriced,
 never 0). ``cost_budgets`` holds a cap per scope (a run, a sweep, a name several
 sweeps share) with what was spent and what is reserved by requests in flight;
 ``cost_reservations`` holds each in-flight request's worst-case cost, so a process
-that dies cannot leave its reservations counted forever.
+that dies cannot leave its reservations counted forever. ``endpoint_pushback``
+counts the 429 pushbacks each endpoint gave any process, so adaptive concurrency
+limiters in other processes back off together.
 
 Revision ID: 0005
 Revises: 0004
@@ -63,8 +65,17 @@ def upgrade() -> None:
         op.f("ix_cost_reservations_run_id"), "cost_reservations", ["run_id"], unique=False
     )
 
+    op.create_table(
+        "endpoint_pushback",
+        sa.Column("endpoint", sa.String(length=500), nullable=False),
+        sa.Column("epoch", sa.BigInteger(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("endpoint", name=op.f("pk_endpoint_pushback")),
+    )
+
 
 def downgrade() -> None:
+    op.drop_table("endpoint_pushback")
     op.drop_index(op.f("ix_cost_reservations_run_id"), table_name="cost_reservations")
     op.drop_table("cost_reservations")
     op.drop_table("cost_budgets")
