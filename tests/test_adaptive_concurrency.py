@@ -280,47 +280,62 @@ async def test_a_pushback_one_process_sees_makes_the_others_back_off(
     registry_engine: Any,
 ) -> None:
     """Two limiters of one endpoint, each with its own PeerSync over the registry (as in
-    two processes): A's 429 decrease is told through the registry, B backs off from what
-    it holds in flight; nothing is heard twice, and one's own report is not news to it."""
+    two processes): A's 429 decrease is told through the registry, and B, which hears
+    it, stops probing upward (its requests admitted so far raise nothing) without a
+    decrease of its own; news is heard once, one's own report is not news to it, and a
+    process joining later starts from half of A's limit instead of no cap."""
     from vfops.budget import PeerSync
     from vfops.evaluation._registry_calls import ThreadCalls
 
     calls = ThreadCalls(registry_engine)
     endpoint = "http://api.example/v1 big-model"
-    a, b = AdaptiveLimiter(name=endpoint), AdaptiveLimiter(name=endpoint)
-    other = AdaptiveLimiter(name="http://other.example/v1 m")
+    a = AdaptiveLimiter(name=endpoint)
+    b = AdaptiveLimiter(name=endpoint, initial_limit=12)
+    control = AdaptiveLimiter(name="control", initial_limit=12)  # hears nothing
+    other = AdaptiveLimiter(name="http://other.example/v1 m", initial_limit=12)
     syncs = [PeerSync(limiter, calls, interval_s=3600) for limiter in (a, b, other)]
     for sync in syncs:
         await sync.start()
     sync_a, sync_b, sync_other = syncs
-    held_a, held_b, held_other = _Held(a), _Held(b), _Held(other)
-    await held_a.enter(20)
-    await held_b.enter(10)
-    await held_other.enter(10)
-    await held_a.reject()  # A is pushed back: 19 still in flight
+    held = {name: _Held(lim) for name, lim in (("a", a), ("b", b), ("c", control), ("o", other))}
+    await held["a"].enter(20)
+    for name in ("b", "c", "o"):
+        await held[name].enter(12)  # at their limit
+    await held["a"].reject()  # A is pushed back: 19 still in flight
     assert a.decreases == 1 and a.limit == pytest.approx(0.9 * 19)
-    assert b.limit is None  # B has not heard yet
 
     await sync_b.step()  # nothing reported yet
-    assert b.limit is None and sync_b.heard == 0
+    assert sync_b.heard == 0 and b.peer_holds == 0
     await sync_a.step()  # A tells
     await sync_a.step()  # ... and does not hear itself
     assert sync_a.told == 1 and sync_a.heard == 0 and a.decreases == 1
-    await sync_b.step()  # B hears: backs off from its 10 in flight
-    assert sync_b.heard == 1 and b.peer_decreases == 1
-    assert b.limit == pytest.approx(0.9 * 10)
+    await sync_b.step()  # B hears: it holds
+    assert sync_b.heard == 1 and b.peer_holds == 1 and b.decreases == 0
     await sync_b.step()  # the same news is heard once
-    assert b.peer_decreases == 1 and b.own_decreases == 0
-    await sync_b.step()  # and B, which did not get a 429 itself, tells nothing
+    assert b.peer_holds == 1
+    for name in ("b", "c"):
+        await held[name].succeed(1)  # a success with the limit full
+    assert b.limit == 12  # held: its requests from before the news raise nothing
+    assert control.limit is not None and control.limit > 12  # the control probes up
+    await sync_b.step()  # B, which got no 429 itself, tells nothing
     await sync_a.step()
-    assert a.peer_decreases == 0
-    await sync_other.step()  # another endpoint's limit is another matter
-    assert other.limit is None and sync_other.heard == 0
+    assert a.peer_holds == 0
+    await sync_other.step()  # another endpoint's pushbacks are another matter
+    assert sync_other.heard == 0 and other.peer_holds == 0
 
-    idle = AdaptiveLimiter(name=endpoint)  # a process idle at the news keeps its limit
-    assert not idle.peer_decrease() and idle.limit is None
-    for held in (held_a, held_b, held_other):
-        await held.succeed(len(held.permits))
+    idle = AdaptiveLimiter(name=endpoint)  # nothing in flight: nothing to hold
+    assert not idle.peer_pushback() and idle.limit is None
+    joining = PeerSync(idle, calls, interval_s=3600)
+    await joining.start()
+    assert joining.adopted and idle.limit == pytest.approx(0.9 * 19 / 2)
+    stranger = AdaptiveLimiter(name="http://new.example/v1 m")  # nobody pushed back there
+    fresh = PeerSync(stranger, calls, interval_s=3600)
+    await fresh.start()
+    assert not fresh.adopted and stranger.limit is None
+    for sync in (joining, fresh):
+        await sync.aclose()
+    for permits in held.values():
+        await permits.succeed(len(permits.permits))
     for sync in syncs:
         await sync.aclose()
 

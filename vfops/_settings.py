@@ -10,6 +10,8 @@
   registry when its database stops answering, before it fails the run (resumable).
 - ``VFOPS_TRACE_ROLLOUTS`` (default 100, ``all``, ``off``): how many passing rollouts
   of an eval run are logged as MLflow traces (failed and errored ones always are).
+- ``VFOPS_PEER_SYNC_S`` (default 0.5; 0: off): how often an evaluation shares its
+  adaptive limiter's 429 pushbacks with other processes through the registry.
 """
 
 from __future__ import annotations
@@ -70,6 +72,28 @@ def registry_retry_s() -> float:
     if not (value >= 0 and math.isfinite(value)):
         raise VfopsError(
             f"VFOPS_REGISTRY_RETRY_S must be a number of seconds >= 0, not {raw!r}; fix or unset it"
+        )
+    return value
+
+
+DEFAULT_PEER_SYNC_S: Final = 0.5
+"""Seconds between an evaluation's looks at its endpoint's shared pushbacks: well under
+a provider's rate window, and one small query each."""
+
+
+def peer_sync_s() -> float:
+    """``VFOPS_PEER_SYNC_S`` (seconds, >= 0; 0 turns the sharing off), else the default."""
+    raw = os.environ.get("VFOPS_PEER_SYNC_S")
+    if not raw:
+        return DEFAULT_PEER_SYNC_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise VfopsError(
+            f"VFOPS_PEER_SYNC_S must be a number of seconds >= 0 (0: off), not {raw!r}; "
+            "fix or unset it"
         )
     return value
 

@@ -4,11 +4,12 @@ Processes on any machines that call one endpoint share its limit, so what one
 learns from a 429 concerns all of them. :class:`PeerSync` ties a process's
 :class:`~vfops.budget.AdaptiveLimiter` to the registry's ``endpoint_pushback``
 counter: when the limiter backs off on its own answers, it increments the
-endpoint's epoch; when it sees the epoch moved by another process, it backs off
-too (:meth:`AdaptiveLimiter.peer_decrease`). Decreases are synchronised and each
-process probes upward on its own, which is how TCP flows sharing a link converge to
-fair shares of it (Chiu & Jain 1989). A look costs one small query every
-``interval_s``; a registry that does not answer only delays the news.
+endpoint's epoch (and records its limit); when it sees the epoch moved by another
+process, it stops probing upward for a while (:meth:`AdaptiveLimiter.peer_pushback`),
+so N processes do not probe the shared cap N times as fast; and a process joining
+starts from a share of a peer's limit instead of no cap, skipping most of its
+discovery burst. A look costs one small query every ``interval_s``; a registry that
+does not answer only delays the news.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from vfops._settings import DEFAULT_PEER_SYNC_S, peer_sync_s
 from vfops.budget._adaptive import AdaptiveLimiter
 
 if TYPE_CHECKING:
@@ -27,8 +30,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("vfops.budget")
 
-PEER_SYNC_S = 0.5
-"""How often a process looks at (and tells) its endpoints' pushbacks."""
+HINT_TTL_S = 600.0
+"""A peer's limit is a starting point for this long after its last pushback (a
+provider's limit changes with its load: an older one is not news)."""
+PEER_SYNC_S = DEFAULT_PEER_SYNC_S
+"""How often a process looks at (and tells) its endpoints' pushbacks
+(``VFOPS_PEER_SYNC_S`` for evaluations)."""
 
 
 class RegistryCalls(Protocol):
@@ -54,11 +61,19 @@ class PeerSync:
         """Pushbacks this process reported."""
         self.heard = 0
         """Pushbacks of other processes seen (each one decrease, when busy)."""
+        self.adopted = False
+        """Whether the limiter started from a peer's limit."""
 
     async def start(self) -> None:
         """Take the endpoint's current epoch as the baseline (earlier pushbacks are old
-        news), then look every ``interval_s``."""
-        self._seen = await self.calls.call(_epoch, self.endpoint)
+        news) and, when a peer was pushed back lately (:data:`HINT_TTL_S`), start from its
+        limit; then look every ``interval_s``."""
+        epoch, hint, updated_at = await self.calls.call(_state, self.endpoint)
+        self._seen = epoch
+        recent = updated_at is not None and time.time() - updated_at < HINT_TTL_S
+        if hint is not None and recent:
+            # half: a newcomer assumes the peer keeps the rest; its own 429s correct it
+            self.adopted = self.limiter.adopt_peer_limit(hint / 2)
         self._told = self.limiter.own_decreases
         self._task = asyncio.create_task(self._run(), name=f"peer-sync {self.endpoint}")
 
@@ -67,14 +82,14 @@ class PeerSync:
         own = self.limiter.own_decreases
         if own > self._told:
             self._told = own
-            self._seen = await self.calls.call(_bump, self.endpoint)
+            self._seen = await self.calls.call(_bump, self.endpoint, self.limiter.limit)
             self.told += 1
             return
-        epoch = await self.calls.call(_epoch, self.endpoint)
+        epoch, _, _ = await self.calls.call(_state, self.endpoint)
         if epoch > self._seen:
             self._seen = epoch
             self.heard += 1
-            self.limiter.peer_decrease()
+            self.limiter.peer_pushback()
 
     async def _run(self) -> None:
         while True:
@@ -96,16 +111,26 @@ _RUNNING: dict[int, tuple[PeerSync, int]] = {}
 
 
 @contextlib.asynccontextmanager
-async def peer_sync(limiter: AdaptiveLimiter, calls: RegistryCalls) -> AsyncIterator[PeerSync]:
+async def peer_sync(
+    limiter: AdaptiveLimiter, calls: RegistryCalls
+) -> AsyncIterator[PeerSync | None]:
     """The process's one :class:`PeerSync` of ``limiter`` while inside (evaluations that
-    share a limiter, e.g. a sweep's cells, share its sync: one report per pushback)."""
+    share a limiter, e.g. a sweep's cells, share its sync: one report per pushback);
+    ``None`` when ``VFOPS_PEER_SYNC_S=0`` turned sharing off."""
+    interval = peer_sync_s()
+    if interval == 0:  # sharing turned off
+        yield None
+        return
     key = id(limiter)
     running = _RUNNING.get(key)
     # registered before any await: evaluations entering meanwhile share this one
-    sync, refs = running if running is not None else (PeerSync(limiter, calls), 0)
+    if running is None:
+        sync, refs = PeerSync(limiter, calls, interval_s=interval), 0
+    else:
+        sync, refs = running
     _RUNNING[key] = (sync, refs + 1)
     try:
-        if running is None:
+        if refs == 0:
             await sync.start()
         yield sync
     finally:
@@ -117,15 +142,19 @@ async def peer_sync(limiter: AdaptiveLimiter, calls: RegistryCalls) -> AsyncIter
             _RUNNING[key] = (sync, refs - 1)
 
 
-def _bump(engine: Engine, endpoint: str) -> int:
+def _bump(engine: Engine, endpoint: str, limit: float | None) -> int:
     from vfops.registry import bump_pushback, session_scope
 
     with session_scope(engine) as session:
-        return bump_pushback(session, endpoint)
+        return bump_pushback(session, endpoint, limit)
 
 
-def _epoch(engine: Engine, endpoint: str) -> int:
-    from vfops.registry import pushback_epoch, session_scope
+def _state(engine: Engine, endpoint: str) -> tuple[int, float | None, float | None]:
+    """(epoch, limit hint, POSIX time of the last pushback): plain values, so the
+    evaluating process never imports the registry to read them (ChildCalls)."""
+    from vfops.registry import read_pushback, session_scope
 
     with session_scope(engine, write=False) as session:
-        return pushback_epoch(session, endpoint)
+        state = read_pushback(session, endpoint)
+    updated = None if state.updated_at is None else state.updated_at.timestamp()
+    return state.epoch, state.limit_hint, updated

@@ -147,6 +147,7 @@ class BatchedGenerator:
         self.version = 0
         """The weights' version, reported with each row (the trainer's policy version)."""
         self.batches_run = 0
+        """Batches started."""
         self._split_threads = split_cpu_threads
         self.resolve_rows_early = resolve_rows_early
         self._threads_before = torch.get_num_threads()
@@ -292,6 +293,9 @@ class BatchedGenerator:
 
     def sample(self, batch: list[_Request]) -> list[Sampled]:
         """Sample completions for ``batch`` (compute thread); one forward per new token."""
+        # counted as it starts: with rows resolved early, a caller may see every row of
+        # the batch answered before the loop below has ended
+        self.batches_run += 1
         torch = self._torch
         rows = [r.sampling for r in batch]
         width = max(len(r.prompt_ids) for r in batch)
@@ -362,7 +366,6 @@ class BatchedGenerator:
                     use_cache=True,
                     **{self._cache_arg: _cache_of(out)},
                 )
-            self.batches_run += 1
         return results
 
 

@@ -66,7 +66,7 @@ from vfops.registry._models import (
     JudgeCacheRow,
     RolloutRow,
 )
-from vfops.registry._pushback import bump_pushback, pushback_epoch
+from vfops.registry._pushback import Pushback, bump_pushback, pushback_epoch, read_pushback
 from vfops.registry._rollouts import (
     add_rollout_cost,
     completed_keys,
@@ -110,6 +110,7 @@ __all__ = [
     "JudgeCacheEntry",
     "JudgeCacheRow",
     "LeaseOwner",
+    "Pushback",
     "RegistryJudgeCache",
     "RolloutRow",
     "RunBusyError",
@@ -144,6 +145,7 @@ __all__ = [
     "mask_url",
     "parse_version",
     "pushback_epoch",
+    "read_pushback",
     "record_alias_event",
     "referenced_artifact_uris",
     "release_run_lease",

@@ -276,4 +276,6 @@ class EndpointPushbackRow(Base):
     # the endpoint's base URL and model, never a key
     endpoint: Mapped[str] = mapped_column(String(500), primary_key=True)
     epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    # the reporting process's limit after its last pushback: where a newcomer starts
+    limit_hint: Mapped[float | None] = mapped_column(Float)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -8,6 +8,9 @@ provider limit share the learning of it.
 
 from __future__ import annotations
 
+import datetime as dt
+from dataclasses import dataclass
+
 from sqlalchemy import select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
@@ -15,8 +18,18 @@ from sqlalchemy.orm import Session
 from vfops.registry._models import EndpointPushbackRow, utcnow
 
 
-def bump_pushback(session: Session, endpoint: str) -> int:
-    """Record one pushback on ``endpoint``; its new epoch (one upsert + increment)."""
+@dataclass(frozen=True, slots=True)
+class Pushback:
+    """An endpoint's pushbacks: how many, the reporter's limit after the last, when."""
+
+    epoch: int
+    limit_hint: float | None
+    updated_at: dt.datetime | None
+
+
+def bump_pushback(session: Session, endpoint: str, limit: float | None = None) -> int:
+    """Record one pushback on ``endpoint`` (and the reporter's limit after it); the
+    new epoch (one upsert + increment)."""
     insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     session.execute(
         insert(EndpointPushbackRow)
@@ -26,7 +39,7 @@ def bump_pushback(session: Session, endpoint: str) -> int:
     epoch = session.execute(
         update(EndpointPushbackRow)
         .where(EndpointPushbackRow.endpoint == endpoint)
-        .values(epoch=EndpointPushbackRow.epoch + 1, updated_at=utcnow())
+        .values(epoch=EndpointPushbackRow.epoch + 1, limit_hint=limit, updated_at=utcnow())
         .returning(EndpointPushbackRow.epoch)
     ).scalar_one()
     return int(epoch)
@@ -34,7 +47,20 @@ def bump_pushback(session: Session, endpoint: str) -> int:
 
 def pushback_epoch(session: Session, endpoint: str) -> int:
     """How many pushbacks ``endpoint`` has had (0: none recorded)."""
-    epoch = session.execute(
-        select(EndpointPushbackRow.epoch).where(EndpointPushbackRow.endpoint == endpoint)
-    ).scalar_one_or_none()
-    return 0 if epoch is None else int(epoch)
+    return read_pushback(session, endpoint).epoch
+
+
+def read_pushback(session: Session, endpoint: str) -> Pushback:
+    row = session.execute(
+        select(
+            EndpointPushbackRow.epoch,
+            EndpointPushbackRow.limit_hint,
+            EndpointPushbackRow.updated_at,
+        ).where(EndpointPushbackRow.endpoint == endpoint)
+    ).one_or_none()
+    if row is None:
+        return Pushback(0, None, None)
+    epoch, hint, updated = row
+    if updated is not None and updated.tzinfo is None:  # SQLite: naive, stored as UTC
+        updated = updated.replace(tzinfo=dt.UTC)
+    return Pushback(int(epoch), hint, updated)

@@ -69,6 +69,7 @@ def upgrade() -> None:
         "endpoint_pushback",
         sa.Column("endpoint", sa.String(length=500), nullable=False),
         sa.Column("epoch", sa.BigInteger(), nullable=False),
+        sa.Column("limit_hint", sa.Float(), nullable=True),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("endpoint", name=op.f("pk_endpoint_pushback")),
     )
