@@ -440,3 +440,26 @@ def test_two_sweeps_in_two_processes_share_one_cap(db_url: str, tmp_path: Path) 
     assert team.reserved_usd == pytest.approx(0.0, abs=1e-12)
     recorded = sum(cost or 0.0 for _, cost in cells)
     assert recorded <= team.spent_usd + 1e-12
+
+
+def test_sweep_and_nightly_specs_take_a_cap_and_name_its_scope(tmp_path: Path) -> None:
+    from vfops._config import ConfigError
+    from vfops.nightly import NightlyConfig
+    from vfops.sweeps import SweepSpec, load_sweep
+
+    base = {"environments": ["arithmetic"], "endpoints": ["priced"]}
+    uncapped = SweepSpec(**base)
+    assert uncapped.cost_caps() == {}
+    own = SweepSpec(**base, max_cost=2.5)
+    ((scope, cap),) = own.cost_caps().items()
+    assert cap == 2.5 and scope.startswith("sweep:")
+    assert SweepSpec(**base, max_cost=9.0).cost_caps().keys() == {scope}  # a rerun: same cap
+    shared = SweepSpec(**base, max_cost=2.5, cost_scope="team")
+    assert shared.cost_caps() == {"sweep:team": 2.5}
+    night = NightlyConfig(**base, max_cost=1.0, date="2026-11-30").sweep()
+    assert night.cost_caps() == {"sweep:nightly:2026-11-30": 1.0}
+    assert NightlyConfig(**base, date="2026-11-30").sweep().cost_caps() == {}
+    bad = tmp_path / "sweep.toml"
+    bad.write_text('environments = ["arithmetic"]\nendpoints = ["priced"]\nmax_cost = -1\n')
+    with pytest.raises(ConfigError, match="max_cost"):
+        load_sweep(bad)
