@@ -26,6 +26,7 @@ from vfops.clients import OpenAIClient
 from vfops.clients._base import ChatResponse
 from vfops.clients._openai import parse_chat_completion
 from vfops.costs import Pricing, format_cost, prompt_tokens_bound
+from vfops.costs._pricing import MESSAGE_OVERHEAD_TOKENS
 from vfops.registry import (
     get_cost_budget,
     get_engine,
@@ -91,13 +92,27 @@ def test_a_call_costs_its_usage_at_the_endpoint_prices_cached_tokens_at_theirs()
 
 
 def test_the_prompt_bound_is_never_below_what_a_byte_level_tokenizer_counts() -> None:
-    messages = [
-        {"role": "system", "content": "Solve it. Put the answer in <answer></answer>."},
-        {"role": "user", "content": "Zürich: 17 × 23 = ? 🙂 " * 20},
+    """A byte-level BPE tokenizer (trained here; GPT/Llama/Qwen's kind) on multi-byte
+    text: its count of each message's tokens never exceeds the bound. A bound on
+    characters instead of UTF-8 bytes would fail (emoji and umlauts are several bytes)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tokenizer.train_from_iterator(["What is 17 + 23? Put the answer in tags."] * 50, trainer)
+    contents = [
+        "Solve it. Put the answer in <answer></answer>.",
+        "Zürich: 17 × 23 = ? 🙂🙂🙂 ñandú " * 20,
+        "🙂" * 64,
     ]
-    bound = prompt_tokens_bound(messages)
-    text_bytes = sum(len(str(m["content"]).encode()) for m in messages)
-    assert bound >= text_bytes  # every byte-level BPE token covers at least one byte
+    for content in contents:
+        messages = [{"role": "user", "content": content}]
+        tokens = len(tokenizer.encode(content).ids)
+        assert tokens <= prompt_tokens_bound(messages), content[:20]
+    assert len(tokenizer.encode("🙂" * 64).ids) > 64 + MESSAGE_OVERHEAD_TOKENS  # chars too few
 
 
 async def test_judge_calls_are_charged_to_the_rollout_they_scored() -> None:

@@ -62,17 +62,20 @@ DEFAULT_REGISTRY_RETRY_S: Final = 60.0
 
 def registry_retry_s() -> float:
     """``VFOPS_REGISTRY_RETRY_S`` (seconds, >= 0), else :data:`DEFAULT_REGISTRY_RETRY_S`."""
-    raw = os.environ.get("VFOPS_REGISTRY_RETRY_S")
+    return _seconds("VFOPS_REGISTRY_RETRY_S", DEFAULT_REGISTRY_RETRY_S, ">= 0")
+
+
+def _seconds(name: str, default: float, rule: str) -> float:
+    """A variable holding seconds >= 0 (``rule`` is how the error states the rule)."""
+    raw = os.environ.get(name)
     if not raw:
-        return DEFAULT_REGISTRY_RETRY_S
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not (value >= 0 and math.isfinite(value)):
-        raise VfopsError(
-            f"VFOPS_REGISTRY_RETRY_S must be a number of seconds >= 0, not {raw!r}; fix or unset it"
-        )
+        raise VfopsError(f"{name} must be a number of seconds {rule}, not {raw!r}; fix or unset it")
     return value
 
 
@@ -83,19 +86,7 @@ a provider's rate window, and one small query each."""
 
 def peer_sync_s() -> float:
     """``VFOPS_PEER_SYNC_S`` (seconds, >= 0; 0 turns the sharing off), else the default."""
-    raw = os.environ.get("VFOPS_PEER_SYNC_S")
-    if not raw:
-        return DEFAULT_PEER_SYNC_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 and math.isfinite(value)):
-        raise VfopsError(
-            f"VFOPS_PEER_SYNC_S must be a number of seconds >= 0 (0: off), not {raw!r}; "
-            "fix or unset it"
-        )
-    return value
+    return _seconds("VFOPS_PEER_SYNC_S", DEFAULT_PEER_SYNC_S, ">= 0 (0: off)")
 
 
 DEFAULT_TRACE_ROLLOUTS: Final = 100

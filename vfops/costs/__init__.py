@@ -18,6 +18,7 @@ from vfops.costs._ledger import (
     use_ledger,
 )
 from vfops.costs._pricing import (
+    CAP_TOLERANCE_USD,
     DEFAULT_MAX_COMPLETION_TOKENS,
     Pricing,
     format_cost,
@@ -27,6 +28,7 @@ from vfops.costs._pricing import (
 
 __all__ = [
     "BUDGET_EXHAUSTED_EXIT_CODE",
+    "CAP_TOLERANCE_USD",
     "DEFAULT_MAX_COMPLETION_TOKENS",
     "BudgetExhausted",
     "CostLedger",

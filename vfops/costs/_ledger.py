@@ -20,17 +20,13 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from vfops._errors import VfopsError
-from vfops.costs._pricing import format_cost
+from vfops.costs._pricing import CAP_TOLERANCE_USD, format_cost
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from vfops._rollout import TokenUsage
     from vfops.registry import CostBudget
-
-CAP_TOLERANCE_USD = 1e-9
-"""As the registry's (:data:`vfops.registry.CAP_TOLERANCE_USD`; not imported: the
-registry is heavy and this module is imported by every client)."""
 
 T = TypeVar("T")
 

@@ -16,6 +16,11 @@ from vfops._types import Messages
 
 PER_MTOK = 1_000_000.0
 
+CAP_TOLERANCE_USD = 1e-9
+"""Float sums of many small amounts drift by ~1e-16 each: a request that fits a cap
+exactly must not be refused for it (a nano-dollar is below any price). Both the
+registry's compare-and-set and the ledger's final refusal use it."""
+
 MESSAGE_OVERHEAD_TOKENS = 16
 """Tokens a chat template may add per message (role markers, separators): generous,
 since the worst-case estimate must never be below what the endpoint bills."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 from vfops._lease import LEASE_TTL_S, LeaseOwner
 from vfops.registry._alias_events import list_alias_events, record_alias_event
 from vfops.registry._costs import (
-    CAP_TOLERANCE_USD,
     RESERVATION_TTL_S,
     CostBudget,
     RunCost,
@@ -94,7 +93,6 @@ from vfops.registry._runs import (
 )
 
 __all__ = [
-    "CAP_TOLERANCE_USD",
     "LEASE_TTL_S",
     "RESERVATION_TTL_S",
     "RUN_STATUSES",

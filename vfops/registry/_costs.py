@@ -16,16 +16,23 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from vfops.registry._models import CostBudgetRow, CostReservationRow, RolloutRow, utcnow
+from vfops.costs import CAP_TOLERANCE_USD
+from vfops.registry._models import (
+    Base,
+    CostBudgetRow,
+    CostReservationRow,
+    RolloutRow,
+    utcnow,
+)
+from vfops.registry._sql import on_conflict_insert, session_dialect
 
-CAP_TOLERANCE_USD: Final = 1e-9
-"""Float sums of many small amounts drift by ~1e-16 each: a request that fits the cap
-exactly must not be refused for it (a nano-dollar is below any price)."""
+_BUDGETS = Base.metadata.tables["cost_budgets"]
+
 RESERVATION_TTL_S: Final = 3600.0
 """A reservation nobody settled (its process died) stops counting after this long."""
 
@@ -48,18 +55,13 @@ def set_cost_caps(session: Session, caps: Mapping[str, float | None]) -> None:
     """Create each scope's budget, or set its cap (a higher cap continues a capped run;
     ``None`` lifts it). What was spent is kept. An upsert: processes starting together
     (two sweeps naming one scope) both succeed."""
-    from sqlalchemy.dialects import postgresql, sqlite
-
-    upsert: Any = (
-        postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-    )
     for scope, cap in sorted(caps.items()):
-        statement = upsert(CostBudgetRow).values(
+        statement = on_conflict_insert(session_dialect(session), _BUDGETS).values(
             scope=scope, cap_usd=cap, spent_usd=0.0, reserved_usd=0.0, updated_at=utcnow()
         )
         session.execute(
             statement.on_conflict_do_update(
-                index_elements=[CostBudgetRow.scope],
+                index_elements=[_BUDGETS.c.scope],
                 set_={"cap_usd": statement.excluded.cap_usd, "updated_at": utcnow()},
             )
         )

@@ -12,10 +12,10 @@ import datetime as dt
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from vfops.registry._models import EndpointPushbackRow, utcnow
+from vfops.registry._models import Base, EndpointPushbackRow, utcnow
+from vfops.registry._sql import on_conflict_insert, session_dialect
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +30,11 @@ class Pushback:
 def bump_pushback(session: Session, endpoint: str, limit: float | None = None) -> int:
     """Record one pushback on ``endpoint`` (and the reporter's limit after it); the
     new epoch (one upsert + increment)."""
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    table = Base.metadata.tables["endpoint_pushback"]
     session.execute(
-        insert(EndpointPushbackRow)
+        on_conflict_insert(session_dialect(session), table)
         .values(endpoint=endpoint, epoch=0, updated_at=utcnow())
-        .on_conflict_do_nothing(index_elements=[EndpointPushbackRow.endpoint])
+        .on_conflict_do_nothing(index_elements=["endpoint"])
     )
     epoch = session.execute(
         update(EndpointPushbackRow)
