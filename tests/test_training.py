@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,80 @@ def test_kl_term_is_zero_at_the_reference_and_positive_away_from_it() -> None:
         logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logprobs=logp - 1.0, **args
     )
     assert at_ref["kl_sum"] == 0.0 and away["kl_sum"] > 0.0
+
+
+def _gradient(
+    correction: str, ratios: list[float], advantages: list[float], cap: float = 2.0
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """d loss / d logp for tokens whose trainer/behaviour ratio is ``ratios`` (every row)."""
+    rows = len(advantages)
+    behaviour = torch.full((rows, len(ratios)), -1.0)
+    logp = (behaviour + torch.log(torch.tensor(ratios))).requires_grad_()
+    loss, sums = policy_loss(
+        logp,
+        behaviour,
+        torch.tensor(advantages),
+        torch.ones(rows, len(ratios)),
+        loss_type="bnpo",
+        norm=LossNorm(rows, rows, rows * len(ratios), len(ratios)),
+        clip_low=0.2,
+        clip_high=0.2,
+        correction=correction,
+        importance_cap=cap,
+    )
+    loss.backward()
+    assert logp.grad is not None
+    return logp.grad, sums
+
+
+def test_truncated_importance_sampling_changes_the_gradient_exactly_as_its_formula_says() -> None:
+    """TIS: per token ``d loss / d logp = -min(r, cap) * A / tokens`` (bnpo), with ``r =
+    exp(logp_trainer - logp_behaviour)``; uncorrected, the clip zeroes the tokens outside
+    the trust region instead and weights the rest by ``r`` itself."""
+    ratios, advantages, tokens = [0.5, 1.0, 1.5, 3.0], [1.0, -2.0], 8
+    r = torch.tensor(ratios)
+    for cap in (2.0, 1.0):
+        grad, sums = _gradient("tis", ratios, advantages, cap)
+        expected = torch.stack([-a * torch.clamp(r, max=cap) / tokens for a in advantages])
+        torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-7)
+        assert sums["is_capped_tokens"] == 2 * sum(x > cap for x in ratios)
+        assert sums["is_weight_sum"] == pytest.approx(2 * float(torch.clamp(r, max=cap).sum()))
+    assert sums["mismatch_ratio_max"] == pytest.approx(3.0)
+    assert sums["mismatch_ratio_min"] == pytest.approx(0.5)
+    k3 = r - torch.log(r) - 1.0  # E_behaviour[k3] = KL(behaviour || trainer)
+    assert sums["mismatch_k3_sum"] == pytest.approx(2 * float(k3.sum()))
+
+    plain, plain_sums = _gradient("none", ratios, advantages)
+    # A > 0: ratios above 1 + 0.2 are clipped (no gradient); A < 0: ratios below 0.8 are
+    inside_high, inside_low = torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 1.0, 1.0])
+    expected_plain = torch.stack([-1.0 * r * inside_high / tokens, 2.0 * r * inside_low / tokens])
+    torch.testing.assert_close(plain, expected_plain, rtol=1e-6, atol=1e-7)
+    assert plain_sums["is_capped_tokens"] == 0.0
+    assert plain_sums["mismatch_ratio_max"] == pytest.approx(3.0)  # measured either way
+
+
+def test_with_matching_log_probs_the_correction_changes_nothing() -> None:
+    on_policy, _ = _gradient("tis", [1.0, 1.0, 1.0], [1.0, -0.5])
+    plain, _ = _gradient("none", [1.0, 1.0, 1.0], [1.0, -0.5])
+    torch.testing.assert_close(on_policy, plain)
+
+
+def test_mismatch_is_measured_on_trained_tokens_only() -> None:
+    behaviour = torch.tensor([[0.0, -1.0, -1.0]])  # the prompt position carries no behaviour
+    logp = torch.tensor([[-9.0, -1.0, -1.2]])
+    _, sums = policy_loss(
+        logp,
+        behaviour,
+        torch.tensor([1.0]),
+        torch.tensor([[0.0, 1.0, 1.0]]),
+        loss_type="bnpo",
+        norm=LossNorm(1, 1, 2, 3),
+        clip_low=0.2,
+        clip_high=0.2,
+        correction="tis",
+    )
+    assert sums["mismatch_ratio_max"] == pytest.approx(1.0)
+    assert sums["mismatch_ratio_min"] == pytest.approx(math.exp(-0.2))
 
 
 def test_micro_batches_add_up_to_the_full_batch_loss() -> None:

@@ -64,6 +64,13 @@ def _write(tmp_path: Path, body: str, header: str = HEADER) -> Path:
         ("[run]\nsteps = -1\n", "[run].steps: must be >= 0, got -1"),
         ("[run]\ntracking = 1\n", "[run].tracking: must be true or false, got 1"),
         ("[loss]\nclip_low = 1.0\n", "[loss].clip_low: must be < 1, got 1.0"),
+        ("[loss]\nimportance_correction = 'is'\n", "[loss].importance_correction: must be 'none'"),
+        ("[loss]\nimportance_cap = 0.5\n", "[loss].importance_cap: must be >= 1, got 0.5"),
+        ("[generation]\nmax_staleness = -1\n", "[generation].max_staleness: must be >= 0"),
+        (
+            "[generation]\nasync_steps = 2\nmax_staleness = 1\n",
+            "[generation] max_staleness = 1 is below async_steps = 2, the lag of every batch",
+        ),
         ("[lora]\ntarget_modules = 'q_proj'\n", "[lora].target_modules: must be a list"),
         ("[run]\nsteps = 5\n[run]\n", "invalid TOML at line 7, column 5: Cannot declare"),
         ("[loss\n", "invalid TOML at line 5, column 6: "),

@@ -177,6 +177,89 @@ def test_generation_runs_ahead_with_bounded_staleness(tiny_dir: Path, tmp_path: 
     assert lags == [0.0, 1.0, 1.0, 1.0]
 
 
+def test_a_batch_beyond_max_staleness_is_never_trained_on(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run generating two steps ahead checkpoints at step 2 with the batches of steps 2
+    and 3 already made by the weights of steps 0 and 1. Resumed with ``async_steps = 0``
+    and ``max_staleness = 0``, both are dropped and generated again by the current
+    weights; resumed without a bound (the control), both are trained on, two steps old."""
+    with GRPORecipe(_small(tiny_dir, tmp_path / "a", 4, async_steps=2)) as first:
+        first.setup()
+        for _ in range(2):
+            first.train_step()
+        checkpoint = first.save(tmp_path / "a" / "ckpt")
+
+    trained: list[tuple[int, int, int]] = []  # (step, oldest turn's version, batch id)
+    optimize = GRPORecipe._optimize
+
+    def recording(self: GRPORecipe, batch: Any) -> dict[str, float]:
+        trained.append((self.step, batch.min_policy_version, id(batch)))
+        return optimize(self, batch)
+
+    monkeypatch.setattr(GRPORecipe, "_optimize", recording)
+
+    def resume(max_staleness: int | None) -> tuple[list[dict[str, float]], set[int], int]:
+        trained.clear()
+        config = _small(tiny_dir, tmp_path / "b", 4, async_steps=0, max_staleness=max_staleness)
+        with GRPORecipe(config) as recipe:
+            recipe.setup()
+            recipe.resume(checkpoint)
+            saved = {id(future.result()) for future in recipe._pending.values()}
+            assert len(saved) == 2
+            metrics = [recipe.train_step() for _ in range(2)]
+            return metrics, saved, recipe.stale_batches_dropped
+
+    metrics, saved, dropped = resume(max_staleness=0)
+    assert [step - version for step, version, _ in trained] == [0, 0]
+    assert not saved & {batch for *_, batch in trained}
+    assert [m["stale_batches_dropped"] for m in metrics] == [1.0, 1.0]
+    assert metrics[-1]["stale_batches_dropped_total"] == 2.0 == dropped
+    assert [m["policy_lag"] for m in metrics] == [0.0, 0.0]
+
+    metrics, saved, dropped = resume(max_staleness=None)
+    assert [step - version for step, version, _ in trained] == [2, 2]
+    assert saved == {batch for *_, batch in trained}
+    assert dropped == 0 and [m["policy_lag"] for m in metrics] == [2.0, 2.0]
+
+
+def test_each_step_logs_the_sampler_trainer_mismatch(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-process sampler matches the trainer to float noise; a sampler that reported
+    every trained token 0.3 nats likelier shows as ratio e^-0.3 and KL k3(e^-0.3)."""
+    import math
+
+    from vfops.training import _recipe
+
+    config = _small(tiny_dir, tmp_path, 2)
+    with GRPORecipe(config) as recipe:
+        recipe.setup()
+        matched = recipe.train_step()
+        to_batch = _recipe.GRPORecipe._to_batch
+
+        def optimistic_sampler(self: GRPORecipe, *args: Any, **kwargs: Any) -> Any:
+            batch = to_batch(self, *args, **kwargs)
+            for sample in batch.samples:
+                seq = sample.sequence
+                seq.old_logprobs = [
+                    lp + 0.3 * m for lp, m in zip(seq.old_logprobs, seq.loss_mask, strict=True)
+                ]
+            return batch
+
+        monkeypatch.setattr(_recipe.GRPORecipe, "_to_batch", optimistic_sampler)
+        shifted = recipe.train_step()
+    assert matched["mismatch_kl"] < 1e-6
+    assert abs(matched["mismatch_ratio_max"] - 1.0) < 1e-3
+    assert abs(matched["mismatch_ratio_min"] - 1.0) < 1e-3
+    ratio = math.exp(-0.3)
+    assert shifted["mismatch_ratio_max"] == pytest.approx(ratio, rel=1e-3)
+    assert shifted["mismatch_ratio_min"] == pytest.approx(ratio, rel=1e-3)
+    assert shifted["mismatch_kl"] == pytest.approx(ratio + 0.3 - 1.0, rel=1e-2)
+    assert shifted["is_weight_mean"] == pytest.approx(ratio, rel=1e-3)
+    assert shifted["is_capped_fraction"] == 0.0
+
+
 def test_lora_with_kl_runs(tiny_dir: Path, tmp_path: Path) -> None:
     config = load_config(REPO / "configs" / "train" / "cpu_lora_example.toml").with_overrides(
         {

@@ -9,9 +9,9 @@ one line each, naming ``[section].field`` (see :mod:`vfops._config`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from vfops._config import (
     ConfigError,
@@ -42,6 +42,7 @@ BackendName = Literal["hf", "vllm"]
 SyncMode = Literal["filesystem", "nccl"]
 TokenMode = Literal["continue", "retokenize"]
 Precision = Literal["auto", "bf16", "fp32"]
+ImportanceCorrection = Literal["none", "tis"]
 SchedulerName = Literal["constant", "linear", "cosine"]
 
 
@@ -175,6 +176,18 @@ class GenerationConfig(VLLMServerSettings):
     max_batch_size: int = Field(
         default=64, ge=1, description="hf backend: most sequences per generate batch."
     )
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Most optimizer steps between the weights that generated a turn and the step "
+            "that trains on it; a batch with an older turn is dropped and generated again "
+            "by the current weights (metric stale_batches_dropped). Must be >= async_steps, "
+            "which is the lag of every batch once the pipeline is full; what it catches is "
+            "a batch made under other settings, e.g. one generated ahead and saved in a "
+            "checkpoint by a run with a larger async_steps. Unset: no bound."
+        ),
+    )
 
 
 class LossConfig(ConfigModel):
@@ -201,6 +214,22 @@ class LossConfig(ConfigModel):
     mask_truncated: bool = Field(
         default=True,
         description="Drop completions cut by max_tokens from the loss (their reward is noise).",
+    )
+    importance_correction: ImportanceCorrection = Field(
+        default="tis",
+        description=(
+            "'tis': truncated importance sampling: the PPO ratio is taken against the "
+            "trainer's own log-probs of the weights being updated, and each token's loss is "
+            "weighted by min(exp(trainer - behaviour log-prob), importance_cap), correcting "
+            "for the sampler's different kernels and precision and for batches generated "
+            "ahead by older weights; 'none': the behaviour log-probs are the old policy, "
+            "uncorrected."
+        ),
+    )
+    importance_cap: float = Field(
+        default=2.0,
+        ge=1,
+        description="'tis': the cap on each token's importance weight (>= 1; 1 never upweights).",
     )
 
 
@@ -289,6 +318,17 @@ class GRPOConfig(ConfigModel):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     lora: LoraSettings = Field(default_factory=LoraSettings)
     run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _staleness_covers_the_pipeline(self) -> Self:
+        gen = self.generation
+        if gen.max_staleness is not None and gen.max_staleness < gen.async_steps:
+            raise ValueError(
+                f"[generation] max_staleness = {gen.max_staleness} is below async_steps = "
+                f"{gen.async_steps}, the lag of every batch generated ahead, so every one "
+                "would be dropped; raise max_staleness or lower async_steps"
+            )
+        return self
 
     def validate(self) -> GRPOConfig:  # type: ignore[override]
         """This config checked again as a whole (after edits in Python); raises

@@ -80,7 +80,7 @@ def _accepts_logits_to_keep(model: Any) -> bool:
 
 def policy_loss(
     logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
@@ -90,20 +90,47 @@ def policy_loss(
     clip_high: float,
     beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
+    correction: str = "none",
+    importance_cap: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the step's loss, and sums for the step's metrics.
 
-    Per token: ``-min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``
-    with ``ratio = exp(logp - logp_behaviour)``, plus ``beta * KL`` (the k3
-    estimator against the reference model). ``mask`` is 1 on sampled assistant
-    tokens and 0 on prompt, environment, tool, padding and truncated tokens.
+    ``correction = "none"``: the behaviour log-probs (what the sampler reported) are
+    the old policy. Per token ``-min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)``
+    with ``r = exp(logp - logp_behaviour)``.
+
+    ``correction = "tis"`` (truncated importance sampling): the old policy is the
+    trainer's own log-probs of the weights being updated (``logp`` detached: one
+    optimizer step per batch, so every micro-batch sees the pre-step weights), and
+    each token's clipped term is multiplied by the detached weight
+    ``w = min(exp(logp_old - logp_behaviour), importance_cap)``, which corrects for
+    the sampler computing slightly different log-probs (kernels, precision) and,
+    with ``async_steps > 0``, for the batch coming from older weights. The gradient
+    per trained token is then ``-w * A * d logp`` (over the loss type's denominator).
+
+    Plus ``beta * KL`` (the k3 estimator against the reference model), not weighted.
+    ``mask`` is 1 on sampled assistant tokens and 0 on prompt, environment, tool,
+    padding and truncated tokens. The sums include the sampler/trainer mismatch on
+    trained tokens: the k3 estimate of ``KL(behaviour || trainer)``, the extreme
+    ratios ``exp(logp - logp_behaviour)``, and how many weights hit the cap.
     """
     mask = mask.to(logprobs.dtype)
-    ratio = torch.exp(logprobs - old_logprobs)
+    trained = mask > 0
+    with torch.no_grad():
+        log_mismatch = torch.where(trained, logprobs - behaviour_logprobs, 0.0)
+        mismatch = torch.exp(log_mismatch)
+    if correction == "none":
+        ratio = torch.exp(logprobs - behaviour_logprobs)
+        weight = torch.ones_like(mismatch)
+    elif correction == "tis":
+        ratio = torch.exp(logprobs - logprobs.detach())
+        weight = torch.clamp(mismatch, max=importance_cap)
+    else:
+        raise ValueError(f"unknown importance correction {correction!r}; use none or tis")
     adv = advantages.unsqueeze(-1)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    per_token = -torch.min(unclipped, clipped)
+    per_token = -torch.min(unclipped, clipped) * weight
     kl = torch.zeros_like(per_token)
     if beta > 0.0 and ref_logprobs is not None:
         delta = ref_logprobs - logprobs
@@ -117,8 +144,31 @@ def policy_loss(
             "kl_sum": float((kl * mask).sum()),
             "ratio_sum": float((ratio * mask).sum()),
             "tokens": float(mask.sum()),
+            **mismatch_sums(mismatch, log_mismatch, trained, importance_cap, correction),
         }
     return loss, sums
+
+
+def mismatch_sums(
+    mismatch: torch.Tensor,
+    log_mismatch: torch.Tensor,
+    trained: torch.Tensor,
+    cap: float,
+    correction: str,
+) -> dict[str, float]:
+    """Sampler/trainer mismatch on trained tokens: sums (``*_sum``, counts) add over
+    micro-batches, ``*_max``/``*_min`` take the extreme."""
+    if not bool(trained.any()):
+        return {"mismatch_k3_sum": 0.0, "is_weight_sum": 0.0, "is_capped_tokens": 0.0}
+    k3 = mismatch - log_mismatch - 1.0  # E_behaviour[k3] = KL(behaviour || trainer)
+    weight = torch.clamp(mismatch, max=cap) if correction == "tis" else torch.ones_like(mismatch)
+    return {
+        "mismatch_k3_sum": float(k3[trained].sum()),
+        "mismatch_ratio_max": float(mismatch[trained].max()),
+        "mismatch_ratio_min": float(mismatch[trained].min()),
+        "is_weight_sum": float(weight[trained].sum()),
+        "is_capped_tokens": float((mismatch[trained] > cap).sum()) if correction == "tis" else 0.0,
+    }
 
 
 def _reduce(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, norm: LossNorm) -> Any:
