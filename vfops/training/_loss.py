@@ -160,7 +160,10 @@ def mismatch_sums(
     micro-batches, ``*_max``/``*_min`` take the extreme."""
     if not bool(trained.any()):
         return {"mismatch_k3_sum": 0.0, "is_weight_sum": 0.0, "is_capped_tokens": 0.0}
-    k3 = mismatch - log_mismatch - 1.0  # E_behaviour[k3] = KL(behaviour || trainer)
+    # E_behaviour[k3] = KL(behaviour || trainer); in float64: for a sampler that agrees to
+    # 1e-4, float32 cancellation in r - 1 - log r would report noise or a negative value
+    log_r = log_mismatch.double()
+    k3 = (torch.expm1(log_r) - log_r).to(mismatch.dtype)
     weight = torch.clamp(mismatch, max=cap) if correction == "tis" else torch.ones_like(mismatch)
     return {
         "mismatch_k3_sum": float(k3[trained].sum()),
