@@ -124,6 +124,7 @@ def make_workload(args: argparse.Namespace, work: Path, model_dir: Path) -> dict
         data["environment"].setdefault("args", {})["max_tokens"] = args.max_tokens
     if args.micro_batch_size:
         optim["micro_batch_size"] = args.micro_batch_size
+    data["run"]["gradient_checkpointing"] = args.gradient_checkpointing == "on"
 
     # Validate with vfops' own config code and read the effective values back.
     from vfops.training import config_from_dict
@@ -162,6 +163,7 @@ def make_workload(args: argparse.Namespace, work: Path, model_dir: Path) -> dict
         "scale_rewards": cfg.loss.scale_rewards,
         "mask_truncated": cfg.loss.mask_truncated,
         "precision": cfg.run.precision,
+        "gradient_checkpointing": cfg.run.gradient_checkpointing,
         "vfops_config": data,
     }
 
@@ -288,6 +290,25 @@ def summarise(side: str, results: list[dict[str, Any]], warmup: int) -> dict[str
 # ---------------------------------------------------------------- report
 
 
+def compare_settings(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Print what each side ran with, read back from the trainer it built (not from the
+    workload), and return the comparison; a setting that differs fails the run."""
+    if set(results) != {"vfops", "trl"}:
+        return {}
+    mine, theirs = results["vfops"][0]["settings"], results["trl"][0]["settings"]
+    width = max(len(k) for k in mine)
+    print()
+    print(f"{'setting (read back from each trainer)':<{width + 2}} {'vfops':>24} {'TRL':>24}")
+    differing = []
+    for key in mine:
+        a, b = mine[key], theirs.get(key, "-")
+        same = a == b
+        if not same:
+            differing.append(key)
+        print(f"  {key:<{width}} {a!s:>24} {b!s:>24}{'' if same else '   DIFFERS'}")
+    return {"vfops": mine, "trl": theirs, "differing": differing}
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b and b == b and a == a else float("nan")
 
@@ -308,7 +329,8 @@ def report(
         f"max {w['max_tokens']} tokens, T={w['temperature']:g}, micro-batch "
         f"{w['micro_batch_size']} x {w['grad_accum']} accumulation, lr {w['lr']:g}, "
         f"loss {w['loss_type']}, beta {w['beta']:g}, clip {w['clip_low']:g}/{w['clip_high']:g}, "
-        f"fp32;\n{rounds} round(s) per side, {w['measure_steps']} measured steps each after "
+        f"fp32, gradient checkpointing {'on' if w['gradient_checkpointing'] else 'off'};\n"
+        f"{rounds} round(s) per side, {w['measure_steps']} measured steps each after "
         f"{w['warmup_steps']} warm-up steps (medians over the pooled measured steps)"
     )
     header = (
@@ -402,6 +424,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument(
+        "--gradient-checkpointing",
+        choices=["off", "on"],
+        default="off",
+        help="on both sides (vfops' default: off; TRL 1.16's GRPOConfig default: on)",
+    )
+    parser.add_argument(
         "--wait-idle",
         type=float,
         default=60.0,
@@ -470,10 +498,17 @@ def main() -> None:
                 "rollout machinery (chat template, tokenising, scoring, sequences)"
             ),
         }
+        settings = compare_settings(results)
         summary = report(summaries, workload, versions, extra)
+        summary["settings"] = settings
         summary["raw_steps"] = {name: [r["steps"] for r in rs] for name, rs in results.items()}
         if args.json:
             Path(args.json).write_text(json.dumps(summary, indent=2))
+        if settings.get("differing"):
+            raise SystemExit(
+                f"the sides ran with different settings ({', '.join(settings['differing'])}); "
+                "the comparison is not like for like"
+            )
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -45,6 +45,33 @@ def digit_fraction(completions: list[Any], digit: list[str], **_: Any) -> list[f
     return out
 
 
+def effective_settings(model: Any, args: Any, torch: Any) -> dict[str, Any]:
+    """What this trainer runs with, read back at the start of training (the Trainer turns
+    checkpointing on there), under the names ``bench/train_step.py`` compares."""
+    checkpointing = getattr(model, "is_activation_checkpointing", None)
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return {
+        "gradient_checkpointing": bool(checkpointing),
+        "parameter_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "autocast": "bf16" if args.bf16 else "fp16" if args.fp16 else "none",
+        "torch_threads": torch.get_num_threads(),
+        "completions_per_step": args.per_device_train_batch_size * args.gradient_accumulation_steps,
+        "micro_batch_size": args.per_device_train_batch_size,
+        "group_size": args.num_generations,
+        "max_completion_tokens": args.max_completion_length,
+        "temperature": float(args.temperature),
+        "loss_type": args.loss_type,
+        "kl_beta": float(args.beta),
+        "clip": f"{args.epsilon:g}/{args.epsilon_high:g}",
+        "advantage_scaling": args.scale_rewards,
+        "truncated_in_loss": not args.mask_truncated_completions,
+        "updates_per_batch": args.num_iterations,
+        "learning_rate": float(args.learning_rate),
+        "max_grad_norm": float(args.max_grad_norm),
+    }
+
+
 def main() -> None:
     workload_path, result_path = Path(sys.argv[1]), Path(sys.argv[2])
     w: dict[str, Any] = json.loads(workload_path.read_text())
@@ -111,8 +138,11 @@ def main() -> None:
         max_steps=total_steps,
         seed=int(w["seed"]),
         use_cpu=True,
-        bf16=False,
+        bf16=False,  # TRL 1.16's default is True; vfops on a CPU trains in fp32
         fp16=False,
+        # TRL 1.16's default is on, vfops' off: set from the workload, the same on both
+        activation_checkpointing=bool(w["gradient_checkpointing"]),
+        activation_checkpointing_kwargs={"use_reentrant": False},
         logging_steps=1,
         save_strategy="no",
         report_to="none",
@@ -122,12 +152,14 @@ def main() -> None:
     )
 
     step_ends: list[_stepclock.Reading] = []
+    settings: dict[str, Any] = {}
     generations: list[dict[str, float]] = []
     entries: list[dict[str, float]] = []
     order_mismatches: list[int] = []  # generation batches whose prompts differ from vfops' step
 
     class StepTimer(TrainerCallback):  # type: ignore[misc]
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            settings.update(effective_settings(kwargs["model"], args, torch))
             step_ends.append(_stepclock.read())
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -193,6 +225,7 @@ def main() -> None:
         "prompt_order_mismatches": order_mismatches,
         "setup_s": setup_s,
         "process_s": time.perf_counter() - PROCESS_START,
+        "settings": settings,
         "threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
         "versions": {

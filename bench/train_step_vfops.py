@@ -45,6 +45,33 @@ def _step_prompts(recipe: Any, steps: int) -> list[dict[str, Any]]:
     ]
 
 
+def effective_settings(recipe: Any, torch: Any) -> dict[str, Any]:
+    """What the recipe runs with, read back from the model and config it built, under
+    the names ``bench/train_step.py`` compares with the TRL side's."""
+    cfg = recipe.config
+    model = recipe.policy_model
+    mixed = str(recipe.accelerator.mixed_precision)
+    return {
+        "gradient_checkpointing": bool(getattr(model, "is_activation_checkpointing", False)),
+        "parameter_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "autocast": "none" if mixed == "no" else mixed,
+        "torch_threads": torch.get_num_threads(),
+        "completions_per_step": cfg.generation.prompts_per_step * cfg.generation.group_size,
+        "micro_batch_size": cfg.optim.micro_batch_size,
+        "group_size": cfg.generation.group_size,
+        "max_completion_tokens": cfg.generation.max_tokens,
+        "temperature": float(cfg.generation.temperature),
+        "loss_type": cfg.loss.type,
+        "kl_beta": float(cfg.loss.beta),
+        "clip": f"{cfg.loss.clip_low:g}/{cfg.loss.clip_high:g}",
+        "advantage_scaling": "group" if cfg.loss.scale_rewards else "none",
+        "truncated_in_loss": not cfg.loss.mask_truncated,
+        "updates_per_batch": 1,
+        "learning_rate": float(cfg.optim.lr),
+        "max_grad_norm": float(cfg.optim.max_grad_norm),
+    }
+
+
 def main() -> None:
     workload_path, result_path = Path(sys.argv[1]), Path(sys.argv[2])
     w: dict[str, Any] = json.loads(workload_path.read_text())
@@ -65,6 +92,7 @@ def main() -> None:
     recipe.setup()
     setup_s = time.perf_counter() - setup_started
 
+    settings = effective_settings(recipe, torch)
     prompts = _step_prompts(recipe, total_steps)
     Path(w["prompts_file"]).write_text("".join(json.dumps(r) + "\n" for r in prompts))
 
@@ -121,6 +149,7 @@ def main() -> None:
         "generate_batch_sizes": batch_sizes,
         "setup_s": setup_s,
         "process_s": time.perf_counter() - PROCESS_START,
+        "settings": settings,
         "threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
         "versions": {

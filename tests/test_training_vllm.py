@@ -733,3 +733,32 @@ def test_serve_command_has_the_training_flags(tiny_dir: Path) -> None:
     assert sorted(p.name for p in Path(folder).iterdir()) == ["vfops"]
     assert (Path(folder) / "vfops" / "training" / "_vllm_worker.py").is_file()
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+@pytest.mark.timeout(600)
+def test_the_gpu_check_rehearses_on_a_cpu_and_writes_one_json(tmp_path: Path) -> None:
+    """bench/gpu/gpu_check.py --cpu: every part a GPU lease would run, on this CPU with
+    vLLM's CPU build, so the script a short device budget depends on does not rot."""
+    if not VLLM_PYTHON:
+        pytest.fail("set VFOPS_VLLM_PYTHON to a Python with vllm-cpu (.ci/run builds .venv-vllm)")
+    out = tmp_path / "gpu_check.json"
+    script = Path(__file__).resolve().parent.parent / "bench" / "gpu" / "gpu_check.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--cpu", "--vllm-python", VLLM_PYTHON, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    parts = report["parts"]
+    assert set(parts) == {"hf", "vllm_generation", "vllm_sync_filesystem"}, parts
+    for name in ("hf", "vllm_sync_filesystem"):
+        steps = parts[name]["steps"]
+        assert len(steps) == 2 and all(s["step_s"] > 0 for s in steps), parts[name]
+    assert parts["hf"]["median_weight_sync_s"] < parts["vllm_sync_filesystem"]["median_step_s"]
+    assert 0 < parts["vllm_sync_filesystem"]["sync_share"] < 1
+    assert parts["vllm_sync_filesystem"]["mismatch_kl_max"] < 1e-6  # both fp32
+    assert parts["vllm_generation"]["tokens_per_s"] > 0
+    assert report["vllm"] and report["machine"]["mode"] == "cpu rehearsal"
