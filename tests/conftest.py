@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 import pytest
 
@@ -58,3 +59,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in TORCH_HEAVY_FILES:
             item.add_marker(pytest.mark.torch_heavy)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Name the tests that ran against a real vLLM server, so a CI log shows they ran
+    (and were not skipped), with the interpreter they used."""
+    reports = [
+        report
+        for outcome in ("passed", "failed")
+        for report in terminalreporter.stats.get(outcome, [])
+        if getattr(report, "when", "") == "call" and "real_vllm" in report.keywords
+    ]
+    if reports:
+        python = os.environ.get("VFOPS_VLLM_PYTHON", "?")
+        terminalreporter.write_line(f"real vLLM server tests ({python}):")
+        for report in reports:
+            terminalreporter.write_line(f"  {report.outcome}: {report.nodeid}")

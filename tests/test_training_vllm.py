@@ -537,6 +537,7 @@ def _trainer_logprobs(model: Any, turn: dict[str, Any]) -> list[float]:
     return [float(x) for x in chosen.squeeze(-1)]
 
 
+@pytest.mark.real_vllm
 @pytest.mark.timeout(600)
 async def test_real_cpu_vllm_generates_and_syncs(
     real_vllm: tuple[str, Path], tmp_path: Path
@@ -615,6 +616,7 @@ async def test_real_cpu_vllm_generates_and_syncs(
     assert json.dumps(restored)  # plain JSON-able data
 
 
+@pytest.mark.real_vllm
 @pytest.mark.timeout(600)
 def test_real_cpu_vllm_trains_grpo_steps_with_the_sampler_matching_the_trainer(
     real_vllm: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -735,6 +737,7 @@ def test_serve_command_has_the_training_flags(tiny_dir: Path) -> None:
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
 
+@pytest.mark.real_vllm
 @pytest.mark.timeout(600)
 def test_the_gpu_check_rehearses_on_a_cpu_and_writes_one_json(tmp_path: Path) -> None:
     """bench/gpu/gpu_check.py --cpu: every part a GPU lease would run, on this CPU with

@@ -199,9 +199,19 @@ class LossConfig(ConfigModel):
         ),
     )
     clip_low: float = Field(
-        default=0.2, ge=0, lt=1, description="PPO clip: ratio >= 1 - clip_low (below 1)."
+        default=0.2,
+        ge=0,
+        lt=1,
+        description=(
+            "PPO clip: ratio >= 1 - clip_low (below 1). The ratio is against the old policy: "
+            "with importance_correction = 'tis' the weights being updated (1 at the one "
+            "update a batch gets, so the truncated weight bounds the step instead); with "
+            "'none' the behaviour log-probs."
+        ),
     )
-    clip_high: float = Field(default=0.2, ge=0, description="PPO clip: ratio <= 1 + clip_high.")
+    clip_high: float = Field(
+        default=0.2, ge=0, description="PPO clip: ratio <= 1 + clip_high (see clip_low)."
+    )
     scale_rewards: bool = Field(
         default=True,
         description="Divide mean-centred group advantages by the group's reward std.",
