@@ -71,6 +71,7 @@ def test_short_cpu_run_prints_baseline_and_final(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "baseline held-out reward" in result.output and "after 2 steps" in result.output
     assert "step 1/2  reward" in result.output and "step 2/2  held-out reward" in result.output
+    assert "  mismatch " in result.output  # the sampler/trainer mismatch, every step
     assert (tmp_path / "out" / "final" / "trainer_state.json").is_file()
 
 

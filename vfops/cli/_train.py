@@ -98,6 +98,7 @@ def _print_progress(total: int) -> Progress:
         typer.echo(
             f"step {step}/{total}  reward {m['reward_mean']:.3f}±{m['reward_std']:.3f}  "
             f"loss {m['loss']:+.4f}  kl {m['kl']:.4f}  clip {m['clip_fraction']:.3f}  "
+            f"mismatch {m['mismatch_kl']:.1e}  "
             f"gen {m['generation_s']:.2f}s  train {m['training_s']:.2f}s  "
             f"sync {m['weight_sync_s']:.2f}s  {m['tokens_per_s']:.0f} tok/s",
             err=True,
