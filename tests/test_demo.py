@@ -114,8 +114,10 @@ def test_training_logged_per_step_metrics(demo: dict[str, Any]) -> None:
     assert history[-1].value > history[0].value
     logged = run.data.metrics
     for key in ("loss", "kl", "entropy", "clip_fraction", "tokens_per_s", "generation_s",
-                "training_s", "weight_sync_s", "reward_std", "eval_reward"):  # fmt: skip
+                "training_s", "weight_sync_s", "reward_std", "eval_reward", "mismatch_kl",
+                "mismatch_ratio_max", "stale_batches_dropped"):  # fmt: skip
         assert key in logged, key
+    assert logged["mismatch_kl"] < 1e-6  # its sampler is a copy of the trained weights
     assert logged["eval_reward"] >= 0.8  # the recipe's own held-out eval agrees
     assert "config.generation.base_url" in run.data.params
     assert version.tags["vfops.base_model"]
