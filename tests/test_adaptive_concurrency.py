@@ -364,3 +364,98 @@ def test_vfops_eval_tells_the_registry_when_the_endpoint_pushes_back(tmp_path: A
     with session_scope(get_engine(url), write=False) as session:
         epoch = pushback_epoch(session, f"{stub.base_url.rstrip('/')} stub-model")
     assert epoch >= 1
+
+
+class _RecordingCalls:
+    """Registry calls that answer "no pushbacks yet" and fail once closed (an
+    evaluation's calls close when it ends)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.used = 0
+
+    async def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.closed:
+            raise RuntimeError("these calls are closed")
+        self.used += 1
+        return (0, None, None)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def test_evaluations_on_two_event_loops_sharing_a_limiter_each_keep_their_own_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sweep's cells run in threads with loops of their own and share one limiter per
+    endpoint. Cell A enters, cell B enters, A leaves, B leaves: a sync shared across the
+    loops had B await A's loop's task ("attached to a different loop", seen in CI);
+    each loop now has its own, and both leave cleanly."""
+    import threading
+
+    from vfops.budget import peer_sync
+
+    monkeypatch.setenv("VFOPS_PEER_SYNC_S", "0.01")
+    limiter = AdaptiveLimiter(name="http://api.example/v1 m")
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    syncs: dict[str, Any] = {}
+
+    def cell(name: str, entered: threading.Event, wait_for: threading.Event) -> None:
+        async def run() -> None:
+            async with peer_sync(limiter, _RecordingCalls()) as sync:
+                syncs[name] = sync
+                entered.set()
+                await asyncio.to_thread(wait_for.wait, 10)
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            if name == "a":
+                a_out.set()
+
+    a = threading.Thread(target=cell, args=("a", a_in, b_in))
+    a.start()
+    assert a_in.wait(10)
+    b = threading.Thread(target=cell, args=("b", b_in, a_out))
+    b.start()
+    a.join(10)
+    b.join(10)
+    assert not errors, errors
+    assert syncs["a"] is not syncs["b"]
+
+
+async def test_a_shared_sync_goes_on_through_an_evaluation_still_inside(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two evaluations on one loop share a sync; when the first leaves (its calls close),
+    the sync looks through the second's."""
+    from vfops.budget import peer_sync
+
+    monkeypatch.setenv("VFOPS_PEER_SYNC_S", "0.01")
+    limiter = AdaptiveLimiter(name="http://api.example/v1 m")
+    first, second = _RecordingCalls(), _RecordingCalls()
+    leave_first = asyncio.Event()
+
+    async def evaluation(calls: _RecordingCalls, until: asyncio.Event | None) -> Any:
+        async with peer_sync(limiter, calls) as sync:
+            if until is not None:
+                await until.wait()
+            else:
+                await asyncio.sleep(0.05)
+                leave_first.set()
+                await asyncio.sleep(0.1)  # the first has left and closed its calls
+                assert sync is not None and sync.calls is second
+            return sync
+
+    async def first_evaluation() -> Any:
+        try:
+            return await evaluation(first, leave_first)
+        finally:
+            await first.aclose()
+
+    one, two = await asyncio.gather(first_evaluation(), evaluation(second, None))
+    assert one is two
+    assert second.used > 0  # the looks after the first left went through the second's calls

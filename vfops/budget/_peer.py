@@ -107,39 +107,47 @@ class PeerSync:
             self._task = None
 
 
-_RUNNING: dict[int, tuple[PeerSync, int]] = {}
+_RUNNING: dict[tuple[int, int], tuple[PeerSync, list[RegistryCalls]]] = {}
+"""(limiter, event loop) -> its sync and the registry calls of the evaluations inside."""
 
 
 @contextlib.asynccontextmanager
 async def peer_sync(
     limiter: AdaptiveLimiter, calls: RegistryCalls
 ) -> AsyncIterator[PeerSync | None]:
-    """The process's one :class:`PeerSync` of ``limiter`` while inside (evaluations that
-    share a limiter, e.g. a sweep's cells, share its sync: one report per pushback);
-    ``None`` when ``VFOPS_PEER_SYNC_S=0`` turned sharing off."""
+    """The :class:`PeerSync` of ``limiter`` on this event loop while inside (evaluations
+    that share a limiter on one loop, e.g. cells gathered together, share its sync: one
+    report per pushback); ``None`` when ``VFOPS_PEER_SYNC_S=0`` turned sharing off.
+
+    One per loop, not per process: a sweep runs cells in threads with loops of their
+    own, and a sync's task must be awaited on the loop that made it. It looks through
+    the calls of an evaluation still inside: each one's calls close when it ends.
+    """
     interval = peer_sync_s()
     if interval == 0:  # sharing turned off
         yield None
         return
-    key = id(limiter)
+    key = (id(limiter), id(asyncio.get_running_loop()))
     running = _RUNNING.get(key)
+    first = running is None
     # registered before any await: evaluations entering meanwhile share this one
     if running is None:
-        sync, refs = PeerSync(limiter, calls, interval_s=interval), 0
+        sync, users = PeerSync(limiter, calls, interval_s=interval), [calls]
+        _RUNNING[key] = (sync, users)
     else:
-        sync, refs = running
-    _RUNNING[key] = (sync, refs + 1)
+        sync, users = running
+        users.append(calls)
     try:
-        if refs == 0:
+        if first:
             await sync.start()
         yield sync
     finally:
-        sync, refs = _RUNNING[key]
-        if refs <= 1:
+        users.remove(calls)
+        if users:
+            sync.calls = users[-1]  # this evaluation's calls are about to close
+        else:
             del _RUNNING[key]
             await sync.aclose()
-        else:
-            _RUNNING[key] = (sync, refs - 1)
 
 
 def _bump(engine: Engine, endpoint: str, limit: float | None) -> int:
