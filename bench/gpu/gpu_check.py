@@ -73,7 +73,7 @@ IMPORT_PROBE = (
 )
 SERVER_START_S = {"cuda": 300.0, "cpu": 240.0}
 """Longest wait for vLLM to answer (GPU: compile and CUDA graphs)."""
-PART_MIN_S = {"hf": 60.0, "vllm_generation": 30.0, "vllm_sync": 60.0}
+PART_MIN_S = {"hf": 60.0, "vllm_sync": 60.0}
 """A part is skipped when less than this is left of the budget."""
 
 # (hidden, layers, heads, MLP): ~150M parameters on a GPU, head_dim 64 (vLLM's CPU

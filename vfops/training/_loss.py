@@ -144,33 +144,39 @@ def policy_loss(
             "kl_sum": float((kl * mask).sum()),
             "ratio_sum": float((ratio * mask).sum()),
             "tokens": float(mask.sum()),
-            **mismatch_sums(mismatch, log_mismatch, trained, importance_cap, correction),
+            **_mismatch_sums(
+                mismatch,
+                log_mismatch,
+                weight,
+                trained,
+                importance_cap if correction == "tis" else None,
+            ),
         }
     return loss, sums
 
 
-def mismatch_sums(
+def _mismatch_sums(
     mismatch: torch.Tensor,
     log_mismatch: torch.Tensor,
+    weight: torch.Tensor,
     trained: torch.Tensor,
-    cap: float,
-    correction: str,
+    cap: float | None,
 ) -> dict[str, float]:
     """Sampler/trainer mismatch on trained tokens: sums (``*_sum``, counts) add over
-    micro-batches, ``*_max``/``*_min`` take the extreme."""
+    micro-batches, ``*_max``/``*_min`` take the extreme; ``cap`` None: no correction."""
     if not bool(trained.any()):
         return {"mismatch_k3_sum": 0.0, "is_weight_sum": 0.0, "is_capped_tokens": 0.0}
     # E_behaviour[k3] = KL(behaviour || trainer); in float64: for a sampler that agrees to
     # 1e-4, float32 cancellation in r - 1 - log r would report noise or a negative value
     log_r = log_mismatch.double()
     k3 = (torch.expm1(log_r) - log_r).to(mismatch.dtype)
-    weight = torch.clamp(mismatch, max=cap) if correction == "tis" else torch.ones_like(mismatch)
+    ratios = mismatch[trained]
     return {
         "mismatch_k3_sum": float(k3[trained].sum()),
-        "mismatch_ratio_max": float(mismatch[trained].max()),
-        "mismatch_ratio_min": float(mismatch[trained].min()),
+        "mismatch_ratio_max": float(ratios.max()),
+        "mismatch_ratio_min": float(ratios.min()),
         "is_weight_sum": float(weight[trained].sum()),
-        "is_capped_tokens": float((mismatch[trained] > cap).sum()) if correction == "tis" else 0.0,
+        "is_capped_tokens": 0.0 if cap is None else float((ratios > cap).sum()),
     }
 
 
