@@ -2,11 +2,19 @@
 
 Every figure is of a whole ``vfops eval`` process, start to exit, with the
 defaults on (registry in SQLite under a bench-private ``VFOPS_HOME``, MLflow
-tracking in its SQLite store there, logged by the tracker child process), next
-to the rollout-phase figure that vfops records itself (``summary.wall_s`` in the
-run's ``metadata.json``). The model is the stub server
-(``vfops.testing.StubServer``, reply mode ``arithmetic``, one subprocess per
-latency); the environment is ``arithmetic``. ``vf-eval`` (verifiers
+tracking in its SQLite store there with the default share of traces, recorded by
+the tracker child process while the rollouts run), next to the rollout-phase
+figure that vfops records itself (``summary.wall_s`` in the run's
+``metadata.json``). ``vfops eval`` exits only once the run is recorded, so every
+vfops run is checked right after its exit, outside the timed part, from a short
+``python -c`` of its own (the bench never imports MLflow): "recorded at exit" =
+the newest ``eval_runs`` row of the registry is this run's, ``completed``, with an
+``mlflow_run_id``, and that MLflow run is ``FINISHED`` with metrics ``rollouts``
+(= N x R) and ``reward_mean``, the ``rollouts.parquet`` artifact and min(N x R,
+100) traces. A bar fails when its run was not recorded at exit, or when a process
+of its tree outlived the ``vfops`` process (none may: that is a bug now). The model
+is the stub server (``vfops.testing.StubServer``, reply mode ``arithmetic``, one
+subprocess per latency); the environment is ``arithmetic``. ``vf-eval`` (verifiers
 ``VERIFIERS_VERSION``, in ``.bench/verifiers-venv``, created on first use) runs
 ``bench/vf_arithmetic`` (the same questions, parser and rewards on verifiers'
 legacy ``vf.SingleTurnEnv``) with the same N, R, concurrency and max_tokens
@@ -18,20 +26,23 @@ that process's ``PYTHONPATH`` only, with the project venv's ``verifiers``.
 Parts (``--only`` runs a subset):
 
 throughput  bar 1: 2,000 rollouts (-n 1000 -r 2), -c 128, stub latency 200 ms
-            (bound C/latency = 640/s): vfops end-to-end >= 75 % of the bound,
-            rollout phase >= 90 %, end-to-end >= 10x vf-eval's. Also CPU ms per
-            rollout (all-in and marginal) and a -n 1 -r 1 start-up run per tool.
-            Also vfops-vf (vfops on the verifiers package) with bar 1d: its
-            end-to-end rate >= 5x vf-eval's (issue 15).
+            (bound C/latency = 640/s): vfops end-to-end (everything recorded at
+            exit) >= 75 % of the bound, rollout phase >= 90 %, end-to-end >= 10x
+            vf-eval's. Also CPU ms per rollout (all-in and marginal) and a
+            -n 1 -r 1 start-up run per tool. Also vfops-vf (vfops on the
+            verifiers package) with bar 1d: its end-to-end rate >= 5x
+            vf-eval's (issue 15).
 verifiers-adapter  only the rows of bar 1d: vfops-vf and vf-eval, the
             throughput workload (part of ``throughput``; this runs just them).
-short       bar 2: a 15-rollout eval (-n 5 -r 3), 0 ms stub, <= 1.5 s wall
-            (median of --repeats runs after one warm-up run per variant), next
-            to the same with --no-tracking and vf-eval's figure.
+short       bar 2: a 15-rollout eval (-n 5 -r 3), 0 ms stub, on a home used
+            before, recorded at exit: <= 2.5 s wall (median of --repeats runs
+            after one warm-up run per variant), next to the same with
+            --no-tracking and vf-eval's figure.
 memory      bar 3: 100,000 rollouts (-n 50000 -r 2 -a '{"num_examples": 50000}'),
-            -c 256, 0 ms stub: peak RSS of the vfops process <= 300 MB (the whole
-            process tree's peak, tracker included, reported next to it) and
-            <= 3 s from the last rollout to the process exit.
+            -c 256, 0 ms stub: peak RSS of the whole process tree (vfops + its
+            registry child + its tracker child, sampled together) <= 300 MB (the
+            vfops process's own peak reported next to it), and <= 3 s from the
+            last rollout to the process exit, recorded.
 
     .venv/bin/python bench/eval_overhead.py          # all parts: a few minutes on 2 cores
     .venv/bin/python bench/eval_overhead.py --quick  # smoke run: small sizes
@@ -99,12 +110,21 @@ BAR_ADAPTER_VS_VF_EVAL = 5.0
 BAR_REWARD = 1.2
 """Every rollout's reward against the stub's ``arithmetic`` replies (answer 1.0 + format 0.2)."""
 BAR_SHORT = {"n": 5, "r": 3}
-BAR_SHORT_WALL_S = 1.5
+BAR_SHORT_WALL_S = 2.5
+"""Issue 25: recorded at exit (was 1.5 s when the MLflow run was logged after the exit)."""
 BAR_MEMORY = {"n": 50000, "r": 2, "c": 256}
 BAR_PEAK_RSS_MB = 300.0
+"""Issue 25: of the whole process tree (vfops + registry child + tracker child)."""
 BAR_TAIL_S = 3.0
 SHORT_CONCURRENCY = 32
 """``vfops eval``'s default -c, passed explicitly so both tools run with it."""
+TRACES_PER_RUN = 100
+"""The default share of traces (``VFOPS_TRACE_ROLLOUTS`` unset): at most 100 passing
+rollouts per run; every stub rollout passes, so a run has min(N x R, 100) traces."""
+RECORDED_ARTIFACT = "rollouts.parquet"
+RECORDED_CHECK_TIMEOUT_S = 300.0
+SURVIVOR_WAIT_S = 60.0
+"""How long the bench waits for a process that outlived its client before it ends it."""
 
 # Variables that would move vfops off its defaults (or point it at the user's stores).
 _SCRUBBED_ENV = (
@@ -112,6 +132,8 @@ _SCRUBBED_ENV = (
     "VFOPS_DATABASE_URL",
     "VFOPS_TRACKING",
     "VFOPS_ARTIFACTS",
+    "VFOPS_MLFLOW_ARTIFACTS",
+    "VFOPS_TRACE_ROLLOUTS",  # the test suite turns traces off; the bars are with them
 )
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PROC_CHILDREN = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
@@ -179,7 +201,10 @@ class RunResult:
     wall_s: float = 0.0
     """Process start to exit of the client (the process we started)."""
     tree_wall_s: float = 0.0
-    """Start to the exit of the tree's last process (wall_s unless a child outlived the client)."""
+    """Start to the exit of the tree's last process: wall_s unless one outlived the client."""
+    survivors: list[str] = field(default_factory=list)
+    """Processes of the tree alive when the client exited (pid and command line). vfops:
+    none may (a run fails with one); vf-eval's env-server worker outlives it by ~1 s."""
     cpu_s: float = 0.0
     returncode: int = 0
     rollouts: int = 0
@@ -197,6 +222,8 @@ class RunResult:
     peak_rss_by_phase_mb: dict[str, float] = field(default_factory=dict)
     tree_peak_rss_mb: float = 0.0
     """Largest sum of the RSS of every process in the tree, sampled together."""
+    peak_rss_by_process_mb: dict[str, float] = field(default_factory=dict)
+    """Each process's own peak RSS (VmHWM, last sample), by a short name of its command."""
     largest_process_maxrss_mb: float = 0.0
     """``wait4`` ru_maxrss: the peak of the largest single process (client or a child it reaped)."""
     max_tree_processes: int = 0
@@ -205,16 +232,38 @@ class RunResult:
     """Exit time - mtime of results.jsonl (appended once per group, so: the last rollout)."""
     last_rollout_to_metadata_s: float | None = None
     """mtime of metadata.json (rewritten last, once the run is recorded) - the last rollout."""
+    recorded: bool | None = None
+    """vfops: whether the run was recorded at exit (registry and MLflow, checked right
+    after the exit); None: not checked (vf-eval)."""
+    recorded_detail: dict[str, Any] = field(default_factory=dict)
+    """What the recorded-at-exit check found, and its ``problems``."""
     log: str = ""
 
     @property
-    def ok(self) -> bool:
+    def completed(self) -> bool:
         return self.returncode == 0 and self.rollouts == self.planned
+
+    @property
+    def ok(self) -> bool:
+        """Completed, and (vfops) recorded at exit with no process outliving it."""
+        if self.tool not in VFOPS_TOOLS:
+            return self.completed
+        return self.completed and self.recorded is True and not self.survivors
 
     def problems(self) -> list[str]:
         """What is wrong with the run beyond its completion: a reward other than the
-        stub's 1.2, or (vfops-vf) not the verifiers package through the adapter."""
+        stub's 1.2, (vfops-vf) not the verifiers package through the adapter, (vfops)
+        not recorded at exit or a process outliving the client."""
         out = []
+        if self.tool in VFOPS_TOOLS:
+            if self.survivors:
+                out.append(
+                    f"BUG: {len(self.survivors)} process(es) of its tree outlived it (the run "
+                    f"fails): {'; '.join(self.survivors)}"
+                )
+            if self.recorded is False:
+                reasons = "; ".join(self.recorded_detail.get("problems") or ["?"])
+                out.append(f"not recorded at exit: {reasons}")
         if self.off_rewards:
             out.append(f"{self.off_rewards} rollouts scored other than {BAR_REWARD:g}")
         expected = "arithmetic" if self.tool == "vfops" else "vf_arithmetic"
@@ -243,6 +292,7 @@ class RunResult:
         if self.reward_mean != self.reward_mean:  # NaN (no rewards) is not JSON
             data["reward_mean"] = None
         data.update(
+            completed=self.completed,
             ok=self.ok,
             problems=self.problems(),
             rollouts_per_s=self.rate,
@@ -301,6 +351,8 @@ class _TreeSampler(threading.Thread):
         self.root = pid
         self.cpu_by_pid: dict[int, float] = {}
         self.seen: dict[int, float] = {}  # pid -> create time, to find survivors
+        self.names: dict[int, str] = {}
+        self.peak_by_pid: dict[int, float] = {}
         self.peak_rss = 0.0
         self.root_rss: list[tuple[float, float]] = []  # (epoch, RSS MB)
         self.first_results_epoch: float | None = None
@@ -342,9 +394,12 @@ class _TreeSampler(threading.Thread):
             procs += 1
             tree_rss += rss
             self.cpu_by_pid[pid] = cpu
+            self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0.0), hwm, rss)
             if pid not in self.seen:
                 with contextlib.suppress(psutil.Error):
                     self.seen[pid] = psutil.Process(pid).create_time()
+            # every time: a child seen between its fork and its exec has its parent's argv
+            self.names[pid] = _process_name(pid)
             if pid == self.root:
                 self.peak_rss = max(self.peak_rss, hwm, rss)
                 self.root_rss.append((now, rss))
@@ -361,23 +416,111 @@ class _TreeSampler(threading.Thread):
         self._stop_event.set()
         self.join()
 
-    def wait_for_survivors(self, timeout_s: float = 60.0) -> bool:
-        """Wait until every process seen in the tree has exited (none should outlive the
-        root); returns whether one had."""
-        deadline = time.perf_counter() + timeout_s
-        survived = False
+    def peaks_by_process(self) -> dict[str, float]:
+        """Each process's peak RSS by name (``name#2`` for a second one of that name)."""
+        out: dict[str, float] = {}
+        for pid, peak in self.peak_by_pid.items():
+            name = self.names.get(pid) or str(pid)
+            key, i = name, 1
+            while key in out:
+                i += 1
+                key = f"{name}#{i}"
+            out[key] = peak
+        return out
+
+    def alive_seen(self) -> list[int]:
+        """Processes seen in the tree (the root aside) that are still running."""
+        alive = []
         for pid, created in self.seen.items():
             if pid == self.root:
                 continue
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
-                if proc.create_time() != created or proc.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                survived = True
-                proc.wait(max(0.0, deadline - time.perf_counter()))
-            except (psutil.Error, psutil.TimeoutExpired):
+                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+        return alive
+
+
+def _process_name(pid: int) -> str:
+    """A short name for a process of a client's tree: ``vfops``, ``_tracker_main``, ..."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return str(pid)
+    if not argv:
+        return str(pid)
+    first = Path(argv[0]).name
+    if not first.startswith("python"):
+        return first
+    rest = argv[1:]
+    while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c"):
+        rest = rest[2:] if rest[0] in ("-X", "-W") else rest[1:]  # interpreter options
+    if rest[:1] == ["-m"] and len(rest) > 1:  # python -m vfops.tracking._tracker_main
+        return rest[1].rsplit(".", 1)[-1]
+    if rest[:1] == ["-c"]:
+        return "python -c"
+    return Path(rest[0]).name if rest else first  # a script: .venv/bin/vfops
+
+
+def _become_subreaper() -> bool:
+    """Linux: make the bench the reaper of its clients' orphans (PR_SET_CHILD_SUBREAPER),
+    so that a process which outlives its client, however short-lived or deep in the
+    tree, becomes the bench's child and is found (and reaped) after the client exits."""
+    if sys.platform != "linux":
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+
+
+def _own_children() -> set[int]:
+    with contextlib.suppress(psutil.Error):
+        return {p.pid for p in psutil.Process().children()}
+    return set()
+
+
+def _describe(pid: int) -> str:
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(pid)
+        cmd = " ".join(proc.cmdline())[:120] or proc.name()
+        return f"pid {pid} ({cmd})"
+    return f"pid {pid}"
+
+
+def _outlivers(before: set[int], sampler: _TreeSampler) -> list[int]:
+    """The processes of the client's tree still running once the client has exited:
+    orphans now the bench's (subreaper) and, as well, those the sampler saw. Orphans
+    already gone (zombies: exited before or just after the client) are reaped."""
+    found = set(sampler.alive_seen())
+    for pid in _own_children() - before:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
                 continue
-        return survived
+            found.add(pid)
+    return sorted(found)
+
+
+def _wait_out(pids: list[int], timeout_s: float) -> None:
+    """Wait for the processes that outlived a client (the next run must not overlap
+    them); end the ones still running after ``timeout_s``, each by its pid."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for proc in alive:
+        print(f"  !! ending {_describe(proc.pid)}: still running {timeout_s:g} s after its client")
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=10.0)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=10.0)
 
 
 def _client_env(vfops_home: Path, tool: str) -> dict[str, str]:
@@ -413,6 +556,7 @@ def run_client(
     results_glob = RESULTS_GLOB[tool]
     log_path = out_dir / "client.log"
     result = RunResult(tool=tool, label=label, planned=planned, argv=argv)
+    before = _own_children()  # the stub server's process, ...
     with log_path.open("w") as log:
         wall0 = time.perf_counter()
         proc = subprocess.Popen(
@@ -428,8 +572,11 @@ def run_client(
         result.wall_s = time.perf_counter() - wall0
         proc.returncode = os.waitstatus_to_exitcode(status)
         sampler.stop()
-        survived = sampler.wait_for_survivors()
-        result.tree_wall_s = time.perf_counter() - wall0 if survived else result.wall_s
+        outlivers = _outlivers(before, sampler)
+        result.survivors = [_describe(pid) for pid in outlivers]
+        if outlivers:  # the next run must not overlap them
+            _wait_out(outlivers, SURVIVOR_WAIT_S)
+        result.tree_wall_s = time.perf_counter() - wall0 if outlivers else result.wall_s
     # A descendant its parent never reaped is missing from the rusage; the samples
     # (a lower bound: up to one interval late per process) cover it.
     result.cpu_s = max(usage.ru_utime + usage.ru_stime, sum(sampler.cpu_by_pid.values()))
@@ -437,6 +584,7 @@ def run_client(
     result.largest_process_maxrss_mb = usage.ru_maxrss / 1024.0  # KiB on Linux
     result.peak_rss_mb = sampler.peak_rss
     result.tree_peak_rss_mb = sampler.tree_peak
+    result.peak_rss_by_process_mb = sampler.peaks_by_process()
     result.max_tree_processes = sampler.max_procs
     result.samples = sampler.samples
     result.log = log_path.read_text(errors="replace")[-3000:]
@@ -444,12 +592,10 @@ def run_client(
     result.peak_rss_by_phase_mb = _peaks_by_phase(
         sampler.root_rss, sampler.first_results_epoch, last_rollout
     )
-    if not result.ok:
+    if not result.completed:
         print(f"  !! {tool} {label} exited {result.returncode} with "
               f"{result.rollouts}/{planned} rollouts; log tail:")  # fmt: skip
         print("     " + result.log[-1500:].replace("\n", "\n     "))
-    for problem in result.problems():
-        print(f"  !! {tool} {label}: {problem}")
     return result
 
 
@@ -504,6 +650,142 @@ def _read_results(
     result.last_rollout_to_exit_s = exit_epoch - last_rollout
     result.last_rollout_to_metadata_s = meta_path.stat().st_mtime - last_rollout
     return last_rollout
+
+
+_RECORDED_CHECK = r"""
+import json, math, sys
+import sqlite3
+from pathlib import Path
+
+args = json.loads(sys.argv[1])
+found = {"problems": []}
+problems = found["problems"]
+
+
+def done():
+    print(json.dumps(found))
+    sys.exit(0)
+
+
+db = Path(args["home"]) / "registry.db"
+try:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    row = con.execute(
+        "SELECT id, status, mlflow_run_id, output_dir FROM eval_runs"
+        " ORDER BY started_at DESC LIMIT 1"
+    ).fetchone()
+    con.close()
+except sqlite3.Error as exc:
+    problems.append(f"registry {db}: {exc}")
+    done()
+if row is None:
+    problems.append("no eval_runs row in the registry")
+    done()
+run_id, status, mlflow_id, output_dir = row
+found.update(registry_run=run_id, registry_status=status, mlflow_run_id=mlflow_id)
+if not str(output_dir or "").startswith(args["out_dir"]):
+    problems.append(f"the newest eval_runs row ({run_id}) is another run's: {output_dir}")
+if status != "completed":
+    problems.append(f"registry status {status!r}, not 'completed'")
+if not args["tracking"]:
+    done()
+if not mlflow_id:
+    problems.append("no mlflow_run_id in the registry run")
+    done()
+from vfops.tracking import mlflow_client
+
+client = mlflow_client()
+try:
+    run = client.get_run(mlflow_id)
+except Exception as exc:
+    problems.append(f"MLflow run {mlflow_id}: {type(exc).__name__}: {exc}")
+    done()
+metrics = run.data.metrics
+found.update(
+    mlflow_status=run.info.status,
+    rollouts=metrics.get("rollouts"),
+    reward_mean=metrics.get("reward_mean"),
+)
+if run.info.status != "FINISHED":
+    problems.append(f"MLflow run status {run.info.status}, not FINISHED")
+if metrics.get("rollouts") != args["rollouts"]:
+    problems.append(f"metric rollouts {metrics.get('rollouts')}, not {args['rollouts']}")
+reward = metrics.get("reward_mean")
+if reward is None or not math.isfinite(reward):
+    problems.append(f"metric reward_mean {reward}")
+artifacts = [a.path for a in client.list_artifacts(mlflow_id)]
+found["artifacts"] = artifacts
+if args["artifact"] not in artifacts:
+    problems.append(f"no {args['artifact']} artifact (artifacts: {artifacts})")
+traces, token = 0, None
+while True:
+    page = client.search_traces(
+        locations=[run.info.experiment_id], run_id=mlflow_id, include_spans=False,
+        max_results=500, page_token=token,
+    )
+    traces += len(page)
+    token = page.token
+    if not token:
+        break
+found["traces"] = traces
+if traces != args["traces"]:
+    problems.append(f"{traces} traces, not {args['traces']}")
+done()
+"""
+"""Run as ``python -c`` right after a vfops run exits (the bench itself never imports
+MLflow): prints what the registry and MLflow hold for the run, and its problems."""
+
+
+def check_recorded(result: RunResult, out_dir: Path, vfops_home: Path, *, tracking: bool) -> None:
+    """Whether ``result``'s run was recorded at exit: registry run completed with its
+    MLflow run id and (``tracking``) that MLflow run finished with everything in it."""
+    expected = {
+        "home": str(vfops_home),
+        "out_dir": str(out_dir),
+        "tracking": tracking,
+        "rollouts": float(result.planned),
+        "traces": min(result.planned, TRACES_PER_RUN),
+        "artifact": RECORDED_ARTIFACT,
+    }
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _RECORDED_CHECK, json.dumps(expected)],
+            capture_output=True, text=True, env=_client_env(vfops_home, "vfops"), cwd="/",
+            timeout=RECORDED_CHECK_TIMEOUT_S,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        detail: dict[str, Any] = {"problems": [f"the check ran past {RECORDED_CHECK_TIMEOUT_S} s"]}
+    else:
+        lines = done.stdout.strip().splitlines()
+        try:
+            detail = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            detail = {}
+        if done.returncode != 0 or "problems" not in detail:
+            tail = (done.stderr or done.stdout).strip()[-600:]
+            detail = {"problems": [f"the check failed (exit {done.returncode}): {tail}"]}
+    detail["tracking"] = tracking
+    detail["check_s"] = round(time.perf_counter() - t0, 2)
+    result.recorded_detail = detail
+    result.recorded = not detail["problems"]
+
+
+def _recorded_line(res: RunResult) -> str:
+    d = res.recorded_detail
+    if res.recorded is None:
+        return ""
+    if not res.recorded:
+        return "    recorded at exit: NO — " + "; ".join(d.get("problems") or ["?"])
+    what = f"registry {d.get('registry_status')}"
+    if d.get("tracking"):
+        what += (
+            f", MLflow {d.get('mlflow_status')} (rollouts {d.get('rollouts'):g}, reward_mean "
+            f"{d.get('reward_mean'):.3f}, {d.get('traces')} traces, {RECORDED_ARTIFACT})"
+        )
+    else:
+        what += " (--no-tracking: no MLflow run)"
+    return f"    recorded at exit: yes — {what}; checked in {d.get('check_s')} s, not timed"
 
 
 RESULTS_GLOB = {
@@ -569,16 +851,22 @@ class Bench:
         self._runs += 1
         out_dir = self.work / f"{self._runs:03d}-{tool}-{label}"
         argv = self.argv(tool, base_url, w, out_dir, extra or [])
-        return run_client(
+        result = run_client(
             tool, label, argv, out_dir=out_dir, vfops_home=self.vfops_home, planned=w.rollouts
         )
+        if tool in VFOPS_TOOLS:  # before the next run starts, outside the timed part
+            tracking = "--no-tracking" not in (extra or [])
+            check_recorded(result, out_dir, self.vfops_home, tracking=tracking)
+        for problem in result.problems():
+            print(f"  !! {tool} {label}: {problem}")
+        return result
 
     def _warm_stores(self, base_url: str) -> None:
         self.stores_ready = True
         res = self.run("vfops", "store-warm-up", base_url, Workload(1, 1, 1, 0.0))
         print(
             f"  store warm-up (creates the registry and MLflow store in VFOPS_HOME, not "
-            f"counted): {res.wall_s:.2f} s",
+            f"counted): {res.wall_s:.2f} s\n{_recorded_line(res)}",
             flush=True,
         )
         if not res.ok:
@@ -602,17 +890,21 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def _run_line(res: RunResult) -> str:
-    survivor = (
-        f" (a child outlived it: tree {res.tree_wall_s:.2f} s)"
-        if res.tree_wall_s > res.wall_s
+    """One line per run; vfops: and its recorded-at-exit verdict below it."""
+    # vfops: a survivor is a bug (and a problem of the run); vf-eval's worker outlives it
+    after = (
+        f" (its worker outlived it: last process gone at {res.tree_wall_s:.2f} s)"
+        if res.survivors and res.tool not in VFOPS_TOOLS
         else ""
     )
-    return (
+    line = (
         f"  {res.tool:<8} {res.label:<16} {res.rollouts:>7}/{res.planned} rollouts  "
         f"wall {res.wall_s:7.2f} s  phase {_fmt(res.phase_wall_s, '7.2f')} s  "
         f"CPU {res.cpu_s:7.2f} s  reward {res.reward_mean:.3f}"
-        f"{f' env {res.env_name}' if res.tool == 'vfops-vf' else ''}{survivor}"
+        f"{f' env {res.env_name}' if res.tool == 'vfops-vf' else ''}{after}"
     )
+    recorded = _recorded_line(res)
+    return f"{line}\n{recorded}" if recorded else line
 
 
 # ---------------------------------------------------------------- the parts
@@ -703,6 +995,8 @@ def part_short(bench: Bench, tools: list[str], w: Workload, *, repeats: int) -> 
                 "median_tail_s": _median_opt([r.last_rollout_to_exit_s for r in runs[label]]),
                 "warm_up_wall_s": warm[label].wall_s,
                 "all_ok": all(r.ok for r in runs[label]) and warm[label].ok,
+                "recorded": sum(bool(r.recorded) for r in [warm[label], *runs[label]]),
+                "runs": len(runs[label]) + 1,
                 "walls_s": walls,
             }
         )
@@ -765,7 +1059,7 @@ def print_throughput(data: dict[str, Any]) -> list[Bar]:
     header = (
         f"  {'tool':<8} {'latency':>7} {'done':>6} {'wall s':>7} {'e2e/s':>7} {'phase s':>7} "
         f"{'phase/s':>7} {'e2e %':>6} {'phase %':>7} {'CPU ms/r':>8} {'marg ms/r':>9} "
-        f"{'tail s':>6} {'start s':>7} {'start CPU':>9} {'peak MB':>7} {'tree MB':>7}"
+        f"{'tail s':>6} {'start s':>7} {'start CPU':>9} {'peak MB':>7} {'tree MB':>7} {'rec':>3}"
     )
     print(header)
     print("  " + "-" * (len(header) - 2))
@@ -780,17 +1074,21 @@ def print_throughput(data: dict[str, Any]) -> list[Bar]:
             f"{e2e_pct:>6} {phase_pct:>7} {_fmt(full['cpu_ms_per_rollout'], '8.3f')} "
             f"{_fmt(row['marginal_cpu_ms_per_rollout'], '9.3f')} "
             f"{_fmt(full['last_rollout_to_exit_s'], '6.2f')} {start['wall_s']:>7.2f} "
-            f"{start['cpu_s']:>9.2f} {full['peak_rss_mb']:>7.0f} {full['tree_peak_rss_mb']:>7.0f}"
+            f"{start['cpu_s']:>9.2f} {full['peak_rss_mb']:>7.0f} {full['tree_peak_rss_mb']:>7.0f} "
+            f"{_recorded_mark(full, start):>3}"
         )
     print(
         "  e2e/s: rollouts / process wall time (start to exit: imports, env load, rollouts,\n"
-        "  registry + MLflow, result files); phase/s: rollouts / rollout-phase wall time\n"
-        "  (vfops: summary.wall_s in metadata.json; vf-eval: `time` in its metadata.json);\n"
-        "  e2e % / phase %: of the bound C / latency; CPU ms/r: CPU of the client's process\n"
-        "  tree (vfops: + tracker child) / rollouts; marg ms/r: (CPU - start-up run CPU) /\n"
-        "  (rollouts - 1); tail s: last rollout (mtime of results.jsonl) to process exit;\n"
-        "  start s / start CPU: wall and CPU s of a -n 1 -r 1 run; peak MB: the client\n"
-        "  process' peak RSS (VmHWM); tree MB: the largest sampled sum of the tree's RSS."
+        "  registry + MLflow run finished, result files); phase/s: rollouts / rollout-phase\n"
+        "  wall time (vfops: summary.wall_s in metadata.json; vf-eval: `time` in its\n"
+        "  metadata.json); e2e % / phase %: of the bound C / latency; CPU ms/r: CPU of the\n"
+        "  client's process tree (vfops: + its registry and tracker children) / rollouts;\n"
+        "  marg ms/r: (CPU - start-up run CPU) / (rollouts - 1); tail s: last rollout\n"
+        "  (mtime of results.jsonl) to process exit; start s / start CPU: wall and CPU s of\n"
+        "  a -n 1 -r 1 run; peak MB: the client process' peak RSS (VmHWM); tree MB: the\n"
+        "  largest sampled sum of the tree's RSS; rec: vfops, both runs recorded at exit\n"
+        "  (registry completed + linked, MLflow run FINISHED with its metrics, artifact and\n"
+        "  traces) with no process outliving vfops."
     )
     if any(row["tool"] == "vfops-vf" for row in rows):
         print(
@@ -822,6 +1120,13 @@ def print_throughput(data: dict[str, Any]) -> list[Bar]:
             )
     bars = _throughput_bars(by, w) if part == "throughput" else []
     return [*bars, _adapter_bar(by, w)]
+
+
+def _recorded_mark(*runs: dict[str, Any]) -> str:
+    """``yes`` when every (vfops) run was recorded at exit with no survivor, ``-`` for vf-eval."""
+    if any(r["recorded"] is None for r in runs):
+        return "-"
+    return "yes" if all(r["recorded"] and not r["survivors"] for r in runs) else "NO"
 
 
 def _pct(fraction: float | None) -> float | None:
@@ -913,16 +1218,24 @@ def print_short(data: dict[str, Any]) -> list[Bar]:
         )
     print(
         "  wall: process start to exit; phase: rollout phase; tail: last rollout to exit;\n"
-        "  CPU: the process tree's (vfops: + tracker child), all medians; warm-up: the\n"
-        "  first run of each variant (not counted)."
+        "  CPU: the process tree's (vfops: + its registry and tracker children), all medians;\n"
+        "  warm-up: the first run of each variant (not counted); ok: every run completed\n"
+        "  (vfops: and recorded at exit, no process outliving it)."
     )
+    for v in data["variants"]:
+        if v["tool"] in VFOPS_TOOLS:
+            what = "registry" if v["variant"] == "no-tracking" else "registry + MLflow"
+            print(
+                f"  {v['variant']}: recorded at exit ({what}) in {v['recorded']} of "
+                f"{v['runs']} runs (warm-up included)"
+            )
     exact = w["n"] == BAR_SHORT["n"] and w["r"] == BAR_SHORT["r"] and w["latency_ms"] == 0
     defaults = next(v for v in data["variants"] if v["variant"] == "defaults")
     median = defaults["median_wall_s"]
     ok = None if median is None else defaults["all_ok"] and median <= BAR_SHORT_WALL_S
     return [
-        Bar("2", f"{BAR_SHORT['n'] * BAR_SHORT['r']}-rollout eval, 0 ms, defaults on: "
-            f"median wall of {data['repeats']}",
+        Bar("2", f"{BAR_SHORT['n'] * BAR_SHORT['r']}-rollout eval, 0 ms, defaults on, "
+            f"recorded at exit: median wall of {data['repeats']}",
             f"{_fmt(median, '.2f')} s (min {_fmt(defaults['min_wall_s'], '.2f')})",
             f"<= {BAR_SHORT_WALL_S:g} s", ok, exact)
     ]  # fmt: skip
@@ -935,14 +1248,17 @@ def print_memory(data: dict[str, Any]) -> list[Bar]:
     print(f"[3] memory: {data['settings']}")
     print(f"    vfops: {data['command']}")
     phases = ", ".join(f"{k} {v:.0f} MB" for k, v in run["peak_rss_by_phase_mb"].items())
+    procs = ", ".join(f"{k} {v:.0f} MB" for k, v in run["peak_rss_by_process_mb"].items())
     print(
         f"  {run['rollouts']:,}/{run['planned']:,} rollouts in {run['wall_s']:.1f} s "
         f"(rollout phase {_fmt(run['phase_wall_s'], '.1f')} s)\n"
+        f"  peak RSS, whole process tree (vfops + registry child + tracker child, sampled\n"
+        f"     together):                                             "
+        f"{run['tree_peak_rss_mb']:7.1f} MB ({run['max_tree_processes']} processes at most)\n"
         f"  peak RSS, vfops process (kernel high-water mark VmHWM):   "
         f"{run['peak_rss_mb']:7.1f} MB\n"
         f"     its RSS peak by phase (sampled):                       {phases or '-'}\n"
-        f"  peak RSS, whole process tree (vfops + tracker, sampled together): "
-        f"{run['tree_peak_rss_mb']:.1f} MB ({run['max_tree_processes']} processes at most)\n"
+        f"  each process's own peak (VmHWM, sampled):                 {procs or '-'}\n"
         f"  largest single process' peak (wait4 ru_maxrss):            "
         f"{run['largest_process_maxrss_mb']:7.1f} MB\n"
         f"  last rollout -> process exit:                              "
@@ -951,17 +1267,19 @@ def print_memory(data: dict[str, Any]) -> list[Bar]:
         f"  the time of the last rollout = the last modification time of results.jsonl\n"
         f"  (appended once per group; stat-ed after the process exited); the exit time is\n"
         f"  when the bench's wait4 on the vfops process returned. {run['samples']} samples,\n"
-        f"  one every {SAMPLE_INTERVAL_S:g} s."
+        f"  one every {SAMPLE_INTERVAL_S:g} s.\n"
+        f"  recorded at exit: {'yes' if run['recorded'] else 'NO'}; processes outliving vfops: "
+        f"{len(run['survivors']) or 'none'}"
     )
     exact = {k: w[k] for k in ("n", "r", "c")} == BAR_MEMORY and w["latency_ms"] == 0
     tail = run["last_rollout_to_exit_s"]
     what = f"{BAR_MEMORY['n'] * BAR_MEMORY['r']:,} rollouts, -c {BAR_MEMORY['c']}, 0 ms"
     return [
-        Bar("3a", f"peak RSS of the vfops process, {what}",
-            f"{run['peak_rss_mb']:.0f} MB (tree {run['tree_peak_rss_mb']:.0f} MB)",
-            f"<= {BAR_PEAK_RSS_MB:g} MB", run["ok"] and run["peak_rss_mb"] <= BAR_PEAK_RSS_MB,
-            exact),
-        Bar("3b", "last rollout -> process exit", f"{_fmt(tail, '.2f')} s",
+        Bar("3a", f"peak RSS of the process tree, {what}",
+            f"{run['tree_peak_rss_mb']:.0f} MB (vfops process {run['peak_rss_mb']:.0f} MB)",
+            f"<= {BAR_PEAK_RSS_MB:g} MB",
+            run["ok"] and run["tree_peak_rss_mb"] <= BAR_PEAK_RSS_MB, exact),
+        Bar("3b", "last rollout -> process exit, recorded", f"{_fmt(tail, '.2f')} s",
             f"<= {BAR_TAIL_S:g} s",
             None if tail is None else run["ok"] and tail <= BAR_TAIL_S, exact),
     ]  # fmt: skip
@@ -1095,6 +1413,8 @@ def main() -> None:
     # vfops-vf next to vf-eval: the rows of bar 1d
     throughput_tools = ["vfops"] + (["vfops-vf"] if adapter else []) + tools[1:]
     versions = _versions(vf_eval, adapter)
+    if not _become_subreaper():  # else only the processes the sampler saw are checked
+        print("note: not a child subreaper; survivors are those seen in 0.1 s samples", flush=True)
 
     BENCH_DIR.mkdir(exist_ok=True)
     work = BENCH_DIR / "eval_overhead" / time.strftime("%Y%m%dT%H%M%S")
@@ -1117,10 +1437,12 @@ def main() -> None:
         if "memory" in args.parts:
             summary["memory"] = part_memory(bench, memory)
         print()
+        competitor = f", vf-eval {VERIFIERS_VERSION}" if vf_eval else ""
         print(
             f"vfops eval overhead — measured as a user runs it: every figure is the whole "
-            f"process, start to exit,\nwith the defaults on (registry + MLflow tracking in "
-            f"a bench-private VFOPS_HOME{', vf-eval ' + VERIFIERS_VERSION if vf_eval else ''})."
+            f"process, start to exit,\nwith the defaults on (registry + MLflow tracking with "
+            f"traces in a bench-private VFOPS_HOME{competitor});\n"
+            f"each vfops run checked recorded at exit (registry + MLflow) right after it."
         )
         if "throughput" in summary:
             bars += print_throughput(summary["throughput"])

@@ -141,13 +141,23 @@ def test_kill_9_then_resume_gives_exactly_n_times_r(
     _assert_exactly_once(db_url, run_id)
 
 
-def test_sigterm_mid_run_is_interrupted_flushed_and_resumable(
-    db_url: str, env_site: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    "signals",
+    [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT], [signal.SIGTERM, signal.SIGINT]],
+    ids=["sigterm", "sigint-twice", "sigterm-then-sigint"],
+)
+def test_signals_mid_run_are_interrupted_flushed_and_resumable(
+    db_url: str, env_site: Path, tmp_path: Path, signals: list[signal.Signals]
 ) -> None:
-    """SIGTERM (what workers and orchestrators send) is handled like SIGINT: exit 143,
-    status interrupted in the registry and the folder, every row on disk also in the
-    registry, and --resume completes to exactly N x R generating only what is missing."""
-    env = cli_env(db_url, env_site, VFOPS_TRACKING="0")
+    """SIGTERM (what workers and orchestrators send) is handled like SIGINT, and a second
+    signal (a double Ctrl-C, ``timeout -s INT``) does not cut the recording short: exit
+    128 + the first signal, status interrupted in the registry, the folder and MLflow,
+    every row on disk also in the registry, and --resume completes to exactly N x R
+    generating only what is missing."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    env = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=uri)
     get_engine(db_url)
     with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=200)) as stub:
         args = _kill_args(stub.base_url, tmp_path)
@@ -159,9 +169,10 @@ def test_sigterm_mid_run_is_interrupted_flushed_and_resumable(
             text=True,
         )
         results = _wait_until_mid_run(tmp_path, db_url, rows_in_registry=True)
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=60)
-        assert process.returncode == 143, stderr
+        for signum in signals:
+            process.send_signal(signum)
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 128 + signals[0], stderr
         assert "Traceback" not in stderr and "interrupted" in stderr and "--resume" in stderr
         run_id = only_run_id(db_url)
         on_disk = len(results.read_bytes().splitlines())
@@ -172,6 +183,9 @@ def test_sigterm_mid_run_is_interrupted_flushed_and_resumable(
         assert status == "interrupted"
         metadata = orjson.loads((results.parent / "metadata.json").read_bytes())
         assert metadata["status"] == "interrupted"
+        mlflow_id = _mlflow_run_of(uri, run_id)
+        assert mlflow_id is not None
+        assert MlflowClient(uri).get_run(mlflow_id).info.status == "KILLED"
         asked = stub.stats["requests"]
         resumed = run(*args, "--resume", run_id, env=env)
         assert resumed.returncode == 0, resumed.stderr
@@ -376,14 +390,13 @@ def test_a_broken_mlflow_store_is_refused_before_anything_is_recorded(
 def test_a_failing_mlflow_sink_fails_the_run_and_resume_logs_it(
     db_url: str, env_site: Path, tmp_path: Path
 ) -> None:
-    """Waiting for MLflow (--wait-for-tracking), a store that cannot take the run fails
-    it: exit 1, status failed, the sink named; --resume with a working store logs it
-    without generating anything again."""
+    """A store that cannot take the run fails it: exit 1, status failed, the sink named;
+    --resume with a working store logs it without generating anything again."""
     broken = _mlflow_failing_late(db_url, env_site, tmp_path)
     with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
         args = [
             "eval", "echo_env", "-m", "stub-model", "-b", stub.base_url,
-            "-n", "5", "-r", "2", "-o", str(tmp_path / "out"), "--wait-for-tracking",
+            "-n", "5", "-r", "2", "-o", str(tmp_path / "out"),
         ]  # fmt: skip
         failed = run(*args, env=broken)
         assert failed.returncode == 1, failed.stderr
@@ -401,77 +414,118 @@ def test_a_failing_mlflow_sink_fails_the_run_and_resume_logs_it(
     assert status == "completed" and link and f"mlflow run: {link}" in resumed.stdout
 
 
-def _wait_for_link(db_url: str, timeout_s: float = 120.0) -> str | None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        _, link = _mlflow_link(db_url)
-        if link:
-            return link
-        time.sleep(0.2)
-    return None
-
-
-def test_vfops_eval_hands_the_run_to_the_tracker_which_logs_and_links_it_after_exit(
+def test_vfops_eval_as_pid_1_of_its_namespace_exits_with_everything_in_mlflow(
     db_url: str, env_site: Path, tmp_path: Path
 ) -> None:
-    """By default vfops eval does not wait for MLflow: it exits once the run is recorded,
-    and the tracker process (in its own session) logs the run and links it."""
+    """Exit means recorded, in any process tree: vfops eval runs as PID 1 of a PID
+    namespace of its own (as in a container: everything it started dies with it), and
+    right after it exits MLflow holds the run, finished, with its metrics, params, the
+    rollouts artifact and one trace per rollout, and the registry run links it."""
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/m.db"
     env = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=uri)
+    env.pop("VFOPS_TRACE_ROLLOUTS", None)  # the defaults (the suite turns traces off)
     with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
         args = ["eval", "echo_env", "-m", "stub-model", "-b", stub.base_url, "-n", "5", "-r", "2"]
-        # stdout/stderr to files: a pipe would keep run() waiting for the tracker too
-        with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "vfops", *args, "-o", str(tmp_path / "out")],
-                env=env,
-                stdout=out,
-                stderr=err,
-            )
-            assert process.wait(timeout=300) == 0, (tmp_path / "err.txt").read_text()
-    stdout = (tmp_path / "out.txt").read_text()
-    assert "mlflow run: being logged" in stdout
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "vfops", *args,
+             "-o", str(tmp_path / "out")],
+            capture_output=True, text=True, env=env, timeout=300, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
     run_id = only_run_id(db_url)
-    link = _wait_for_link(db_url)
-    assert link is not None, (tmp_path / "err.txt").read_text()
-    logged = MlflowClient(uri).get_run(link)
+    status, link = _mlflow_link(db_url)
+    assert status == "completed" and link is not None
+    assert f"mlflow run: {link}" in done.stdout
+    client = MlflowClient(uri)
+    logged = client.get_run(link)
+    assert logged.info.status == "FINISHED"
     assert logged.data.tags["vfops.run_id"] == run_id
+    assert logged.data.tags["vfops.status"] == "completed"
     assert logged.data.params["rollouts_per_example"] == "2"
     assert logged.data.metrics["rollouts"] == 10
-    assert logged.info.status == "FINISHED"
-    artifacts = [a.path for a in MlflowClient(uri).list_artifacts(link)]
-    assert "rollouts.parquet" in artifacts
-    assert (tmp_path / "err.txt").read_text() == ""
+    assert logged.data.metrics["reward_mean"] == 1.0
+    assert "rollouts.parquet" in [a.path for a in client.list_artifacts(link)]
+    traces = client.search_traces(
+        locations=[logged.info.experiment_id], run_id=link, max_results=100
+    )
+    on_disk = {
+        orjson.loads(line)["trace_id"]
+        for path in (tmp_path / "out").rglob("results.jsonl")
+        for line in path.read_bytes().splitlines()
+    }
+    assert len(on_disk) == 10
+    assert {t.info.tags["vfops.trace_id"] for t in traces} == on_disk, done.stderr
 
 
-def test_a_handed_off_run_that_mlflow_refuses_is_reported_and_resume_logs_it(
+def test_a_run_killed_mid_way_is_killed_in_mlflow_and_resume_finishes_it_there(
     db_url: str, env_site: Path, tmp_path: Path
 ) -> None:
-    """The tracker cannot log a run handed to it: the run stays completed (every rollout
-    is recorded), one line on stderr says so and how to log it; --resume logs it."""
-    broken = _mlflow_failing_late(db_url, env_site, tmp_path)
-    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
-        args = [
-            "eval", "echo_env", "-m", "stub-model", "-b", stub.base_url,
-            "-n", "5", "-r", "2", "-o", str(tmp_path / "out"),
-        ]  # fmt: skip
-        handed_off = run(*args, env=broken)  # its pipes close when the tracker exits too
-        assert handed_off.returncode == 0, handed_off.stderr
-        run_id = only_run_id(db_url)
-        (line,) = handed_off.stderr.strip().splitlines()
-        assert f"eval run {run_id} is recorded but not logged to MLflow" in line
-        assert f"--resume {run_id}" in line and "MLFLOW_TRACKING_URI" in line
-        assert _mlflow_link(db_url) == ("completed", None)
-        asked = stub.stats["ok"]
+    """kill -9 of vfops eval mid-run: its tracker sees its input close and ends the MLflow
+    run KILLED (never left RUNNING); --resume finishes that same MLflow run."""
+    from mlflow import MlflowClient
 
-        working = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db")
-        resumed = run(*args, "--resume", run_id, "--wait-for-tracking", env=working)
+    uri = f"sqlite:///{tmp_path}/m.db"
+    env = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=uri)
+    # every request held for an hour: the run cannot end before it is killed
+    config = StubConfig(reply_mode="echo_answer", latency_ms=3_600_000)
+    with StubServer(config) as stub:
+        args = ["eval", "echo_env", "-m", "stub-model", "-b", stub.base_url, "-n", "5",
+                "-r", "2", "-o", str(tmp_path / "out")]  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vfops", *args], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        # opened while the rollouts run, found by its tag (the registry links it at the end)
+        mlflow_id = _wait_until(
+            lambda: _mlflow_run_of(uri, only_run_id(db_url)) if _has_run(db_url) else None
+        )
+        assert mlflow_id is not None
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+        client = MlflowClient(uri)
+        assert _wait_until(
+            lambda: client.get_run(mlflow_id).info.status == "KILLED" or None
+        ), client.get_run(mlflow_id).info.status
+        run_id = only_run_id(db_url)
+        config.latency_ms = 0  # answered at once from now on
+        resumed = run(*args, "--resume", run_id, env=env)
         assert resumed.returncode == 0, resumed.stderr
-        assert stub.stats["ok"] == asked
     status, link = _mlflow_link(db_url)
-    assert status == "completed" and link
+    assert status == "completed" and link == mlflow_id
+    finished = client.get_run(mlflow_id)
+    assert finished.info.status == "FINISHED" and finished.data.metrics["rollouts"] == 10
+
+
+def _has_run(db_url: str) -> bool:
+    with get_engine(db_url).connect() as connection:
+        return bool(connection.execute(text("SELECT count(*) FROM eval_runs")).scalar_one())
+
+
+def _mlflow_run_of(uri: str, run_id: str) -> str | None:
+    """The MLflow run tagged with registry run ``run_id``, once it exists."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("vfops/echo_env")
+    if experiment is None:
+        return None
+    found = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.`vfops.run_id` = '{run_id}'"
+    )
+    return found[0].info.run_id if found else None
+
+
+def _wait_until(probe: Any, timeout_s: float = 120.0) -> Any:
+    """``probe()`` once it is not None (polled; the deadline is only a safety net)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value is not None:
+            return value
+        time.sleep(0.05)
+    return None
 
 
 def test_runs_list_show_compare_export(

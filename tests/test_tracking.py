@@ -347,10 +347,7 @@ def test_sweep_flow_nests_every_cell_under_its_parent_run(
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert child.data.tags[RUN_ID_TAG] == result["run_id"]
         assert child.data.params["model"] == "stub-model"
-    # each cell's rollouts as traces of its run (logged by its tracker after it answered)
-    from vfops.tracking import wait_for_trackers
-
-    assert wait_for_trackers(120)
+    # each cell's rollouts as traces of its run (its flow run ended once they were in)
     for result in results:
         mlflow_id = _registry_mlflow_id(engine, result["run_id"])
         traces = client.search_traces(locations=[experiment.experiment_id], run_id=mlflow_id)

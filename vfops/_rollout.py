@@ -132,6 +132,11 @@ class RolloutRecord:
         """One JSON line (no trailing newline). Non-JSON values in info become strings."""
         return _to_json(self)
 
+    def escaped(self) -> RolloutRecord:
+        """A copy whose text encodes as UTF-8: lone surrogates written as their escape
+        (for a store that refused the record's text; see :func:`escape_unencodable`)."""
+        return _from_dict(escape_unencodable(_to_dict(self)))
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutRecord:
         """Read a JSON record; a field missing from an older file takes its default."""
@@ -152,7 +157,47 @@ class RolloutRecord:
 
 
 def _dumps(value: Any) -> str:
-    return orjson.dumps(value, default=str).decode()
+    try:  # inline, not dumps_escaped: a call per JSON column of every row adds up
+        return orjson.dumps(value, default=str).decode()
+    except orjson.JSONEncodeError:
+        return dumps_escaped(value).decode()
+
+
+# --- text that UTF-8 cannot encode --------------------------------------------------
+#
+# A Python str may hold a lone surrogate (a dataset row's "\ud800", JSON decoded by
+# the standard library, a file name read with surrogateescape), which no UTF-8
+# encoder takes: orjson, SQLite, psycopg and Arrow all refuse it. A record must not
+# fail a run for it, nor lose it silently, so such text is recorded escaped: the
+# surrogate becomes the six characters ``\ud800``. orjson goes first and the escaping
+# runs only on its error, so valid text (the common case) costs nothing more.
+
+
+def escape_unencodable(value: Any) -> Any:
+    """``value`` with every lone surrogate in its text (dict keys too) written as its
+    literal escape (``\\ud800``); lists, tuples and dicts are copied, the rest kept."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {escape_unencodable(k): escape_unencodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [escape_unencodable(item) for item in value]
+    return value
+
+
+def _escaped_str(value: Any) -> str:
+    # orjson's ``default`` for non-JSON values: their str, escaped like any text
+    text: str = escape_unencodable(str(value))
+    return text
+
+
+def dumps_escaped(value: Any, option: int | None = None) -> bytes:
+    """``orjson.dumps(value, default=str)``, with unencodable text escaped (see above)
+    instead of raising; non-JSON values become their str."""
+    try:
+        return orjson.dumps(value, default=str, option=option)
+    except orjson.JSONEncodeError:
+        return orjson.dumps(escape_unencodable(value), default=_escaped_str, option=option)
 
 
 # --- the schema, declared once -------------------------------------------------------
@@ -342,15 +387,22 @@ def _build_to_dict() -> Callable[[RolloutRecord], dict[str, Any]]:
 
 def _build_to_json() -> Callable[[RolloutRecord], bytes]:
     # the dict display inlined into the orjson call: one Python call per record
+    # (a try costs nothing until it catches): text orjson refuses is written escaped
     generated = _Generated()
     generated.constant("json_dumps", orjson.dumps)
+    generated.constant("dumps_escaped", dumps_escaped)
+    generated.constant("to_dict", _build_to_dict())
+    generated.constant("EncodeError", orjson.JSONEncodeError)
     generated.constant("OPTIONS", orjson.OPT_SERIALIZE_NUMPY)
     items = _json_record_items()
     lines = [
         "def to_json(r):",
-        "    return json_dumps({",
-        *(f"        {item}," for item in items),
-        "    }, default=str, option=OPTIONS)",
+        "    try:",
+        "        return json_dumps({",
+        *(f"            {item}," for item in items),
+        "        }, default=str, option=OPTIONS)",
+        "    except EncodeError:",
+        "        return dumps_escaped(to_dict(r), OPTIONS)",
     ]
     built: Callable[[RolloutRecord], bytes] = generated.compile("to_json", lines)
     return built

@@ -12,6 +12,9 @@
   of an eval run are logged as MLflow traces (failed and errored ones always are).
 - ``VFOPS_PEER_SYNC_S`` (default 0.5; 0: off): how often an evaluation shares its
   adaptive limiter's 429 pushbacks with other processes through the registry.
+- ``VFOPS_SCORING_TIMEOUT_S`` (default 60; 0: no limit): how long one reward function
+  call may take before its rollout is recorded with a scoring error (a rubric's
+  ``scoring_timeout_s`` overrides it).
 """
 
 from __future__ import annotations
@@ -24,17 +27,27 @@ from typing import Final
 
 from vfops._errors import VfopsError
 
+_writable_homes: set[Path] = set()
+
 
 def vfops_home() -> Path:
+    """The home folder, created if missing; a one-line error unless it can be written
+    (checked once per process: the registry, artifacts and MLflow's store all write
+    there, and each would otherwise fail with its own traceback)."""
     home = Path(os.environ.get("VFOPS_HOME") or Path.home() / ".vfops").expanduser()
+    if home in _writable_homes:
+        return home
+    from vfops._paths import check_writable_folder
+
+    fix = "set VFOPS_HOME to a writable folder"
     try:
         home.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        from vfops._paths import check_writable_folder
-
-        fix = "set VFOPS_HOME to a writable folder"
         check_writable_folder(home, what="VFOPS_HOME", fix=fix)  # names the file in the way
         raise VfopsError(f"VFOPS_HOME {home} cannot be created ({exc.strerror}); {fix}") from None
+    # an existing folder on a read-only file system, or without write permission
+    check_writable_folder(home, what="VFOPS_HOME", fix=fix)
+    _writable_homes.add(home)
     return home
 
 
@@ -87,6 +100,16 @@ a provider's rate window, and one small query each."""
 def peer_sync_s() -> float:
     """``VFOPS_PEER_SYNC_S`` (seconds, >= 0; 0 turns the sharing off), else the default."""
     return _seconds("VFOPS_PEER_SYNC_S", DEFAULT_PEER_SYNC_S, ">= 0 (0: off)")
+
+
+DEFAULT_SCORING_TIMEOUT_S: Final = 60.0
+"""Seconds one reward function call may take: far above a parser or a test runner's
+usual seconds, so only a hung (or pathological) call meets it."""
+
+
+def scoring_timeout_s() -> float:
+    """``VFOPS_SCORING_TIMEOUT_S`` (seconds, >= 0; 0: no limit), else the default."""
+    return _seconds("VFOPS_SCORING_TIMEOUT_S", DEFAULT_SCORING_TIMEOUT_S, ">= 0 (0: no limit)")
 
 
 DEFAULT_TRACE_ROLLOUTS: Final = 100

@@ -8,8 +8,9 @@ everything around one group: the model calls, the rows it records, the registry,
 MLflow, sweeps and training.
 
 Model calls go through vfops's client path: :func:`verifiers_client` is a ``verifiers``
-``Client`` (its OpenAI chat-completions one, so prompts, tools and responses are
-converted by ``verifiers``' own code) whose transport is a vfops
+``Client`` (its OpenAI chat-completions one, so prompts, tools, requests — sampling
+arguments normalised as ``verifiers`` does it — and responses are converted by
+``verifiers``' own code) whose transport is a vfops
 :class:`~vfops.clients.ModelClient` — the pooled OpenAI client with its retries,
 ``Retry-After`` and shared budgets, the in-process local model, or a training
 backend (whose responses carry the exact token ids and log-probs the trainer needs).
@@ -24,10 +25,14 @@ worker runs the environment in-process instead) and its own ``Client`` types
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from vfops._errors import MissingExtraError, VfopsError
 from vfops._rollout import ErrorStage, RolloutError, StopReason, TokenUsage
@@ -78,30 +83,40 @@ def verifiers_version() -> str:
     return version("verifiers")
 
 
-def load_verifiers_environment(entry: EnvironmentEntry, **kwargs: Any) -> VerifiersEnvironment:
+def load_verifiers_environment(entry: EnvironmentEntry, /, **kwargs: Any) -> VerifiersEnvironment:
     """``verifiers``' own ``load_environment(entry.name, **kwargs)``, wrapped for vfops."""
     vf = _import_verifiers()
-    return build_verifiers_environment(
-        lambda **args: vf.load_environment(entry.name, **args), name=entry.name, **kwargs
-    )
+
+    def factory(**args: Any) -> Any:
+        return vf.load_environment(entry.name, **args)
+
+    # the package's signature, for the error of arguments that do not fit it; a module
+    # that does not import is reported by verifiers' own import, just below
+    with contextlib.suppress(Exception):
+        factory.__wrapped__ = entry.load()  # type: ignore[attr-defined]
+    return build_verifiers_environment(factory, entry.name, **kwargs)
 
 
 def build_verifiers_environment(
-    factory: Callable[..., Any], *, name: str, **kwargs: Any
+    factory: Callable[..., Any], name: str, /, **kwargs: Any
 ) -> VerifiersEnvironment:
     """``factory(**kwargs)`` (a package's ``load_environment``) wrapped for vfops, with the
-    process's signal handlers kept (see :class:`_HandlersKeptByVfops`); any thread."""
+    process's signal handlers kept (see :class:`_HandlersKeptByVfops`); any thread.
+    ``factory`` and ``name`` are positional-only: every keyword is an environment argument."""
     vf = _import_verifiers()
     from vfops.envs._dataset import quiet_datasets
+    from vfops.envs._load_errors import load_failure
 
     try:
         with quiet_datasets():
             vf_env = factory(**kwargs)
     except Exception as exc:
-        cause = exc.__cause__ or exc
-        raise VfopsError(
-            f"load_environment of verifiers environment '{name}' raised "
-            f"{type(cause).__name__}: {cause}; check --env-args against its signature"
+        cause = exc.__cause__ or exc  # verifiers wraps the package's error in its own
+        raise load_failure(
+            f"load_environment of verifiers environment '{name}' raised",
+            cause,
+            factory=factory,
+            env_args=kwargs,
         ) from exc
     if not isinstance(vf_env, vf.Environment):
         raise VfopsError(
@@ -318,14 +333,22 @@ def _client_class() -> type:
 
 def _build_client_class() -> type:
     _import_verifiers()
-    from openai.types.chat import ChatCompletion
     from verifiers.legacy.clients.openai_chat_completions_client import (
         OpenAIChatCompletionsClient,
     )
-    from verifiers.legacy.errors import OverlongPromptError
 
     class _VfopsClient(OpenAIChatCompletionsClient):  # type: ignore[misc]
-        """``verifiers``' chat-completions client over a vfops ``ModelClient``."""
+        """``verifiers``' chat-completions client over a vfops ``ModelClient``.
+
+        ``verifiers``' own ``get_native_response`` builds each request — its sampling
+        normalisation (``max_tokens`` renamed ``max_completion_tokens``, which OpenAI's
+        reasoning models require; ``reasoning_effort`` routed by provider), ``extra_body``
+        flattened, audio modality — and posts it through :class:`_Wire`, where vfops
+        takes over: the body goes out through the vfops client.
+        """
+
+        def __init__(self, model_client: ModelClient) -> None:
+            super().__init__(_Wire(model_client))
 
         def setup_client(self, config: Any) -> Any:
             raise VfopsError("verifiers_client wraps a vfops ModelClient; it takes no config")
@@ -341,28 +364,75 @@ def _build_client_class() -> type:
             tools: Any = None,
             **kwargs: Any,
         ) -> Any:
-            args = {k: v for k, v in dict(sampling_args or {}).items() if v is not None}
-            if args.get("n") == 1:
-                del args["n"]
-            extra_headers = kwargs.get("extra_headers")
-            if extra_headers:
-                args["extra_headers"] = dict(extra_headers)
-            messages = [_wire_message(m) for m in prompt]
+            turn: list[ChatResponse] = []
+            token = _TURN_RESPONSES.set(turn)
             try:
-                response: ChatResponse = await self.client.chat(
-                    model=model,
-                    messages=messages,
-                    sampling_args=args,
-                    tools=[dict(t) for t in tools] if tools else None,
+                completion = await super().get_native_response(
+                    prompt, model, sampling_args, tools, **kwargs
                 )
-            except PromptTooLongError as exc:
-                raise OverlongPromptError(str(exc)) from exc
+            finally:
+                _TURN_RESPONSES.reset(token)
             state = kwargs.get("state")
             if state is not None:
-                state.setdefault(_RESPONSES_KEY, []).append(response)
-            return ChatCompletion.model_validate(_completion_json(response, model))
+                state.setdefault(_RESPONSES_KEY, []).extend(turn)
+            return completion
 
     return _VfopsClient
+
+
+_TURN_RESPONSES: ContextVar[list[ChatResponse] | None] = ContextVar(
+    "vfops_verifiers_turn", default=None
+)
+"""Where :class:`_Wire` leaves the vfops response of the request being made in this
+task, for the client to keep in the rollout's state (``verifiers`` keeps only the
+``ChatCompletion`` it parses from it)."""
+
+
+class _Posted:
+    """The part of an ``httpx.Response`` ``verifiers`` reads from a post: its bytes."""
+
+    __slots__ = ("content",)
+
+    def __init__(self, content: bytes) -> None:
+        self.content = content
+
+
+class _Wire:
+    """What ``verifiers``' chat-completions client uses of its ``AsyncOpenAI``: the
+    ``base_url`` (it routes ``reasoning_effort`` by provider) and ``post``, here sending
+    the body it built through a vfops ``ModelClient``."""
+
+    def __init__(self, model_client: ModelClient) -> None:
+        self.model_client = model_client
+        self.base_url = str(getattr(model_client, "base_url", None) or "")
+
+    async def post(
+        self, path: str, *, body: Mapping[str, Any], cast_to: Any, options: Any = None
+    ) -> _Posted:
+        from verifiers.legacy.errors import OverlongPromptError
+
+        args = dict(body)
+        model = str(args.pop("model"))
+        messages = [_wire_message(m) for m in args.pop("messages")]
+        tools = args.pop("tools", None)
+        headers = (options or {}).get("headers")
+        if headers:
+            args["extra_headers"] = dict(headers)
+        if args.get("n") == 1:
+            del args["n"]
+        try:
+            response = await self.model_client.chat(
+                model=model,
+                messages=messages,
+                sampling_args=args,
+                tools=[dict(t) for t in tools] if tools else None,
+            )
+        except PromptTooLongError as exc:
+            raise OverlongPromptError(str(exc)) from exc
+        turn = _TURN_RESPONSES.get()
+        if turn is not None:
+            turn.append(response)
+        return _Posted(orjson.dumps(_completion_json(response, model)))
 
 
 # --------------------------------------------------------------------------- conversions

@@ -11,17 +11,14 @@ _NO_TRACKING_FLAGS = frozenset({"--no-tracking", "--no-registry", "--help", "-h"
 
 
 def _prestart_tracker(argv: list[str]) -> None:
-    """``vfops eval ENV ... --wait-for-tracking``: start the MLflow tracker process now.
+    """``vfops eval ENV ...``: start the MLflow tracker process now.
 
     Its start-up (importing MLflow, opening the store) is the longest part of a
-    short evaluation that waits for it; started before this process imports
-    anything heavy, it runs on another core meanwhile. The evaluation adopts it
-    (or, when the flags turn out to disagree, replaces it). Without the flag the
-    run is handed to a tracker started at the end, which nobody waits for.
+    short evaluation, which exits only once MLflow has the run; started before this
+    process imports anything heavy, it runs on another core meanwhile. The
+    evaluation adopts it (or, when the flags turn out to disagree, replaces it).
     """
     if len(argv) < 2 or argv[0] != "eval" or argv[1].startswith("-"):
-        return
-    if "--wait-for-tracking" not in argv:
         return
     if _NO_TRACKING_FLAGS.intersection(argv):
         return

@@ -118,6 +118,37 @@ def _raise_open_file_limit() -> None:
         pass
 
 
+def _sqlite_error_line(exc: BaseException) -> str | None:
+    """One line for a SQLite error of the registry that reached the top (the registry
+    turns a damaged or read-only file into a VfopsError itself; this is for the rest:
+    a disk I/O error, a full disk, a lock held past the busy timeout), else None."""
+    sa_exc = sys.modules.get("sqlalchemy.exc")  # none of its errors without it
+    if sa_exc is None or not isinstance(exc, sa_exc.DBAPIError):
+        return None
+    import sqlite3
+
+    orig = exc.orig
+    if not isinstance(orig, sqlite3.DatabaseError) or isinstance(
+        orig, sqlite3.IntegrityError | sqlite3.ProgrammingError | sqlite3.InterfaceError
+    ):
+        return None  # a constraint or a malformed statement: a bug, worth its traceback
+    where = ""
+    if "--url" not in sys.argv:  # else not the default registry (vfops db --url ...)
+        try:
+            from vfops._settings import database_url
+            from vfops.registry import mask_url
+
+            where = f" {mask_url(database_url())}"
+        except Exception:  # the line without the location, then
+            pass
+    reason = " ".join(str(orig).split()) or type(orig).__name__
+    return (
+        f"the registry database{where} failed ({reason}); check its file and folder (free "
+        "space, permissions, another process holding it), or set VFOPS_HOME or "
+        "VFOPS_DATABASE_URL to another database"
+    )
+
+
 def run() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit."""
     _raise_open_file_limit()
@@ -127,3 +158,9 @@ def run() -> None:
     except VfopsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
+    except Exception as exc:
+        line = _sqlite_error_line(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(VfopsError.exit_code)

@@ -94,18 +94,27 @@ def eval_command(
         bool,
         typer.Option(
             "--wait-for-tracking",
-            help="Exit only once the run is in MLflow (default: the tracker process "
-            "logs it and links the registry run in the background, in about a second).",
+            hidden=True,  # the default now: kept so that scripts passing it still run
+            help="Exit only once the run is in MLflow (always so).",
         ),
-    ] = False,
+    ] = True,
     request_timeout: Annotated[
-        float, typer.Option(help="Seconds before one model request times out (then retried).")
+        float,
+        typer.Option(
+            help="Seconds one model request waits for its response (reasoning models can "
+            "take minutes). Retries after a timeout: at most "
+            f"{_MODEL_DEFAULTS.max_timeout_retries} (a hung endpoint fails a request after "
+            f"about {_MODEL_DEFAULTS.max_timeout_retries + 1}x this); the rollout is then "
+            "recorded as an error, never scored.",
+        ),
     ] = _MODEL_DEFAULTS.request_timeout_s,
     max_retries: Annotated[
         int,
         typer.Option(
             help="Retries per request on 5xx, timeouts and connection errors (backoff with "
-            "jitter); 429s that say how long to wait are limited by --max-retry-wait instead.",
+            f"jitter; at most {_MODEL_DEFAULTS.max_timeout_retries} after a timeout, see "
+            "--request-timeout); 429s that say how long to wait are limited by "
+            "--max-retry-wait instead.",
         ),
     ] = _MODEL_DEFAULTS.max_retries,
     max_retry_wait: Annotated[
@@ -190,7 +199,7 @@ def eval_command(
     try:
         with display:
             result = asyncio.run(
-                _stopped_by_sigterm(
+                _stopped_by_signals(
                     evaluate_async(
                         request,
                         model_options=options,
@@ -198,7 +207,6 @@ def eval_command(
                         resume=resume,
                         registry=registry,
                         tracking=tracking,
-                        hand_off_tracking=not wait_for_tracking,
                         progress=display,
                         max_cost=max_cost,
                     ),
@@ -223,20 +231,33 @@ def eval_command(
         raise typer.Exit(result.exit_code(max_error_rate))
 
 
-async def _stopped_by_sigterm(evaluation: Coroutine[Any, Any, T], signals: list[int]) -> T:
-    """Run ``evaluation``; SIGTERM (what workers and orchestrators send) cancels it as
-    SIGINT does, so the run is recorded ``interrupted`` with every row flushed, and
-    is appended to ``signals``."""
+async def _stopped_by_signals(evaluation: Coroutine[Any, Any, T], signals: list[int]) -> T:
+    """Run ``evaluation``; the first SIGINT or SIGTERM (what a Ctrl-C, ``timeout``,
+    workers and orchestrators send) cancels it, so the run is recorded ``interrupted``
+    with every row flushed; later ones only say that this is under way (a second Ctrl-C
+    must not leave the run ``running`` with rows missing). Each is appended to
+    ``signals``. The handlers run on the event loop, which nothing blocks (reward
+    functions that block run on threads)."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
 
-    def stop() -> None:
-        signals.append(signal.SIGTERM)
-        task.cancel()
+    def stop(signum: int) -> None:
+        signals.append(signum)
+        if len(signals) == 1:
+            task.cancel()
+        elif len(signals) == 2:
+            print(
+                "interrupted: recording the run's end (what is done is kept); it exits "
+                "in a moment",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    loop.add_signal_handler(signal.SIGTERM, stop)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop, signum)
     try:
         return await evaluation
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

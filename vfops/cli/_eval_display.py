@@ -93,7 +93,13 @@ def _progress_bar(total: int | None) -> tuple[Progress, TaskID]:
 def summary_rows(result: EvalResult) -> list[tuple[str, str]]:
     """The summary as (metric, value) rows, indented names under their group."""
     summary = result.summary
-    rows = [("reward", f"{summary.reward.mean:.4f} ± {summary.reward.stderr:.4f} (stderr)")]
+    # no scored rollout has no reward: a 0.0000 would read as a score
+    reward = (
+        f"{summary.reward.mean:.4f} ± {summary.reward.stderr:.4f} (stderr)"
+        if summary.reward.count
+        else "none (no rollout was scored)"
+    )
+    rows = [("reward", reward)]
     rows += [(f"  {name}", f"{mean.mean:.4f}") for name, mean in sorted(summary.metrics.items())]
     rows += [(f"pass@{k}", f"{value:.4f}") for k, value in summary.pass_at().items()]
     rows.append(("rollouts", f"{summary.rollouts} ({summary.reward.count} scored)"))
@@ -120,11 +126,7 @@ def format_summary(result: EvalResult) -> str:
     if result.run_id is not None:
         lines.append(f"run: {result.run_id} ({result.action})")
     if result.mlflow_run_id is not None:
-        pending = " (being logged)" if result.mlflow_pending else ""
-        lines.append(f"mlflow run: {mlflow_run_link(result.mlflow_run_id)}{pending}")
-    elif result.mlflow_pending:
-        # the tracker process logs it and links the registry run in a moment
-        lines.append(f"mlflow run: being logged (vfops runs show {result.run_id} links it)")
+        lines.append(f"mlflow run: {mlflow_run_link(result.mlflow_run_id)}")
     if result.run_dir is not None:
         lines.append(f"results: {result.run_dir}")
     return "\n".join(lines)

@@ -27,16 +27,23 @@ from vfops.clients._errors import (
     RateLimitError,
     RequestTooLargeError,
     UnprocessableEntityError,
+    redact_secrets,
 )
 from vfops.clients._http import HTTPTransport
 from vfops.clients._openai import OpenAIClient, RequestLimiter, is_context_error
-from vfops.clients._retry import DEFAULT_MAX_RETRIES, DEFAULT_MAX_RETRY_WAIT_S, RetryPolicy
+from vfops.clients._retry import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_MAX_RETRY_WAIT_S,
+    DEFAULT_MAX_TIMEOUT_RETRIES,
+    RetryPolicy,
+)
 from vfops.clients._scripted import ScriptedClient
 
 __all__ = [
     "DEFAULT_API_KEY_VAR",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_MAX_RETRY_WAIT_S",
+    "DEFAULT_MAX_TIMEOUT_RETRIES",
     "APIConnectionError",
     "APIError",
     "APIStatusError",
@@ -65,6 +72,7 @@ __all__ = [
     "is_loopback",
     "load_endpoints",
     "read_api_key",
+    "redact_secrets",
     "resolve_endpoint",
 ]
 

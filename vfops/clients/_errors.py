@@ -4,13 +4,22 @@ Names follow the ``openai`` SDK's, so code written against it maps one to one,
 but ``str(exc)`` always holds the status and the server's message (OpenAI's
 ``{"error": {"message", "type", "code"}}``, FastAPI's ``{"detail": ...}`` or plain
 text), e.g. ``HTTP 400 Bad Request: The model 'gpt-5' does not exist (code:
-model_not_found)`` rather than a bare status. Connection errors are also
-:class:`ConnectionError` and timeouts :class:`TimeoutError`, so generic
-``except (TimeoutError, ConnectionError)`` handlers treat them as transient.
+model_not_found)`` rather than a bare status. Connection errors, timeouts included,
+are also :class:`ConnectionError`, so generic ``except ConnectionError`` handlers
+treat them as transient. A request timeout is deliberately *not* a
+:class:`TimeoutError`: environments catch that for their own turn and rollout
+deadlines (a stop reason), while a request that never got its answer is an error
+of the rollout (as in the ``openai`` SDK, whose ``APITimeoutError`` is not one either).
+
+The key sent with a request never appears in an error: :func:`redact_secrets`
+removes it from the server's message (some echo the ``Authorization`` header back)
+before the error is built, so every record of the error holds the redacted text.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -35,8 +44,9 @@ class APIConnectionError(APIError, ConnectionError):
     """No HTTP response: the connection could not be made or broke mid-request."""
 
 
-class APITimeoutError(APIConnectionError, TimeoutError):
-    """No response within the client's timeout."""
+class APITimeoutError(APIConnectionError):
+    """No response within the client's timeout (not a :class:`TimeoutError`: see the
+    module doc)."""
 
 
 class APIStatusError(APIError):
@@ -160,6 +170,40 @@ def status_error_class(status_code: int) -> type[APIStatusError]:
     return _BY_STATUS.get(status_code, APIStatusError)
 
 
+REDACTED = "[redacted]"
+"""What a secret is replaced with in an error message."""
+
+MIN_SECRET_CHARS = 8
+"""Shorter values (``EMPTY``, a local server's ``x``) are no secret worth mangling
+every message that happens to contain them."""
+
+MIN_PARTIAL_CHARS = 12
+"""A word that is this long a piece of a secret (a key cut short by a length limit,
+or its tail after a prefix the server dropped) is redacted too."""
+
+_WORD = re.compile(r"[A-Za-z0-9_\-]+")
+
+
+def redact_secrets(text: str, secrets: Sequence[str]) -> str:
+    """``text`` with each of ``secrets`` (an API key) replaced by ``[redacted]``:
+    wherever it occurs (after ``Bearer ``, inside a URL...), and any word of at least
+    :data:`MIN_PARTIAL_CHARS` characters that is part of one (a truncated echo).
+    Secrets shorter than :data:`MIN_SECRET_CHARS` are left alone."""
+    keys = [secret for secret in secrets if len(secret) >= MIN_SECRET_CHARS]
+    if not keys or not text:
+        return text
+    for key in keys:
+        text = text.replace(key, REDACTED)
+
+    def partial(match: re.Match[str]) -> str:
+        word = match.group()
+        if len(word) >= MIN_PARTIAL_CHARS and any(word in key for key in keys):
+            return REDACTED
+        return word
+
+    return _WORD.sub(partial, text)
+
+
 def _one_line(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -195,11 +239,20 @@ def error_from_response(
     reason: str | None = None,
     retry_after_s: float | None = None,
     location: str | None = None,
+    secrets: Sequence[str] = (),
 ) -> APIStatusError:
-    """The :class:`APIStatusError` (subclass by status) for a non-2xx response."""
+    """The :class:`APIStatusError` (subclass by status) for a non-2xx response.
+
+    ``secrets`` (the request's API key) are redacted from the body before anything
+    is read from it, so neither the message nor ``body`` holds them, and before the
+    message is cut to length, so no cut-off piece of one survives either.
+    """
     body: Any
     code: str | int | None = None
     kind: str | None = None
+    if secrets:
+        content = redact_secrets(content.decode("utf-8", errors="replace"), secrets).encode()
+        location = location and redact_secrets(location, secrets)
     try:
         body = orjson.loads(content) if content.strip() else None
     except orjson.JSONDecodeError:

@@ -9,13 +9,18 @@ at a small fraction of a millisecond of CPU (``bench/client_transport.py``).
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import aiohttp
 from yarl import URL
 
 from vfops._version import __version__
-from vfops.clients._errors import APIConnectionError, APITimeoutError, error_from_response
+from vfops.clients._errors import (
+    APIConnectionError,
+    APITimeoutError,
+    error_from_response,
+    redact_secrets,
+)
 from vfops.clients._retry import parse_rate_limit_reset, parse_retry_after
 
 CONNECT_TIMEOUT_CAP_S = 30.0
@@ -42,8 +47,10 @@ class HTTPTransport:
 
     ``headers`` go with every request. ``timeout_s`` bounds each request's wait for
     the response (and the connect, capped at 30 s); waiting for a free connection
-    is not bounded. The aiohttp session is created on first use, in the running
-    event loop; use and close the transport inside that loop.
+    is not bounded. ``secrets`` (the API key in ``headers``) never appear in an
+    error's message or body (:func:`~vfops.clients._errors.redact_secrets`). The
+    aiohttp session is created on first use, in the running event loop; use and
+    close the transport inside that loop.
     """
 
     def __init__(
@@ -53,12 +60,14 @@ class HTTPTransport:
         headers: Mapping[str, str],
         timeout_s: float,
         max_connections: int,
+        secrets: Sequence[str] = (),
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url
         self.timeout_s = timeout_s
         self.max_connections = max_connections
+        self._secrets = tuple(secrets)
         self._headers = {"User-Agent": f"vfops/{__version__}", **headers}
         self._timeout = self._client_timeout(timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -126,15 +135,22 @@ class HTTPTransport:
                     reason=response.reason,
                     retry_after_s=retry_after_s,
                     location=response.headers.get("Location") if status < 400 else None,
+                    secrets=self._secrets,
                 )
         except TimeoutError as exc:  # aiohttp's timeouts subclass it (so does asyncio's)
             if isinstance(exc, aiohttp.ConnectionTimeoutError):
                 what = f"could not connect within {timeout.sock_connect} s"
             else:
                 what = f"no response within {timeout.sock_read} s"
-            raise APITimeoutError(f"{method} {url}: {what}") from exc
+            raise APITimeoutError(self._redacted(f"{method} {url}: {what}")) from exc
         except aiohttp.ClientError as exc:
-            raise APIConnectionError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+            raise APIConnectionError(
+                self._redacted(f"{method} {url}: {type(exc).__name__}: {exc}")
+            ) from exc
+
+    def _redacted(self, message: str) -> str:
+        # a key in the URL (some gateways take ?api-key=) must not reach the record either
+        return redact_secrets(message, self._secrets)
 
     async def aclose(self) -> None:
         session, self._session = self._session, None

@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
+from vfops._rollout import dumps_escaped
 from vfops._types import Message, Messages, SamplingArgs
 from vfops.clients._base import ChatResponse, PromptTooLongError
 from vfops.clients._errors import APIError, APIStatusError, MalformedResponseError, with_note
@@ -27,10 +28,18 @@ from vfops.clients._http import HTTPTransport
 from vfops.clients._retry import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT_S,
+    DEFAULT_MAX_TIMEOUT_RETRIES,
     RetryPolicy,
     RetryState,
 )
-from vfops.costs import Pricing, current_ledger, max_completion_tokens, prompt_tokens_bound
+from vfops.costs import (
+    DEFAULT_MAX_COMPLETION_TOKENS,
+    BudgetExhausted,
+    Pricing,
+    current_ledger,
+    prompt_tokens_bound,
+    requested_completion_tokens,
+)
 
 log = logging.getLogger("vfops.clients")
 
@@ -143,10 +152,12 @@ def parse_chat_completion(body: bytes) -> ChatResponse:
 class OpenAIClient:
     """Chat completions against any OpenAI-compatible ``base_url``.
 
-    ``api_key`` is sent as a bearer token and never logged or shown in ``repr``
-    (``None`` sends ``EMPTY``, which local servers accept). ``timeout_s`` bounds
+    ``api_key`` is sent as a bearer token and never logged, shown in ``repr`` or
+    kept in an error (redacted from what the server answers: some echo it back);
+    ``None`` sends ``EMPTY``, which local servers accept. ``timeout_s`` bounds
     each attempt's connect and wait for the response. ``max_retries`` (default 5:
-    retries of 5xx, timeouts and connection errors) and ``max_retry_wait_s``
+    retries of 5xx, timeouts and connection errors), ``max_timeout_retries``
+    (default 2: how many of them may be timeouts) and ``max_retry_wait_s``
     (default 300: seconds of waits one request may spend on 429s that name their
     wait), or a full ``backoff`` :class:`RetryPolicy` — not both — set the retry
     behaviour (see :mod:`vfops.clients._retry`). ``max_connections`` sizes the
@@ -173,15 +184,18 @@ class OpenAIClient:
         *,
         timeout_s: float = 600.0,
         max_retries: int | None = None,
+        max_timeout_retries: int | None = None,
         max_retry_wait_s: float | None = None,
         max_connections: int | None = None,
         backoff: RetryPolicy | None = None,
         limiter: RequestLimiter | None = None,
         pricing: Pricing | None = None,
     ) -> None:
-        if backoff is not None and (max_retries is not None or max_retry_wait_s is not None):
+        limits = (max_retries, max_timeout_retries, max_retry_wait_s)
+        if backoff is not None and any(limit is not None for limit in limits):
             raise ValueError(
-                "pass either max_retries/max_retry_wait_s or backoff=RetryPolicy(...), not both"
+                "pass either max_retries/max_timeout_retries/max_retry_wait_s or "
+                "backoff=RetryPolicy(...), not both"
             )
         self.base_url = base_url
         self.timeout_s = timeout_s
@@ -190,6 +204,11 @@ class OpenAIClient:
         if backoff is None:
             backoff = RetryPolicy(
                 max_retries=DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
+                max_timeout_retries=(
+                    DEFAULT_MAX_TIMEOUT_RETRIES
+                    if max_timeout_retries is None
+                    else max_timeout_retries
+                ),
                 max_retry_wait_s=(
                     DEFAULT_MAX_RETRY_WAIT_S if max_retry_wait_s is None else max_retry_wait_s
                 ),
@@ -206,6 +225,7 @@ class OpenAIClient:
             },
             timeout_s=timeout_s,
             max_connections=max_connections or default_max_connections(),
+            secrets=(api_key,) if api_key else (),
         )
 
     def __repr__(self) -> str:
@@ -238,7 +258,7 @@ class OpenAIClient:
                 headers = dict(extra_headers)
         if tools:
             body["tools"] = tools
-        payload = orjson.dumps(body)
+        payload = dumps_escaped(body)  # a lone surrogate in a prompt: sent escaped, as recorded
         pricing = self.pricing
         if pricing is None:
             return await self._send(model, payload, headers)
@@ -249,10 +269,19 @@ class OpenAIClient:
                 response.prompt_tokens, response.completion_tokens, response.cached_tokens
             )
             return response
-        worst = pricing.worst_case(
-            prompt_tokens_bound(messages, tools), max_completion_tokens(sampling_args)
-        )
-        reservation = await ledger.reserve(worst)
+        requested = requested_completion_tokens(sampling_args)
+        completion_bound = DEFAULT_MAX_COMPLETION_TOKENS if requested is None else requested
+        worst = pricing.worst_case(prompt_tokens_bound(messages, tools), completion_bound)
+        try:
+            reservation = await ledger.reserve(worst)
+        except BudgetExhausted as exc:
+            if requested is not None:
+                raise
+            # the worst case is mostly an assumed completion length: say how to bound it
+            raise exc.with_note(
+                f"it assumes {completion_bound:,} completion tokens without -t; set "
+                "-t/--max-tokens to reserve less, or raise --max-cost"
+            ) from None
         try:
             response = await self._send(model, payload, headers)
         except APIStatusError:  # the endpoint refused it: not billed

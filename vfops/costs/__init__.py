@@ -24,6 +24,7 @@ from vfops.costs._pricing import (
     format_cost,
     max_completion_tokens,
     prompt_tokens_bound,
+    requested_completion_tokens,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "format_cost",
     "max_completion_tokens",
     "prompt_tokens_bound",
+    "requested_completion_tokens",
     "scoring_rollout",
     "set_caps",
     "use_ledger",

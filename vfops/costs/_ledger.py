@@ -41,18 +41,32 @@ class BudgetExhausted(VfopsError):
 
     exit_code = BUDGET_EXHAUSTED_EXIT_CODE
 
-    def __init__(self, scope: str, cap_usd: float | None, spent_usd: float, needed_usd: float):
+    def __init__(
+        self,
+        scope: str,
+        cap_usd: float | None,
+        spent_usd: float,
+        needed_usd: float,
+        note: str = "",
+    ):
         self.scope, self.cap_usd, self.spent_usd, self.needed_usd = (
             scope,
             cap_usd,
             spent_usd,
             needed_usd,
         )
-        super().__init__(
+        self.note = note
+        """Why the next request's worst case is what it is, and what lowers it."""
+        text = (
             f"cost cap of {scope} reached: {format_cost(spent_usd)} spent of the "
             f"{format_cost(cap_usd)} cap, and the next request may cost up to "
             f"{format_cost(needed_usd)}"
         )
+        super().__init__(f"{text} ({note})" if note else text)
+
+    def with_note(self, note: str) -> BudgetExhausted:
+        """The same refusal, saying ``note`` (e.g. what the worst case assumed)."""
+        return type(self)(self.scope, self.cap_usd, self.spent_usd, self.needed_usd, note)
 
 
 class CostLedger(Protocol):

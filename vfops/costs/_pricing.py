@@ -97,9 +97,9 @@ def prompt_tokens_bound(messages: Messages, tools: list[dict[str, Any]] | None =
     return total
 
 
-def max_completion_tokens(sampling_args: dict[str, Any] | None) -> int:
-    """The completion length a request may reach: its ``max_tokens`` /
-    ``max_completion_tokens``, else :data:`DEFAULT_MAX_COMPLETION_TOKENS`."""
+def requested_completion_tokens(sampling_args: dict[str, Any] | None) -> int | None:
+    """The completion length a request asks for (``max_tokens`` /
+    ``max_completion_tokens``), or ``None`` when it sets none."""
     args = sampling_args or {}
     extra = args.get("extra_body") or {}
     for source in (args, extra):
@@ -107,7 +107,14 @@ def max_completion_tokens(sampling_args: dict[str, Any] | None) -> int:
             value = source.get(key)
             if isinstance(value, int) and value > 0:
                 return value
-    return DEFAULT_MAX_COMPLETION_TOKENS
+    return None
+
+
+def max_completion_tokens(sampling_args: dict[str, Any] | None) -> int:
+    """The completion length a request may reach: its ``max_tokens`` /
+    ``max_completion_tokens``, else :data:`DEFAULT_MAX_COMPLETION_TOKENS`."""
+    requested = requested_completion_tokens(sampling_args)
+    return DEFAULT_MAX_COMPLETION_TOKENS if requested is None else requested
 
 
 def format_cost(usd: float | None) -> str:

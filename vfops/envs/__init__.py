@@ -3,6 +3,7 @@
 from vfops.envs._dataset import Example, format_dataset, iter_examples, quiet_datasets
 from vfops.envs._env_group import EnvGroup
 from vfops.envs._environment import Environment, Scorer
+from vfops.envs._load_errors import load_failure
 from vfops.envs._loading import (
     EnvironmentEntry,
     Library,
@@ -33,6 +34,7 @@ __all__ = [
     "installed_environments",
     "iter_examples",
     "load_environment",
+    "load_failure",
     "quiet_datasets",
     "tool_schema",
     "verifiers_environments",

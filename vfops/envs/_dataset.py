@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 import orjson
 
 from vfops._errors import DatasetFormatError
+from vfops._rollout import dumps_escaped
 from vfops._types import Info, Messages
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ def row_normaliser(
         if info is None:
             info = "{}"
         elif not isinstance(info, str):
-            info = orjson.dumps(info, default=str).decode()
+            info = dumps_escaped(info).decode()  # a lone surrogate is kept, escaped
         example_id = row.get("example_id")
         return {
             "prompt": [_plain_message(m) for m in prompt],

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from vfops._errors import VfopsError
 from vfops._rollout import RolloutError, RolloutRecord, Timing, TokenUsage
 from vfops._types import Messages, SamplingArgs, State
 from vfops.clients._base import ModelClient
@@ -20,12 +21,14 @@ from vfops.envs._dataset import (
     DatasetSource,
     Example,
     FormattedSplit,
+    Rows,
     format_dataset,
     is_dataset,
     iter_examples,
     resolve_source,
     rows_to_dataset,
 )
+from vfops.envs._load_errors import load_failure
 from vfops.parsers import Parser
 from vfops.rubrics import RolloutScore, Rubric
 
@@ -85,19 +88,29 @@ class Environment(ABC):
         """The formatted ``train`` or ``eval`` split, as built: rows or a Dataset."""
         if split not in self._formatted:
             source = self._dataset_source if split == "train" else self._eval_dataset_source
-            raw = resolve_source(source)
-            self._formatted[split] = (
-                None
-                if raw is None
-                else format_dataset(
-                    raw,
-                    env_name=self.name,
-                    system_prompt=self.system_prompt,
-                    few_shot=self.few_shot,
-                    default_task=self.task,
-                )
-            )
+            try:
+                self._formatted[split] = self._format(resolve_source(source))
+            except VfopsError:
+                raise
+            except Exception as exc:
+                # A split built lazily (a callable) fails here, after load_environment
+                # returned: the same one line with the fix for its kind, not a traceback.
+                label = "training" if split == "train" else "eval"
+                raise load_failure(
+                    f"the {label} dataset of environment '{self.name}' could not be built:", exc
+                ) from exc
         return self._formatted[split]
+
+    def _format(self, raw: Dataset | Rows | None) -> FormattedSplit | None:
+        if raw is None:
+            return None
+        return format_dataset(
+            raw,
+            env_name=self.name,
+            system_prompt=self.system_prompt,
+            few_shot=self.few_shot,
+            default_task=self.task,
+        )
 
     def _eval_split(self) -> FormattedSplit | None:
         """The formatted eval split as built, falling back to the training split."""

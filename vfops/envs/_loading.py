@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from vfops._errors import EnvironmentNotFoundError, VfopsError
 from vfops.envs._environment import Environment
+from vfops.envs._load_errors import load_failure
 
 ENTRY_POINT_GROUP = "vfops.environments"
 
@@ -155,9 +156,13 @@ def environment_version(name: str) -> str | None:
     return entry.version if entry is not None else None
 
 
-def load_environment(name: str, **kwargs: Any) -> Environment:
-    """Build the environment ``name`` with ``load_environment(**kwargs)`` of its package;
-    a ``verifiers`` environment comes wrapped in :class:`vfops.adapters.VerifiersEnvironment`."""
+def load_environment(name: str, /, **env_args: Any) -> Environment:
+    """Build the environment ``name`` with ``load_environment(**env_args)`` of its package;
+    a ``verifiers`` environment comes wrapped in :class:`vfops.adapters.VerifiersEnvironment`.
+
+    ``name`` is positional-only: every keyword is an environment argument, one called
+    ``name`` included (``-a '{"name": "x"}'`` reaches a loader that takes ``name``).
+    """
     entry = find_environment(name)
     if entry is None:
         listing = ", ".join(sorted(installed_environments())) or "none"
@@ -168,20 +173,22 @@ def load_environment(name: str, **kwargs: Any) -> Environment:
     if entry.library == "verifiers":
         from vfops.adapters import load_verifiers_environment
 
-        return load_verifiers_environment(entry, **kwargs)
+        return load_verifiers_environment(entry, **env_args)
     try:
         factory = entry.load()
     except Exception as exc:
-        raise VfopsError(
-            f"environment '{name}' failed to import: {type(exc).__name__}: {exc}; "
-            "fix the package or reinstall it with: vfops env install PATH"
+        raise load_failure(
+            f"environment '{name}' failed to import:",
+            exc,
+            otherwise="fix the package or reinstall it with: vfops env install PATH",
         ) from exc
     try:
-        env = factory(**kwargs)
+        env = factory(**env_args)
+    except VfopsError:
+        raise  # already one line with its fix (a dataset row without a prompt...)
     except Exception as exc:
-        raise VfopsError(
-            f"load_environment of '{name}' raised {type(exc).__name__}: {exc}; "
-            "check --env-args against its load_environment signature"
+        raise load_failure(
+            f"load_environment of '{name}' raised", exc, factory=factory, env_args=env_args
         ) from exc
     if not isinstance(env, Environment):
         raise VfopsError(

@@ -28,7 +28,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 from vfops._errors import VfopsError
 from vfops._paths import check_writable_folder
 from vfops._rollout import RolloutRecord
-from vfops._settings import registry_retry_s
+from vfops._settings import registry_retry_s, scoring_timeout_s
 from vfops._twins import blocking_twin
 from vfops.budget import AdaptiveLimiter
 from vfops.clients._base import ModelClient
@@ -66,7 +66,14 @@ from vfops.evaluation._sinks import (
     TrackingSink,
     first_line,
 )
-from vfops.evaluation._store import RolloutWriter, iter_records, read_metadata, write_metadata
+from vfops.evaluation._store import (
+    ARROW_FILE,
+    DiskWriteError,
+    RolloutWriter,
+    iter_records,
+    read_metadata,
+    write_metadata,
+)
 from vfops.evaluation._summary import EvalSummary
 
 if TYPE_CHECKING:
@@ -112,9 +119,6 @@ class EvalResult:
     """The registry run (``None`` without the registry)."""
     action: Action = "created"
     mlflow_run_id: str | None = None
-    mlflow_pending: bool = False
-    """The run was handed to the tracker process (``hand_off_tracking``), which logs it
-    to MLflow and links the registry run after this returns."""
     error: str | None = None
     """Why a failed run failed, and how to finish it."""
 
@@ -214,7 +218,6 @@ async def evaluate_async(
     tracking: bool | None = None,
     engine: Engine | None = None,
     mlflow_parent_run_id: str | None = None,
-    hand_off_tracking: bool = False,
     environment: Environment | None = None,
     client: ModelClient | None = None,
     progress: EvalProgress | None = None,
@@ -230,11 +233,9 @@ async def evaluate_async(
     cost on every scope first; a run that finds no room stops with status
     ``budget_exhausted`` (needs the registry and a priced endpoint).
 
-    ``tracking`` (default: on unless ``VFOPS_TRACKING=0``) needs the registry.
-    ``hand_off_tracking``: do not wait for MLflow at the end; the tracker process
-    logs the finished run and links it on its own (``result.mlflow_pending``), for a
-    process that exits right after (``vfops eval``). A store that is already known
-    to be broken still fails the run.
+    ``tracking`` (default: on unless ``VFOPS_TRACKING=0``) needs the registry: the
+    MLflow run is recorded while the rollouts run, and this returns once MLflow has
+    everything (metrics, rollouts, traces) and the registry run links it.
     ``environment`` and ``client`` replace the loaded environment and the client
     built from ``request.model`` (the caller keeps and closes them; the run then
     records ``request.model`` and ``model_options.base_url`` as given).
@@ -245,6 +246,7 @@ async def evaluate_async(
     options = model_options or ModelOptions()
     options.validate()
     output_root = output_root or DEFAULT_OUTPUT_ROOT
+    scoring_timeout_s()  # a bad VFOPS_SCORING_TIMEOUT_S is one line, before any run
     if registry:
         registry_retry_s()  # a bad VFOPS_REGISTRY_RETRY_S is one line, before any run
     if resume is None:  # a new run's folder goes there: checked before it is recorded
@@ -253,10 +255,8 @@ async def evaluate_async(
     if resume is not None and not registry:
         read_metadata(Path(resume))  # a clear one-line error on a wrong folder, now
     track = registry and _tracking_on(tracking)
-    # first: MLflow's start-up in the tracker overlaps everything below. A run handed
-    # off at the end starts its tracker then: nobody waits for it, and its start-up
-    # (over a second of CPU) does not compete with the rollouts on a small machine.
-    tracker = _start_tracker(request.env_name) if track and not hand_off_tracking else None
+    # first: MLflow's start-up in the tracker overlaps everything below
+    tracker = _start_tracker(request.env_name) if track else None
     env = environment
     connection_client: ModelClient | None = None
     # A new run is opened in the registry while its first rollouts run (importing the
@@ -308,9 +308,7 @@ async def evaluate_async(
                 registry=None if opening is not None else calls,
                 opening=opening,
                 tracker=tracker,
-                track=track,
                 mlflow_parent_run_id=mlflow_parent_run_id,
-                hand_off_tracking=hand_off_tracking,
                 progress=progress,
                 ledger=ledger,
             )
@@ -580,7 +578,13 @@ def _open_registry_run(
         # one process per run: refused here (naming the holder) before anything changes
         take_run_lease(session, found.id, lease)
         set_run_status(session, found.id, "running")
-        run_dir = Path(found.output_dir) if found.output_dir else Path(resume or output_root)
+        if resume is not None and Path(resume).is_dir():
+            # the folder given, wherever it is now (moved off a full disk, another host's
+            # copy): the run's files are there from now on
+            run_dir = Path(resume)
+            found.output_dir = str(run_dir)
+        else:
+            run_dir = Path(found.output_dir) if found.output_dir else Path(resume or output_root)
         run_id = found.id
     return _Plan(
         request,
@@ -645,6 +649,21 @@ def registry_summary(engine: Engine, run_id: str, pass_threshold: float = 1.0) -
 # ------------------------------------------------------------------ running it
 
 
+@dataclass
+class _RunContext:
+    """What running an opened run needs besides the environment, client and plan."""
+
+    planned: int
+    registry: RegistryCalls | None
+    """The registry, when the run was opened before running (else ``opening``)."""
+    opening: asyncio.Task[RegistryCalls] | None
+    """A new run being recorded in the registry while its first rollouts run."""
+    tracker: Tracker | None
+    mlflow_parent_run_id: str | None
+    progress: EvalProgress | None
+    ledger: RegistryLedger | None = None
+
+
 async def _run(
     env: Environment,
     client: ModelClient,
@@ -654,12 +673,13 @@ async def _run(
     registry: RegistryCalls | None,
     opening: asyncio.Task[RegistryCalls] | None,
     tracker: Tracker | None,
-    track: bool,
     mlflow_parent_run_id: str | None,
-    hand_off_tracking: bool,
     progress: EvalProgress | None,
     ledger: RegistryLedger | None = None,
 ) -> EvalResult:
+    context = _RunContext(
+        planned, registry, opening, tracker, mlflow_parent_run_id, progress, ledger
+    )
     request, run_dir = plan.request, plan.run_dir
     metadata = initial_metadata(request, type(env).__name__)
     if plan.run_id is not None:
@@ -678,11 +698,7 @@ async def _run(
                 await registry.call(_release_lease, plan.run_id, plan.lease)
         raise
     try:
-        return await _run_locked(
-            env, client, plan, metadata, planned=planned, registry=registry, opening=opening,
-            tracker=tracker, track=track, mlflow_parent_run_id=mlflow_parent_run_id,
-            hand_off_tracking=hand_off_tracking, progress=progress, ledger=ledger,
-        )  # fmt: skip
+        return await _run_locked(env, client, plan, metadata, context)
     finally:
         folder_lock.release()
 
@@ -699,49 +715,60 @@ async def _run_locked(
     client: ModelClient,
     plan: _Plan,
     metadata: dict[str, Any],
-    *,
-    planned: int,
-    registry: RegistryCalls | None,
-    opening: asyncio.Task[RegistryCalls] | None,
-    tracker: Tracker | None,
-    track: bool,
-    mlflow_parent_run_id: str | None,
-    hand_off_tracking: bool,
-    progress: EvalProgress | None,
-    ledger: RegistryLedger | None = None,
+    context: _RunContext,
 ) -> EvalResult:
     request, run_dir = plan.request, plan.run_dir
     writer = RolloutWriter(run_dir)
-    write_metadata(run_dir, metadata)
     sinks: list[Sink] = [ArrowSink(run_dir)]
-    registry_source = opening or registry
+    summary = EvalSummary(pass_threshold=request.pass_threshold)
+    registry_source = context.opening or context.registry
+    tracking_sink: TrackingSink | None = None
     if registry_source is not None and plan.run_id is not None:
         registry_sink = RegistrySink(registry_source, plan.run_id, lease=lambda: plan.lease)
         registry_sink.start()  # renews the run's lease from now on, however slow the rollouts
         sinks.append(registry_sink)
-    summary = EvalSummary(pass_threshold=request.pass_threshold)
+        if context.tracker is not None:
+            # recorded while it runs; closed after the registry has the run's end
+            tracking_sink = TrackingSink(
+                context.tracker,
+                registry_source,
+                plan.run_id,
+                results=lambda: writer.size,
+                results_path=writer.path,
+                summary=summary,
+                parent_run_id=context.mlflow_parent_run_id,
+            )
+            tracking_sink.start()
     done: set[tuple[int, int]] = set()
     status, error = "interrupted", None
-    missing_on_disk: set[tuple[int, int]] = set()
     in_delivery: set[asyncio.Future[None]] = set()
     started = time.perf_counter()
+    progress = context.progress
     try:
+        _to_folder(plan, write_metadata, run_dir, metadata)
         await _catch_up(run_dir, plan, sinks, summary, done)
-        missing_on_disk = plan.done_in_registry - done
-        done |= plan.done_in_registry
+        if plan.done_in_registry - done:
+            # on the registry only (written by another worker, or lost from this folder):
+            # copied here, so that the folder holds the whole run again
+            await _copy_from_registry(plan, writer, sinks, summary, done, registry_source)
         if progress is not None:
-            progress.opened(OpenedRun(plan.run_id, run_dir, plan.action, planned, len(done)))
+            opened = OpenedRun(plan.run_id, run_dir, plan.action, context.planned, len(done))
+            progress.opened(opened)
 
         async def to_sinks(records: list[RolloutRecord]) -> None:
             for sink in sinks:
                 await sink.write_group(records)
             for record in records:
                 summary.add(record)
+            if tracking_sink is not None:
+                await tracking_sink.write_group(records)
             if progress is not None:
                 progress.group(records, summary)
 
         async def handle(records: list[RolloutRecord]) -> None:
-            writer.write_group(records)  # first: what is on disk survives a crash
+            # first: what is on disk survives a crash; a group not wholly written (a full
+            # disk) reaches no sink, so the registry never holds what the folder lacks
+            _to_folder(plan, writer.write_group, records)
             # A group on disk reaches every sink even when the run is interrupted
             # meanwhile (SIGINT/SIGTERM): the registry then holds what the folder holds.
             delivering = asyncio.ensure_future(to_sinks(records))
@@ -750,13 +777,13 @@ async def _run_locked(
             await asyncio.wait({delivering})
             delivering.result()
 
-        with use_ledger(ledger):
+        with use_ledger(context.ledger):
             await run_rollouts(env, client, request, done, handle)
         status = "completed"
     except SinkError as exc:
         status, error = "failed", str(exc)
     except BudgetExhausted as exc:
-        status, error = "budget_exhausted", _budget_hint(plan, exc, planned)
+        status, error = "budget_exhausted", _budget_hint(plan, exc, context.planned)
     except asyncio.CancelledError:
         status = "interrupted"
         raise
@@ -773,17 +800,8 @@ async def _run_locked(
                 await asyncio.wait(delivering)
                 for late in delivering:  # a sink's failure is raised again by its close
                     _ = late.cancelled() or late.exception()
-            opened = registry if opening is None else await _opened(opening)
+            opened = context.registry if context.opening is None else await _opened(context.opening)
             _add_provenance(metadata, plan)
-            tracking_sink = None
-            if track and opened is not None and plan.run_id is not None:
-                tracking_sink = TrackingSink(
-                    tracker or request.env_name,
-                    opened,
-                    plan.run_id,
-                    parent_run_id=mlflow_parent_run_id,
-                    hand_off=hand_off_tracking,
-                )
             return await _finish(
                 plan,
                 sinks,
@@ -793,10 +811,32 @@ async def _run_locked(
                 status,
                 error,
                 registry=opened,
-                arrow_complete=not missing_on_disk if status == "completed" else False,
             )
 
-        result = await asyncio.shield(settle())
+        result = await _settled(settle())
+    return result
+
+
+async def _settled(settle: Coroutine[Any, Any, EvalResult]) -> EvalResult:
+    """Record the run's end however often this task is cancelled meanwhile (a second
+    Ctrl-C, SIGTERM after SIGINT): it is never left ``running`` with rows missing. A
+    cancellation that came while a run that was not interrupted ended is dropped: the
+    run finished, and its result says how."""
+    settling = asyncio.ensure_future(settle)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(settling)
+            break
+        except asyncio.CancelledError:
+            if settling.done() and settling.cancelled():
+                raise
+            cancelled = True
+    task = asyncio.current_task()
+    if cancelled and task is not None:
+        task.uncancel()
+        if result.status == "interrupted":
+            raise asyncio.CancelledError
     return result
 
 
@@ -877,6 +917,56 @@ async def _send_caught_up(
             await sink.write_group(records)
 
 
+async def _copy_from_registry(
+    plan: _Plan,
+    writer: RolloutWriter,
+    sinks: Sequence[Sink],
+    summary: EvalSummary,
+    done: set[tuple[int, int]],
+    registry: RegistryCalls | asyncio.Future[RegistryCalls] | None,
+) -> None:
+    """Resume: write the rollouts the registry holds and this folder lacks into the
+    folder (and the export), so that nothing completed is regenerated and the folder
+    holds the whole run."""
+    assert registry is not None and plan.run_id is not None
+    calls = registry if not isinstance(registry, asyncio.Future) else await registry
+    missing = sorted(plan.done_in_registry - done)
+    for start in range(0, len(missing), _CATCH_UP_BATCH):
+        keys = missing[start : start + _CATCH_UP_BATCH]
+        records = await calls.call(_registry_records, plan.run_id, keys)
+        _to_folder(plan, writer.write_group, records)
+        for sink in sinks:
+            if not isinstance(sink, RegistrySink):
+                await sink.write_group(records)
+        for record in records:
+            done.add(record.key)
+            summary.add(record, new=False)
+
+
+def _to_folder(plan: _Plan, write: Callable[..., None], *args: Any) -> None:
+    """``write(*args)`` into the run folder; a folder that cannot take it (a full disk)
+    fails the run as a sink does, with how to finish it elsewhere."""
+    try:
+        write(*args)
+    except DiskWriteError as exc:
+        label = plan.run_id or plan.run_dir
+        raise SinkError(
+            "run folder",
+            str(exc),
+            f"free space there and finish the run with vfops eval ... --resume {label} "
+            f"(or move the folder {plan.run_dir} elsewhere and pass its new path to --resume)",
+        ) from exc
+
+
+def _registry_records(
+    engine: Engine, run_id: str, keys: list[tuple[int, int]]
+) -> list[RolloutRecord]:
+    from vfops.registry import iter_rollouts
+
+    wanted = set(keys)
+    return [record for record in iter_rollouts(engine, run_id) if record.key in wanted]
+
+
 async def _finish(
     plan: _Plan,
     sinks: Sequence[Sink],
@@ -887,9 +977,9 @@ async def _finish(
     error: str | None,
     *,
     registry: RegistryCalls | None,
-    arrow_complete: bool,
 ) -> EvalResult:
-    """Close every sink (each failure recorded, none swallowed), then record the end."""
+    """Close every sink (each failure recorded, none swallowed), then record the end: in
+    the registry, in MLflow (waiting until it has everything), in ``metadata.json``."""
     finish = RunFinish(status=status, summary=summary, error=error)
     for sink in sinks:
         try:
@@ -899,48 +989,62 @@ async def _finish(
         except Exception as exc:
             problem = f"{sink.name}: {first_line(exc)}"
             finish.status, finish.error = "failed", finish.error or _resume_hint(plan, problem)
-    stored_summary = summary
-    if registry is not None and plan.run_id is not None:
-        if not arrow_complete and finish.status == "completed":
-            # some rollouts live only in the registry (another worker's folder)
-            stored_summary = await registry.call(
-                registry_summary, plan.run_id, summary.pass_threshold
-            )
-            stored_summary.wall_s = summary.wall_s
-            stored_summary.new_rollouts = summary.new_rollouts
-        registry_sink = next((s for s in sinks if isinstance(s, RegistrySink)), None)
-        await _record_end(registry, plan.run_id, finish, stored_summary, plan.lease, registry_sink)
+    registry_sink = next((s for s in sinks if isinstance(s, RegistrySink)), None)
+    recorded = registry is not None and plan.run_id is not None
+    # the folder first: one that cannot say how the run ended (a full disk) fails it
+    # before the registry and MLflow record it as anything else
+    _end_metadata(plan, metadata, finish)
+    if recorded:
+        assert registry is not None and plan.run_id is not None
+        await _record_end(registry, plan.run_id, finish, summary, plan.lease, registry_sink)
     mlflow_run_id = None
-    if tracking_sink is not None and finish.status == "completed":
-        if arrow_complete:
-            finish.extra["rollouts_file"] = str(plan.run_dir / "rollouts.arrow")
+    if tracking_sink is not None and recorded:
+        assert registry is not None and plan.run_id is not None
+        if finish.status == "completed":
+            finish.extra["rollouts_file"] = str(plan.run_dir / ARROW_FILE)
         try:
             await tracking_sink.close(finish)
             mlflow_run_id = tracking_sink.mlflow_run_id
         except SinkError as exc:
-            finish.status, finish.error = "failed", str(exc)
+            if finish.status == "completed":  # else the first problem stays the news
+                finish.status, finish.error = "failed", str(exc)
+                await _record_end(registry, plan.run_id, finish, summary)
+    if mlflow_run_id is not None or finish.status != metadata["status"]:
+        if mlflow_run_id is not None:
+            metadata["mlflow_run_id"] = mlflow_run_id
+        status_before = finish.status
+        _end_metadata(plan, metadata, finish)
+        if finish.status != status_before and recorded:
             assert registry is not None and plan.run_id is not None
-            await _record_end(registry, plan.run_id, finish, stored_summary)
-    metadata.update(
-        status=finish.status,
-        finished_at=now_iso(),
-        summary=stored_summary.to_dict(),
-        error=finish.error,
-    )
-    if mlflow_run_id is not None:
-        metadata["mlflow_run_id"] = mlflow_run_id
-    write_metadata(plan.run_dir, metadata)
+            await _record_end(registry, plan.run_id, finish, summary)
     return EvalResult(
         run_dir=plan.run_dir,
-        summary=stored_summary,
+        summary=summary,
         status=finish.status,
         metadata=metadata,
         run_id=plan.run_id,
         action=plan.action,
         mlflow_run_id=mlflow_run_id,
-        mlflow_pending=tracking_sink is not None and tracking_sink.handed_off,
         error=finish.error,
     )
+
+
+def _end_metadata(plan: _Plan, metadata: dict[str, Any], finish: RunFinish) -> None:
+    """``metadata.json`` with the run's end; a folder that cannot take it fails the run."""
+    metadata.update(
+        status=finish.status,
+        finished_at=now_iso(),
+        summary=finish.summary.to_dict(),
+        error=finish.error,
+    )
+    try:
+        write_metadata(plan.run_dir, metadata)
+    except DiskWriteError as exc:
+        finish.status = metadata["status"] = "failed"
+        finish.error = finish.error or (
+            f"run folder: {exc}; free space there, then finish the run with vfops eval ... "
+            f"--resume {plan.run_id or plan.run_dir}"
+        )
 
 
 async def _record_end(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vfops._errors import EndpointError, VfopsError
-from vfops.clients import DEFAULT_MAX_RETRIES, DEFAULT_MAX_RETRY_WAIT_S
+from vfops.clients import DEFAULT_MAX_RETRIES, DEFAULT_MAX_RETRY_WAIT_S, DEFAULT_MAX_TIMEOUT_RETRIES
 from vfops.clients._base import ModelClient
 
 if TYPE_CHECKING:
@@ -24,6 +24,10 @@ LOCAL_PREFIX = "local:"
 MODEL_URI_PREFIX = "models:/"
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
+"""Ten minutes for one response (the ``openai`` SDK's default): a reasoning model at
+high effort legitimately takes minutes. A hung endpoint costs about three times this
+per request, not ``max_retries + 1`` times it: a timeout is retried at most
+``max_timeout_retries`` (2) times."""
 
 MODEL_LIST_TIMEOUT_S = 5.0
 """The model-name check waits this long for ``GET /models``, then skips the check."""
@@ -43,9 +47,14 @@ class ModelOptions:
     endpoints_file: str | Path | None = None
     """``endpoints.toml`` with model aliases."""
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
-    """Seconds before one model request times out (then retried)."""
+    """Seconds one attempt waits for the model's response. A request that still has
+    none after its retries is an error of the rollout (never scored), unlike an
+    environment's own turn or rollout timeout (stop reason ``timeout``)."""
     max_retries: int = DEFAULT_MAX_RETRIES
     """Retries per request on 5xx/timeouts/connection errors (and a 429 that names no wait)."""
+    max_timeout_retries: int = DEFAULT_MAX_TIMEOUT_RETRIES
+    """How many of a request's retries may follow a timeout (each one waited the
+    full ``request_timeout_s``)."""
     max_retry_wait_s: float = DEFAULT_MAX_RETRY_WAIT_S
     """Seconds one request may spend waiting on 429s that name their wait
     (``Retry-After``); these waits are not counted in ``max_retries``."""
@@ -72,6 +81,11 @@ class ModelOptions:
             )
         if self.max_retries < 0:
             raise VfopsError(f"--max-retries must be >= 0 (0: no retries), got {self.max_retries}")
+        if self.max_timeout_retries < 0:
+            raise VfopsError(
+                f"max_timeout_retries must be >= 0 (0: a timeout is not retried), "
+                f"got {self.max_timeout_retries}"
+            )
         if not self.max_retry_wait_s >= 0:
             raise VfopsError(
                 f"--max-retry-wait must be >= 0 seconds (0: fail on the first 429), "
@@ -139,6 +153,7 @@ async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
         api_key,
         timeout_s=options.request_timeout_s,
         max_retries=options.max_retries,
+        max_timeout_retries=options.max_timeout_retries,
         max_retry_wait_s=options.max_retry_wait_s,
         limiter=limiter,
         pricing=endpoint.pricing,

@@ -18,7 +18,6 @@ import asyncio
 import io
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 import orjson
 
 from vfops._errors import VfopsError
-from vfops._rollout import RolloutRecord
+from vfops._rollout import RolloutRecord, dumps_escaped
 from vfops.evaluation._store import ARROW_FILE
 
 if TYPE_CHECKING:
@@ -163,7 +162,10 @@ class _ArrowStream:
         self._writer = pa.ipc.new_stream(self._file, self._schema)
 
     def write(self, rows: list[dict[str, Any]]) -> None:
-        lines = b"\n".join(orjson.dumps(row) for row in rows)
+        try:
+            lines = b"\n".join(orjson.dumps(row) for row in rows)
+        except orjson.JSONEncodeError:  # a lone surrogate in a text column: escaped
+            lines = b"\n".join(dumps_escaped(row) for row in rows)
         json = self._json
         table = json.read_json(
             io.BytesIO(lines),
@@ -426,107 +428,135 @@ _MAX_RETRY_DELAY_S: Final = 5.0
 
 
 class TrackingSink:
-    """The run in MLflow, logged by a tracker process (:mod:`vfops.tracking`).
+    """The run in MLflow, recorded while it runs by a tracker process (:mod:`vfops.tracking`).
 
-    The tracker is started before anything else of the evaluation, so its
-    imports and the opening of the tracking store overlap the environment, the
-    model and the rollouts; at the end it logs the finished run (params,
-    metrics, the rollouts as an artifact) and the registry run is linked to it.
-    With ``hand_off`` (a process that exits right after, ``vfops eval``) the
-    tracker is given the finished run and finishes (logs, links) on its own:
-    :attr:`handed_off` is then true, and :attr:`mlflow_run_id` is the run created
-    over HTTP for it to log into (a tracking server only; else ``None``). A
-    tracker that already reported a broken store fails the run either way.
-    ``tracker`` may be an environment name instead: the tracker of that
-    environment is then started when the run is handed off.
+    The tracker is started before anything else of the evaluation, so its imports and
+    the opening of the tracking store overlap the environment, the model and the
+    rollouts. The MLflow run is opened as soon as the registry run is; every
+    ``progress_every_s`` the tracker is told how far ``results.jsonl`` has grown (it
+    reads the new rollouts there, logs the sampled ones as traces and the statistics so
+    far as metrics); ``close`` asks it to record the end (the rest of the rollouts, the
+    rollouts file as an artifact, the final metrics and status) and waits until it
+    has, then links the registry run to the MLflow run. A tracker that reports an error
+    stops the run at the next group.
     """
 
     name = "MLflow"
 
     def __init__(
         self,
-        tracker: Any | str,
-        registry: RegistryCalls,
+        tracker: Any,
+        registry: RegistryCalls | asyncio.Future[RegistryCalls],
         run_id: str,
         *,
+        results: Callable[[], int],
+        results_path: Path,
+        summary: EvalSummary,
         parent_run_id: str | None = None,
-        hand_off: bool = False,
+        progress_every_s: float = 1.0,
     ) -> None:
         self._tracker = tracker
         self._registry = registry
         self._run_id = run_id
+        self._results = results
+        self._results_path = results_path
+        self._summary = summary
         self._parent_run_id = parent_run_id
-        self._hand_off = hand_off
+        self._progress_every_s = progress_every_s
+        self._info: dict[str, Any] | None = None
+        self._opening: asyncio.Task[dict[str, Any] | None] | None = None
+        self._next_progress = time.monotonic() + progress_every_s
         self.mlflow_run_id: str | None = None
-        self.handed_off = False
+
+    def start(self) -> None:
+        """Open the MLflow run once the registry run exists (in the background)."""
+        if self._opening is None:
+            self._opening = asyncio.create_task(self._open())
+
+    async def _open(self) -> dict[str, Any] | None:
+        registry = await _registry_of(self._registry)
+        if registry is None:
+            return None  # the registry sink reports why
+        info = await registry.call(_prepare_run_info, self._run_id)
+        self._tracker.open(
+            info,
+            results=self._results_path,
+            pass_threshold=self._summary.pass_threshold,
+            parent_run_id=self._parent_run_id,
+        )
+        self._info = info
+        return info
+
+    def _fail(self, problem: str) -> SinkError:
+        return SinkError(
+            self.name,
+            f"could not log run {self._run_id} ({problem})",
+            "fix MLFLOW_TRACKING_URI (or pass --no-tracking), then finish the run with "
+            f"vfops eval ... --resume {self._run_id}",
+        )
 
     async def write_group(self, records: list[RolloutRecord]) -> None:
-        return None  # the rollouts reach MLflow through the export at the end
+        failure = self._tracker.failed_now()
+        if failure is not None:
+            raise self._fail(failure)
+        now = time.monotonic()
+        if self._info is not None and now >= self._next_progress:
+            self._next_progress = now + self._progress_every_s
+            summary = self._summary
+            self._tracker.progress(self._results(), summary.to_dict(), summary.rollouts)
 
     async def close(self, finish: RunFinish) -> None:
+        """Record the end in MLflow (``finish.extra["rollouts_file"]``: the whole run's
+        rollouts, for a completed run), wait for it, and link the registry run."""
+        self.start()
+        assert self._opening is not None
+        await asyncio.wait({self._opening})
+        if self._opening.cancelled() or self._opening.exception() is not None:
+            problem = (
+                "its registry run was not readable"
+                if not self._opening.cancelled()
+                else ("it was not opened")
+            )
+            raise self._fail(problem)
+        if self._info is None:
+            return  # the registry run was never opened: nothing to log it against
+        import datetime as dt
+
+        info = {
+            **self._info,
+            "status": finish.status,
+            "summary": finish.summary.to_dict(),
+            "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+        }
         try:
-            if self._hand_off:
-                await self._give_to_tracker(finish.extra.get("rollouts_file"))
-            else:
-                await self._log(finish.extra.get("rollouts_file"))
+            self.mlflow_run_id = await self._tracker.finish(
+                info,
+                size=self._results(),
+                rollouts_file=finish.extra.get("rollouts_file"),
+                step=int(finish.summary.rollouts),
+            )
         except VfopsError as exc:
-            raise SinkError(
-                self.name,
-                f"could not log run {self._run_id} ({exc})",
-                "fix MLFLOW_TRACKING_URI (or pass --no-tracking), then finish the run with "
-                f"vfops eval ... --resume {self._run_id}",
-            ) from exc
-
-    async def _log(self, rollouts_file: str | None) -> None:
-        assert not isinstance(self._tracker, str), "a tracker that is waited for starts early"
-
-        with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
-            # no export of the whole run (rollouts on another worker's folder):
-            # the registry's rollouts are streamed into a parquet instead
-            info, rollouts = await self._registry.call(
-                _prepare_run_log, self._run_id, Path(folder), rollouts_file
-            )
-            self.mlflow_run_id = await self._tracker.log_run(
-                info, rollouts_file=rollouts, parent_run_id=self._parent_run_id
-            )
-        await self._registry.call(_link_mlflow_run, self._run_id, self.mlflow_run_id)
-
-    async def _give_to_tracker(self, rollouts_file: str | None) -> None:
-        from vfops.tracking import Tracker
-
-        if isinstance(self._tracker, str):
-            self._tracker = Tracker.spawn(env_name=self._tracker)
-        error = self._tracker.ready_error_now()
-        if error is not None:
-            raise VfopsError(error)
-        # the tracker removes the folder once it has logged what is in it
-        folder = await asyncio.to_thread(tempfile.mkdtemp, prefix="vfops-mlflow-")
-        info, rollouts = await self._registry.call(
-            _prepare_run_log, self._run_id, Path(folder), rollouts_file
-        )
-        if info.get("mlflow_run_id") is None:  # so that it can be named before it is logged
-            from vfops.tracking import create_run_early
-
-            info["mlflow_run_id"] = self.mlflow_run_id = await asyncio.to_thread(
-                create_run_early, info
-            )
-        await self._tracker.hand_off(
-            info,
-            rollouts_file=rollouts,
-            database_url=self._registry.database_url,
-            run_id=self._run_id,
-            parent_run_id=self._parent_run_id,
-            cleanup=[folder],
-        )
-        self.handed_off = True
+            raise self._fail(str(exc)) from exc
+        registry = await _registry_of(self._registry)
+        assert registry is not None
+        await registry.call(_link_mlflow_run, self._run_id, self.mlflow_run_id)
 
 
-def _prepare_run_log(
-    engine: Engine, run_id: str, folder: Path, rollouts_file: str | None
-) -> tuple[dict[str, Any], Path]:
-    from vfops.tracking import prepare_run_log
+async def _registry_of(
+    registry: RegistryCalls | asyncio.Future[RegistryCalls],
+) -> RegistryCalls | None:
+    if not isinstance(registry, asyncio.Future):
+        return registry
+    await asyncio.wait({registry})
+    if registry.cancelled() or registry.exception() is not None:
+        return None
+    return registry.result()
 
-    return prepare_run_log(engine, run_id, folder, rollouts_file)
+
+def _prepare_run_info(engine: Engine, run_id: str) -> dict[str, Any]:
+    from vfops.tracking import prepare_run_info
+
+    return prepare_run_info(engine, run_id)
 
 
 def _link_mlflow_run(engine: Engine, run_id: str, mlflow_run_id: str) -> None:

@@ -9,6 +9,7 @@ the export sink (:mod:`vfops.evaluation._sinks`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from typing import Any
 import orjson
 
 from vfops._errors import VfopsError
-from vfops._rollout import RolloutRecord
+from vfops._rollout import RolloutRecord, dumps_escaped
 from vfops.envs._dataset import quiet_datasets
 
 RESULTS_FILE = "results.jsonl"
@@ -28,17 +29,40 @@ LEGACY_DATASET_DIR = "dataset"
 
 
 class RolloutWriter:
-    """Appends rollout records to ``results.jsonl``, one flushed write per group."""
+    """Appends rollout records to ``results.jsonl``, one flushed write per group.
+
+    A group is on disk whole or not at all: a write the disk takes only part of (a
+    full disk) is cut back to where the group began and raises :class:`DiskWriteError`,
+    so that nothing after it claims a group the folder lacks. :attr:`size` is the
+    file's length, always at the end of a group.
+    """
 
     def __init__(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / RESULTS_FILE
         repair_tail(self.path)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.size = os.fstat(self._fd).st_size
 
     def write_group(self, records: list[RolloutRecord]) -> None:
         # One os.write per group: no user-space buffer to lose on kill -9.
-        os.write(self._fd, b"".join(r.to_json() + b"\n" for r in records))
+        data = b"".join(r.to_json() + b"\n" for r in records)
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(data):
+                # os.write may take part of the buffer without raising (a disk filling up)
+                written += os.write(self._fd, view[written:])
+        except OSError as exc:
+            self._cut_back()
+            raise DiskWriteError(self.path, exc) from exc
+        self.size += written
+
+    def _cut_back(self) -> None:
+        """Drop what a failed group write left (its lines must not be half there)."""
+        # if even this fails, repair_tail drops a partial last line when the run resumes
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, self.size)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -50,6 +74,15 @@ class RolloutWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class DiskWriteError(VfopsError):
+    """The run folder could not take a write (a full disk, a read-only mount)."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        reason = exc.strerror or type(exc).__name__
+        super().__init__(f"could not write {path} ({reason})")
+        self.path = path
 
 
 def repair_tail(path: Path) -> None:
@@ -89,12 +122,22 @@ def iter_records(run_dir: Path) -> Iterator[RolloutRecord]:
 
 
 def write_metadata(run_dir: Path, metadata: dict[str, Any]) -> None:
-    """Atomically replace ``metadata.json``."""
-    data = orjson.dumps(metadata, default=str, option=orjson.OPT_INDENT_2)
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".metadata.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, run_dir / METADATA_FILE)
+    """Atomically replace ``metadata.json``; on failure nothing is left behind (the
+    previous file stays) and :class:`DiskWriteError` says why."""
+    data = dumps_escaped(metadata, orjson.OPT_INDENT_2)  # a lone surrogate: escaped
+    target = run_dir / METADATA_FILE
+    try:
+        fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".metadata.", suffix=".tmp")
+    except OSError as exc:
+        raise DiskWriteError(target, exc) from exc
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)  # a buffered file: a short write raises here or on close
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise DiskWriteError(target, exc) from exc
 
 
 def read_metadata(run_dir: Path) -> dict[str, Any]:

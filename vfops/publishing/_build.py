@@ -75,7 +75,7 @@ def load_from_source(project: EnvironmentProject) -> Any:
             if project.library == "verifiers":  # its splits, as verifiers formats them
                 from vfops.adapters import build_verifiers_environment
 
-                env = build_verifiers_environment(factory, name=project.env_name)
+                env = build_verifiers_environment(factory, project.env_name)
                 env.splits()  # built while its source is the one imported
             else:
                 with quiet_datasets():  # environments build their datasets with Dataset.map

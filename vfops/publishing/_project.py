@@ -15,7 +15,6 @@ VERIFIERS_FACTORY = "load_environment"
 """A ``verifiers`` environment package's entry: ``<module>:load_environment``, where the
 module is named after the environment (``verifiers``' convention; no entry point)."""
 Bump = Literal["patch", "minor", "major"]
-_SEMVER = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
@@ -28,11 +27,14 @@ class EnvironmentProject:
     env_name: str
     entry_point: str  # "module:function"
     version: str
+    """Canonical (``0.1.00`` in the file is ``0.1.0`` here): what is compared and stored."""
     description: str | None
     readme: str | None
     dependencies: list[str]
     library: str = "vfops"
     """``vfops`` (a ``vfops.environments`` entry point) or ``verifiers``."""
+    declared_version: str = ""
+    """The version as ``pyproject.toml`` spells it (for messages)."""
 
     @property
     def top_level_module(self) -> str:
@@ -62,8 +64,8 @@ def read_project(path: Path) -> EnvironmentProject:
             "(a verifiers environment instead depends on verifiers and has one module)"
         )
     ((env_name, entry_point),) = entry_points.items()
-    version = str(project.get("version") or "")
-    parse_semver(version, where=str(pyproject))
+    declared_version = str(project.get("version") or "")
+    version = ".".join(str(part) for part in parse_semver(declared_version, where=str(pyproject)))
     readme_name = project.get("readme")
     readme_path = path / readme_name if isinstance(readme_name, str) else path / "README.md"
     return EnvironmentProject(
@@ -76,6 +78,7 @@ def read_project(path: Path) -> EnvironmentProject:
         readme=_read_text(readme_path) if readme_path.is_file() else None,
         dependencies=dependencies,
         library=library,
+        declared_version=declared_version,
     )
 
 
@@ -103,13 +106,14 @@ def verifiers_module(pyproject: dict[str, Any], distribution: str) -> str:
 
 
 def parse_semver(version: str, *, where: str = "version") -> tuple[int, int, int]:
-    match = _SEMVER.match(version)
-    if not match:
-        raise VfopsError(
-            f'{where}: version {version!r} is not MAJOR.MINOR.PATCH; set e.g. version = "0.1.0"'
-        )
-    major, minor, patch = (int(part) for part in match.groups())
-    return major, minor, patch
+    """(major, minor, patch) of a MAJOR.MINOR.PATCH version, read as PEP 440 (``0.1.00``
+    is 0.1.0: one version, however it is spelled); one line naming ``where`` if not."""
+    from vfops.registry._environments import parse_version  # the registry's own rule
+
+    try:
+        return parse_version(version, fix='set e.g. version = "0.1.0"')
+    except VfopsError as exc:
+        raise VfopsError(f"{where}: {exc}") from None
 
 
 def bumped(version: str, bump: Bump) -> str:

@@ -31,7 +31,7 @@ from vfops.publishing._project import (
     write_version,
 )
 from vfops.publishing._wheel import check_wheel_identity
-from vfops.registry import EnvironmentVersionRow, list_versions
+from vfops.registry import EnvironmentVersionRow, list_versions, parse_version
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -72,7 +72,7 @@ def publish_environment(
         unchanged = [v for v in versions if v.content_hash == digest]
         if unchanged:  # identical content: report the version that has it
             return _result(max(unchanged, key=_semver_key), "unchanged")
-        new_version = _choose_version(project.version, versions, bump, path, project.env_name)
+        new_version = _choose_version(project, versions, bump)
     original_pyproject = (path / "pyproject.toml").read_text()
     if new_version != project.version:
         write_version(path, new_version)
@@ -205,23 +205,27 @@ def _semver_key(version: EnvironmentVersionRow) -> tuple[int, int, int]:
 
 
 def _choose_version(
-    declared: str,
-    versions: list[EnvironmentVersionRow],
-    bump: Bump | None,
-    path: Path,
-    env_name: str,
+    project: EnvironmentProject, versions: list[EnvironmentVersionRow], bump: Bump | None
 ) -> str:
-    taken = {v.version: v for v in versions}
+    # by number: "0.1.00" in pyproject.toml is 0.1.0, never a second version beside it
+    declared = project.version
+    taken = {_semver_key(v): v for v in versions}
     if bump is None:
-        if declared in taken:
-            old = taken[declared].content_hash
+        existing = taken.get(parse_semver(declared))
+        if existing is not None:
+            spelled = (
+                f" (version {project.declared_version!r} in pyproject.toml is {declared})"
+                if project.declared_version not in ("", existing.version)
+                else ""
+            )
             raise VfopsError(
-                f"{env_name}@{declared} is already published with different content "
-                f"(content hash {old[:12]}, now different); versions are immutable: "
-                f"publish a new one with: vfops env publish {path} --bump patch"
+                f"{project.env_name}@{existing.version} is already published with different "
+                f"content{spelled} (content hash {existing.content_hash[:12]}, now different); "
+                f"versions are immutable: publish a new one with: vfops env publish "
+                f"{project.path} --bump patch"
             )
         return declared
-    latest = max((_semver_key(v) for v in versions), default=None)
+    latest = max(taken, default=None)
     base = max(parse_semver(declared), latest) if latest else parse_semver(declared)
     return bumped(".".join(str(part) for part in base), bump)
 
@@ -337,8 +341,10 @@ def find_published(session: Session, name: str, version: str = "latest") -> Envi
         )
     if version == "latest":
         return max(versions, key=_semver_key)
+    # by number, so any spelling finds it (NAME@0.1.00 is 0.1.0)
+    wanted = parse_version(version, fix=f"use {name}@MAJOR.MINOR.PATCH or {name}@latest")
     for row in versions:
-        if row.version == version:
+        if _semver_key(row) == wanted:
             return row
     known = ", ".join(v.version for v in sorted(versions, key=_semver_key))
     raise VfopsError(f"{name}@{version} is not published (published: {known})")

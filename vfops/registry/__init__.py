@@ -45,6 +45,7 @@ from vfops.registry._db import (
 )
 from vfops.registry._environments import (
     add_environment_version,
+    canonical_version,
     find_version,
     get_or_create_environment,
     list_environments,
@@ -117,6 +118,7 @@ __all__ = [
     "add_rollout_cost",
     "add_run_tags",
     "bump_pushback",
+    "canonical_version",
     "completed_keys",
     "count_rollouts",
     "create_run",

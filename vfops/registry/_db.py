@@ -7,11 +7,17 @@ PostgreSQL the production store; both are migrated by the same Alembic scripts i
 A new, empty database is migrated to head on first use, so no set-up step exists;
 a database at an older revision is refused until ``vfops db upgrade`` is run, so
 an upgrade never happens behind the user's back on a shared database.
+
+A SQLite file is checked for damage when a process first opens it
+(:mod:`vfops.registry._integrity`), and SQLite's errors about a damaged or unwritable
+file are one-line VfopsErrors wherever a query meets them.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
+import os
 import threading
 import zlib
 from collections.abc import Iterator
@@ -21,6 +27,7 @@ from typing import Any, Final
 
 import orjson
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, make_url, text
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -28,7 +35,16 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from vfops._errors import VfopsError
 from vfops._paths import check_writable_folder
+from vfops._rollout import dumps_escaped
 from vfops._settings import database_url
+from vfops.registry._integrity import (
+    check_integrity,
+    forget_checked,
+    is_unopenable,
+    sqlite_error,
+    stamp_after_write,
+    unwritable_message,
+)
 from vfops.registry._models import Base
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -43,11 +59,13 @@ _SQLITE_BEGIN = "vfops_sqlite_begin"
 _lock = threading.RLock()
 _engines: dict[str, Engine] = {}
 _checked: set[str] = set()
+_created_by: dict[str, int] = {}  # url -> the process that created its engine
 
 
 def json_dumps(value: Any) -> str:
-    """orjson for every JSON column: several times faster than ``json.dumps``."""
-    return orjson.dumps(value, default=str).decode()
+    """orjson for every JSON column: several times faster than ``json.dumps``; text
+    UTF-8 cannot encode (a lone surrogate) is stored escaped, not refused."""
+    return dumps_escaped(value).decode()
 
 
 def mask_url(url: str) -> str:
@@ -67,7 +85,15 @@ def get_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
         if engine is None:
             engine = _create_engine(url)
             _check_connects(engine, url)
+            path = sqlite_path(engine)
+            if path is not None:
+                try:
+                    check_integrity(engine, path)
+                except BaseException:
+                    engine.dispose()
+                    raise
             _engines[url] = engine
+            _created_by[url] = os.getpid()
         if check_schema and url not in _checked:
             ensure_schema(engine)
             _checked.add(url)
@@ -77,10 +103,35 @@ def get_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
 def dispose_engines() -> None:
     """Close every cached engine's connections and forget them (tests, forks)."""
     with _lock:
+        paths = [sqlite_path(engine) for engine in _engines.values()]
         for engine in _engines.values():
             engine.dispose()
         _engines.clear()
         _checked.clear()
+        _created_by.clear()
+    # closed: SQLite checkpointed the WAL into the file; stamp it as it is now
+    forget_checked([path for path in paths if path is not None])
+
+
+def _dispose_at_exit() -> None:
+    # So that the next process finds the file as stamped: closing the last connection
+    # checkpoints the WAL into it (a process that ends with os._exit leaves the WAL as
+    # stamped). Never in a forked child holding its parent's engines: closing those
+    # connections would checkpoint under the parent's feet.
+    with _lock:
+        inherited = any(pid != os.getpid() for pid in _created_by.values())
+    if not inherited:
+        dispose_engines()
+
+
+atexit.register(_dispose_at_exit)
+
+
+def sqlite_path(engine: Engine) -> str | None:
+    """The absolute path of a SQLite engine's file; None for other databases."""
+    if engine.dialect.name != "sqlite" or not engine.url.database:
+        return None
+    return os.path.abspath(engine.url.database)
 
 
 def _create_engine(url: str) -> Engine:
@@ -134,19 +185,50 @@ def _check_connects(engine: Engine, url: str) -> None:
     """A database that cannot be reached (server down, no such database, a SQLite file
     that cannot be opened) fails here, in one line, before any command uses it. The
     connection goes back to the pool: the command's first query reuses it."""
+    path = sqlite_path(engine)
     try:
         with engine.connect():
             pass
+    except VfopsError:  # the SQLite file's own error (_on_error)
+        engine.dispose()
+        raise
     except DBAPIError as exc:
         engine.dispose()
         reason = " ".join(str(exc.orig).split()) or type(exc.orig).__name__
+        if path is not None and exc.orig is not None:
+            _sqlite_open_failed(path, exc.orig)
         raise VfopsError(
             f"cannot connect to the registry database {mask_url(url)} ({reason}); check that "
             f"the server runs and the database exists (create it), or {_DATABASE_FIX}"
         ) from None
 
 
+def _sqlite_open_failed(path: str, error: BaseException) -> None:
+    """Raise the one-line error of a SQLite file that cannot be opened (or created) in
+    its folder: SQLite creates the file, its WAL and its -shm there. (A damaged file is
+    _on_error's: it raises on connecting too.)"""
+    if is_unopenable(error):
+        folder = os.path.dirname(path)
+        default = not os.environ.get("VFOPS_DATABASE_URL")
+        what = "VFOPS_HOME" if default else "registry database folder"
+        fix = "set VFOPS_HOME to a writable folder" if default else _DATABASE_FIX
+        check_writable_folder(folder, what=what, fix=fix)  # names the folder's problem
+        raise VfopsError(unwritable_message(path, str(error)))
+
+
 def _configure_sqlite(engine: Engine) -> None:
+    path = sqlite_path(engine)
+    assert path is not None
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: ExceptionContext) -> None:
+        # A damaged or read-only file: no retry helps (RegistryUnavailable would retry
+        # an OperationalError for VFOPS_REGISTRY_RETRY_S), and its traceback says nothing
+        # a user can act on. Raised from here, it replaces SQLAlchemy's error.
+        error = sqlite_error(context.original_exception, path)
+        if error is not None:
+            raise error
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
         # pysqlite's own BEGIN handling defers BEGIN past DDL and cannot take the
@@ -188,6 +270,8 @@ def transaction(engine: Engine | None = None, *, write: bool = True) -> Iterator
             connection.execution_options(**_write_options(engine))
         with connection.begin():
             yield connection
+    if write:
+        _stamp_after_write(engine)
 
 
 @contextmanager
@@ -203,6 +287,15 @@ def session_scope(engine: Engine | None = None, *, write: bool = True) -> Iterat
             # procure the connection now so BEGIN IMMEDIATE applies to it
             session.connection(execution_options=_write_options(engine))
         yield session
+    if write:
+        _stamp_after_write(engine)
+
+
+def _stamp_after_write(engine: Engine) -> None:
+    # this process's own commit changed the file: it stays trusted (see _integrity)
+    path = sqlite_path(engine)
+    if path is not None:
+        stamp_after_write(path)
 
 
 # --- migrations -------------------------------------------------------------------

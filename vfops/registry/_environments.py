@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
@@ -12,16 +12,32 @@ from vfops._errors import VfopsError
 from vfops.registry._models import Base, EnvironmentRow, EnvironmentVersionRow, utcnow
 from vfops.registry._sql import on_conflict_insert, session_dialect
 
-_SEMVER = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 
+def parse_version(
+    version: str, *, fix: str = "use MAJOR.MINOR.PATCH, e.g. 0.1.0"
+) -> tuple[int, int, int]:
+    """``"1.10.0"`` -> ``(1, 10, 0)``; the registry orders versions by these numbers.
 
-def parse_version(version: str) -> tuple[int, int, int]:
-    """``"1.10.0"`` -> ``(1, 10, 0)``; the registry orders versions by these numbers."""
-    match = _SEMVER.match(version)
-    if match is None:
-        raise VfopsError(f"version {version!r} is not MAJOR.MINOR.PATCH (e.g. 0.1.0)")
-    major, minor, patch = (int(part) for part in match.groups())
+    Read as PEP 440 (``packaging``), so spellings of one version are one version:
+    ``0.1.00`` and ``v0.1.0`` are 0.1.0. Only a plain MAJOR.MINOR.PATCH release is a
+    publishable version (no pre-, post-, dev- or local part); ``fix`` ends the error.
+    """
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        raise VfopsError(f"version {version!r} is not a valid PEP 440 version; {fix}") from None
+    release = parsed.release
+    # str(parsed) has every other part: 1!1.0.0, 1.0.0rc1, 1.0.0.post1, 1.0.0+local
+    if len(release) != 3 or str(parsed) != ".".join(str(part) for part in release):
+        raise VfopsError(f"version {version!r} is not a plain MAJOR.MINOR.PATCH; {fix}")
+    major, minor, patch = release
     return major, minor, patch
+
+
+def canonical_version(version: str) -> str:
+    """The one spelling of ``version`` the registry stores and looks up (``0.1.00`` ->
+    ``0.1.0``); raises :class:`VfopsError` (one line) when it is not a version."""
+    return ".".join(str(part) for part in parse_version(version))
 
 
 def get_or_create_environment(session: Session, name: str) -> EnvironmentRow:
@@ -64,22 +80,27 @@ def add_environment_version(
     """
     major, minor, patch = parse_version(version)
     environment = get_or_create_environment(session, name)
+    # by number, not by string: a row an older vfops stored as "0.1.00" is 0.1.0 too
     existing = session.scalar(
-        select(EnvironmentVersionRow).where(
+        select(EnvironmentVersionRow)
+        .where(
             EnvironmentVersionRow.environment_id == environment.id,
-            EnvironmentVersionRow.version == version,
+            *_is_version(major, minor, patch),
         )
+        .order_by(EnvironmentVersionRow.id.desc())
+        .limit(1)
     )
     if existing is not None:
         if existing.content_hash == content_hash:
             return existing
         raise VfopsError(
-            f"{name}@{version} is already published with other content (content hash "
-            f"{existing.content_hash[:12]}); versions are immutable: publish a new version"
+            f"{name}@{existing.version} is already published with other content (content "
+            f"hash {existing.content_hash[:12]}); versions are immutable: publish a new "
+            "version (vfops env publish PATH --bump patch)"
         )
     row = EnvironmentVersionRow(
         environment_id=environment.id,
-        version=version,
+        version=f"{major}.{minor}.{patch}",  # stored canonical: one spelling per version
         version_major=major,
         version_minor=minor,
         version_patch=patch,
@@ -115,6 +136,14 @@ def _versions_of(name: str) -> Select[EnvironmentVersionRow]:
     )
 
 
+def _is_version(major: int, minor: int, patch: int) -> tuple[Any, ...]:
+    return (
+        EnvironmentVersionRow.version_major == major,
+        EnvironmentVersionRow.version_minor == minor,
+        EnvironmentVersionRow.version_patch == patch,
+    )
+
+
 def find_version(
     session: Session,
     name: str,
@@ -125,12 +154,16 @@ def find_version(
 ) -> EnvironmentVersionRow | None:
     """The highest published version of ``name`` that matches every filter given.
 
-    ``version``: ``"latest"`` (any) or an exact version; ``content_hash``: the hash
+    ``version``: ``"latest"`` (any) or a version, in any spelling of it (``0.1.00`` is
+    0.1.0; one that is not a version matches nothing); ``content_hash``: the hash
     of its source tree; ``code_hash``: the hash of the code its wheel installs.
     """
     query = _versions_of(name)
     if version != "latest":
-        query = query.where(EnvironmentVersionRow.version == version)
+        try:
+            query = query.where(*_is_version(*parse_version(version)))
+        except VfopsError:
+            return None
     if content_hash is not None:
         query = query.where(EnvironmentVersionRow.content_hash == content_hash)
     if code_hash is not None:

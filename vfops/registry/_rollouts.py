@@ -123,6 +123,16 @@ def insert_rollouts(engine: Engine, run_id: str, records: Sequence[RolloutRecord
     """
     if not records:
         return 0
+    try:
+        return _insert_rollouts(engine, run_id, records)
+    except (UnicodeEncodeError, orjson.JSONEncodeError):
+        # Text UTF-8 cannot encode (a lone surrogate) is refused by orjson, SQLite and
+        # psycopg alike; the batch (rolled back) is stored again with it escaped, as
+        # results.jsonl has it. Only on that error: the usual batch is not scanned.
+        return _insert_rollouts(engine, run_id, [record.escaped() for record in records])
+
+
+def _insert_rollouts(engine: Engine, run_id: str, records: Sequence[RolloutRecord]) -> int:
     sql = _rollout_insert_sql(engine)
     rows = _rollout_rows(run_id, records, pg=engine.dialect.name == "postgresql")
     with transaction(engine) as connection:

@@ -17,6 +17,7 @@ from vfops._types import Messages, SamplingArgs, State
 from vfops.costs import charge_rollout
 from vfops.parsers import Parser
 from vfops.parsers._parser import last_user_text, message_text
+from vfops.rubrics._limits import not_counted
 from vfops.rubrics._rubric import RewardFunc, Rubric
 
 if TYPE_CHECKING:  # importing vfops.clients at runtime would pull in aiohttp for nothing
@@ -128,7 +129,8 @@ class JudgeRubric(Rubric):
     :meth:`judge` method, e.g. ``async def f(judge, prompt, completion, answer,
     state)``. Judge calls share one semaphore of ``max_concurrent`` slots, retry
     transient errors ``max_retries`` times (exponential backoff with jitter), and
-    go through ``cache`` when given.
+    go through ``cache`` when given. Time spent in :meth:`judge` does not count
+    against ``scoring_timeout_s``: the judge client's own timeout and the retries bound it.
     """
 
     _extra_arg_names: ClassVar[tuple[str, ...]] = ("judge",)
@@ -148,6 +150,7 @@ class JudgeRubric(Rubric):
         weights: Sequence[float] | None = None,
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 30.0,
+        scoring_timeout_s: float | None = None,
     ) -> None:
         try:
             judge_prompt.format(question="", answer="", response="")
@@ -176,7 +179,9 @@ class JudgeRubric(Rubric):
         self._inflight: dict[str, asyncio.Future[str]] = {}
         if funcs is None:
             funcs, weights = [self.judge_reward], None
-        super().__init__(funcs=funcs, weights=weights, parser=parser)
+        super().__init__(
+            funcs=funcs, weights=weights, parser=parser, scoring_timeout_s=scoring_timeout_s
+        )
 
     def _extra_args(self) -> dict[str, Any]:
         return {"judge": self.judge}
@@ -222,7 +227,8 @@ class JudgeRubric(Rubric):
             cached = state.get("judge_response")
             if isinstance(cached, str):
                 return cached
-        text = await self._judge_once(key, question, response, answer)
+        with not_counted():
+            text = await self._judge_once(key, question, response, answer)
         if state is not None:
             state["judge_response"] = text
             state["judge_cache_key"] = key

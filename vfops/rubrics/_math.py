@@ -11,8 +11,10 @@ from vfops.parsers import MaybeThinkParser, Parser, extract_boxed_answer
 from vfops.rubrics._rubric import Rubric
 
 # math-verify bounds each parse/compare with signal.alarm, which only works in the
-# main thread. Off the main thread the timeout must be disabled (None) or every
-# call fails; there it is unbounded, so keep untrusted inputs on the main thread.
+# main thread. Off the main thread (a Rubric runs sync reward functions in scoring
+# threads) the timeout must be disabled (None) or every call fails; there the rubric's
+# scoring_timeout_s bounds the call instead (a scoring error after it, and the thread
+# is stopped at its next Python instruction: sympy is pure Python).
 _TIMEOUT_S = 5
 
 
@@ -55,8 +57,13 @@ class MathRubric(Rubric):
     unparseable response scores 0.0, a legitimate score rather than an error.
     """
 
-    def __init__(self, parser: Parser | None = None) -> None:
-        super().__init__(parser=parser or MaybeThinkParser(extract_boxed_answer))
+    def __init__(
+        self, parser: Parser | None = None, *, scoring_timeout_s: float | None = None
+    ) -> None:
+        super().__init__(
+            parser=parser or MaybeThinkParser(extract_boxed_answer),
+            scoring_timeout_s=scoring_timeout_s,
+        )
         self.add_reward_func(self.correct_answer)
 
     def correct_answer(self, completion: Messages | str, answer: str, parser: Parser) -> float:

@@ -4,6 +4,9 @@ Reward functions name the arguments they want; the signature is inspected once,
 when the function is added, because scoring is the eval's hot path (thousands
 of rollouts a second) and ``inspect.signature`` per call costs more than most
 reward functions.
+
+Each call has a time limit (``scoring_timeout_s``); sync functions run in scoring
+threads, off the event loop (see :mod:`vfops.rubrics._limits`).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from typing import Any, ClassVar
 
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutError, TokenUsage
+from vfops._settings import scoring_timeout_s as default_scoring_timeout_s
 from vfops._types import State
 from vfops.costs import BudgetExhausted, scoring_rollout
 from vfops.parsers import Parser
+from vfops.rubrics._limits import SyncOutcome, limited, run_sync_calls
 from vfops.rubrics._score import RolloutScore
 
 RewardFunc = Callable[..., Any]
@@ -58,6 +63,10 @@ class _RewardSpec:
     is_group: bool
     params: tuple[str, ...]  # the injectable names the function declares
     all_kwargs: bool  # declares **kwargs: receives every per-rollout argument
+
+
+_FAILED: Any = object()
+"""A sync call's result when its error is already recorded."""
 
 
 class _ScoringError(Exception):
@@ -98,6 +107,16 @@ def _as_float(value: Any, name: str) -> float:
     return result
 
 
+def _timeout_error(name: str, limit_s: float) -> RolloutError:
+    return RolloutError(
+        type="ScoringTimeout",
+        message=f"reward function {name!r} did not return within {limit_s:g} s (the scoring "
+        "timeout); make it faster, or raise the limit: Rubric(scoring_timeout_s=...) or "
+        "VFOPS_SCORING_TIMEOUT_S (0: no limit)",
+        stage="scoring",
+    )
+
+
 def _error(exc: BaseException, name: str) -> RolloutError:
     if isinstance(exc, _ScoringError):
         return RolloutError(type="InvalidReward", message=str(exc)[:2000], stage="scoring")
@@ -114,6 +133,14 @@ class Rubric:
     (``prompts, completions, answers, states, infos, tasks, example_ids``) is a
     group function: called once per group, it returns one float per rollout.
     Functions of weight 0 are metrics: recorded, not rewarded.
+
+    Each call may take ``scoring_timeout_s`` seconds (default ``VFOPS_SCORING_TIMEOUT_S``,
+    else 60; 0: no limit); one that takes longer leaves its rollout (every rollout of the
+    group, for a group function) with ``reward=None`` and a ``ScoringTimeout`` error.
+    Judge calls (:class:`JudgeRubric`) inside an async function do not count: they have
+    their client's own timeout. Sync functions run in scoring threads, so that a slow one
+    never blocks the event loop (nor Ctrl-C): the calls of one group one after another,
+    those of different groups possibly at the same time.
     """
 
     # Names subclasses can inject besides the standard ones (JudgeRubric: "judge").
@@ -124,8 +151,19 @@ class Rubric:
         funcs: Sequence[RewardFunc] | None = None,
         weights: Sequence[float] | None = None,
         parser: Parser | None = None,
+        *,
+        scoring_timeout_s: float | None = None,
     ) -> None:
         self.parser: Parser = parser if parser is not None else Parser()
+        if scoring_timeout_s is None:
+            scoring_timeout_s = default_scoring_timeout_s()
+        elif not (scoring_timeout_s >= 0):  # also NaN
+            raise VfopsError(
+                f"scoring_timeout_s must be a number of seconds >= 0 (0: no limit), "
+                f"not {scoring_timeout_s!r}"
+            )
+        self.scoring_timeout_s: float = float(scoring_timeout_s)
+        """Seconds one reward function call may take; 0 (or inf): no limit."""
         self._specs: list[_RewardSpec] = []
         funcs = list(funcs or [])
         if weights is None:
@@ -222,13 +260,15 @@ class Rubric:
     async def score_group(self, states: list[State]) -> list[RolloutScore]:
         """Score the rollouts of one example; one :class:`RolloutScore` per state, in order.
 
-        Sync functions run inline; async ones are awaited concurrently. A function
-        that raises (or returns a non-number) leaves that rollout with ``reward=None``
-        and an ``error`` naming it; the other functions still run and are recorded.
+        Sync functions run one after another in a scoring thread while async ones are
+        awaited concurrently. A function that raises, returns a non-number or runs past
+        ``scoring_timeout_s`` leaves that rollout with ``reward=None`` and an ``error``
+        naming it; the other functions still run and are recorded.
         """
         start = time.perf_counter()
         n = len(states)
         specs = self._specs
+        limit = self._limit_s()
         # values[f][i]: function f's score for rollout i; errors[i]: first error of rollout i.
         values: list[list[float | None]] = [[None] * n for _ in specs]
         errors: list[list[RolloutError | None]] = [[None] * n for _ in specs]
@@ -236,37 +276,52 @@ class Rubric:
         contexts = [self._context(state, shared) for state in states]
         group_context: dict[str, Any] | None = None
         pending: list[Awaitable[None]] = []
+        # sync calls, and where each one's result goes: (f, rollout i, or None: the group)
+        sync_calls: list[tuple[RewardFunc, dict[str, Any]]] = []
+        sync_slots: list[tuple[int, int | None]] = []
 
         for f, spec in enumerate(specs):
             if spec.is_group:
                 if group_context is None:
                     group_context = self._group_context(states, contexts, shared)
                 kwargs = {p: group_context[p] for p in spec.params}
+                if not spec.is_async:
+                    sync_calls.append((spec.func, kwargs))
+                    sync_slots.append((f, None))
+                    continue
                 try:
                     result = spec.func(**kwargs)
                 except Exception as exc:
                     self._record_group_error(errors[f], _error(exc, spec.name))
                     continue
                 if inspect.isawaitable(result):
-                    pending.append(self._await_group(result, spec, values[f], errors[f]))
+                    pending.append(self._await_group(result, spec, values[f], errors[f], limit))
                 else:
                     self._store_group(result, spec, values[f], errors[f])
                 continue
             for i, context in enumerate(contexts):
                 kwargs = dict(context) if spec.all_kwargs else {p: context[p] for p in spec.params}
+                if not spec.is_async:
+                    sync_calls.append((spec.func, kwargs))
+                    sync_slots.append((f, i))
+                    continue
                 try:
                     result = spec.func(**kwargs)
-                    if inspect.isawaitable(result):
-                        pending.append(
-                            self._await_one(
-                                result, spec, values[f], errors[f], i, states[i].get("usage")
-                            )
-                        )
-                    else:
+                    if not inspect.isawaitable(result):
                         values[f][i] = _as_float(result, spec.name)
+                        continue
                 except Exception as exc:
                     errors[f][i] = _error(exc, spec.name)
+                    continue
+                pending.append(
+                    self._await_one(
+                        result, spec, values[f], errors[f], i, states[i].get("usage"), limit
+                    )
+                )
 
+        if sync_calls:
+            # one thread for the group's sync calls, while the async ones run here
+            pending.append(self._run_sync(sync_calls, sync_slots, states, values, errors, limit))
         if pending:
             await asyncio.gather(*pending)
 
@@ -297,6 +352,73 @@ class Rubric:
             # Wall-clock of the whole group: rollouts of a group are scored together.
             scores.append(RolloutScore(reward, metrics, first_error, elapsed_ms))
         return scores
+
+    def _limit_s(self) -> float | None:
+        limit = self.scoring_timeout_s
+        return None if limit == 0 or math.isinf(limit) else limit
+
+    async def _run_sync(
+        self,
+        calls: list[tuple[RewardFunc, dict[str, Any]]],
+        slots: list[tuple[int, int | None]],
+        states: list[State],
+        values: list[list[float | None]],
+        errors: list[list[RolloutError | None]],
+        limit: float | None,
+    ) -> None:
+        outcomes = await run_sync_calls(calls, limit)
+        # a sync function may return an awaitable (a wrapper of an async one): awaited here
+        later: list[Awaitable[None]] = []
+        for (f, i), outcome in zip(slots, outcomes, strict=True):
+            spec = self._specs[f]
+            if i is None:
+                result = self._sync_result(outcome, spec, errors[f], None, limit)
+                if result is _FAILED:
+                    continue
+                if inspect.isawaitable(result):
+                    later.append(self._await_group(result, spec, values[f], errors[f], limit))
+                else:
+                    self._store_group(result, spec, values[f], errors[f])
+                continue
+            result = self._sync_result(outcome, spec, errors[f], i, limit)
+            if result is _FAILED:
+                continue
+            if inspect.isawaitable(result):
+                usage = states[i].get("usage")
+                later.append(self._await_one(result, spec, values[f], errors[f], i, usage, limit))
+                continue
+            try:
+                values[f][i] = _as_float(result, spec.name)
+            except Exception as exc:
+                errors[f][i] = _error(exc, spec.name)
+        if later:
+            await asyncio.gather(*later)
+
+    def _sync_result(
+        self,
+        outcome: SyncOutcome,
+        spec: _RewardSpec,
+        errors: list[RolloutError | None],
+        i: int | None,
+        limit: float | None,
+    ) -> Any:
+        """The value of a sync call, or ``_FAILED`` once its error is recorded (in slot
+        ``i``, or every slot for a group function)."""
+        error: RolloutError | None = None
+        if outcome.timed_out:
+            assert limit is not None
+            error = _timeout_error(spec.name, limit)
+        elif outcome.error is not None:
+            if not isinstance(outcome.error, Exception):
+                raise outcome.error  # SystemExit and the like stop the run, as inline
+            error = _error(outcome.error, spec.name)
+        if error is None:
+            return outcome.value
+        if i is None:
+            self._record_group_error(errors, error)
+        else:
+            errors[i] = error
+        return _FAILED
 
     @staticmethod
     def _context(state: State, shared: dict[str, Any]) -> dict[str, Any]:
@@ -352,11 +474,19 @@ class Rubric:
         spec: _RewardSpec,
         values: list[float | None],
         errors: list[RolloutError | None],
+        limit: float | None,
     ) -> None:
         try:
-            result = await awaitable
+            async with limited(limit) as timeout:
+                result = await awaitable
         except Exception as exc:
-            self._record_group_error(errors, _error(exc, spec.name))
+            if limit is not None and timeout.expired():
+                self._record_group_error(errors, _timeout_error(spec.name, limit))
+            else:
+                self._record_group_error(errors, _error(exc, spec.name))
+            return
+        if limit is not None and timeout.expired():  # it swallowed the cancellation: late
+            self._record_group_error(errors, _timeout_error(spec.name, limit))
             return
         self._store_group(result, spec, values, errors)
 
@@ -368,12 +498,21 @@ class Rubric:
         errors: list[RolloutError | None],
         i: int,
         usage: TokenUsage | None,
+        limit: float | None,
     ) -> None:
         # this task's judge calls are charged to rollout i (the coroutine runs here)
         scoring_rollout(usage)
         try:
-            values[i] = _as_float(await awaitable, spec.name)
+            async with limited(limit) as timeout:
+                result = await awaitable
+            if limit is not None and timeout.expired():  # it swallowed the cancellation
+                errors[i] = _timeout_error(spec.name, limit)
+                return
+            values[i] = _as_float(result, spec.name)
         except BudgetExhausted:  # a judge call had no room under the cap: the run stops
             raise
         except Exception as exc:
-            errors[i] = _error(exc, spec.name)
+            if limit is not None and timeout.expired():
+                errors[i] = _timeout_error(spec.name, limit)
+            else:
+                errors[i] = _error(exc, spec.name)

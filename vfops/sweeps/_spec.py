@@ -292,7 +292,7 @@ class Cell(BaseModel):
 
 def parse_env_ref(ref: str) -> tuple[str, RefKind, str | None]:
     """``NAME`` / ``NAME@latest`` / ``NAME@1.2.3`` -> (name, kind, pinned version)."""
-    from vfops.registry import parse_version
+    from vfops.registry import canonical_version
 
     name, at, version = ref.strip().partition("@")
     if not name or (at and not version):
@@ -304,7 +304,7 @@ def parse_env_ref(ref: str) -> tuple[str, RefKind, str | None]:
     if version == "latest":
         return name, "latest", None
     try:
-        parse_version(version)
+        version = canonical_version(version)  # as the registry stores it: 1.2.03 is 1.2.3
     except VfopsError:
         raise VfopsError(
             f"invalid version in environment reference {ref!r}; use NAME@latest or "

@@ -77,6 +77,10 @@ class StubConfig:
     ``model_not_found`` (by default any name is answered)."""
     api_key: str | None = None
     """When set, requests without ``Authorization: Bearer <api_key>`` get a 401."""
+    echo_key_in_401: bool = False
+    """A 401's message quotes the request's ``Authorization`` header, as some providers
+    and proxies do (``Incorrect API key provided: Bearer sk-…``): a test that the
+    client never records the key it sent."""
     record_requests: bool = False
     """Keep every chat request body in ``StubServer.requests`` (in-process only)."""
     rate_limit_per_s: float | None = None
@@ -218,7 +222,7 @@ class _StubApp:
 
     async def models(self, request: web.Request) -> web.Response:
         if self._unauthorized(request):
-            return self._unauthorized_response()
+            return self._unauthorized_response(request)
         if self.config.models_status != 200:
             return web.Response(
                 status=self.config.models_status,
@@ -244,13 +248,13 @@ class _StubApp:
         key = self.config.api_key
         return key is not None and request.headers.get("Authorization") != f"Bearer {key}"
 
-    @staticmethod
-    def _unauthorized_response() -> web.Response:
+    def _unauthorized_response(self, request: web.Request) -> web.Response:
+        message = "Incorrect API key provided"
+        if self.config.echo_key_in_401:
+            message += f": {request.headers.get('Authorization', '')}"
         return web.Response(
             status=401,
-            body=_error_body(
-                "Incorrect API key provided", "invalid_request_error", "invalid_api_key"
-            ),
+            body=_error_body(message, "invalid_request_error", "invalid_api_key"),
             headers=_JSON_HEADERS,
         )
 
@@ -323,7 +327,7 @@ class _StubApp:
         stats["requests"] = index + 1
         if self._unauthorized(request):
             stats["401"] += 1
-            return self._unauthorized_response()
+            return self._unauthorized_response(request)
         try:
             payload = orjson.loads(await request.read())
             messages = payload["messages"]

@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--reject-unknown-model", type=lambda text: text.lower() in ("1", "true"), default=False
     )
     parser.add_argument("--api-key", type=_optional(str), default=None)
+    parser.add_argument(
+        "--echo-key-in-401", type=lambda text: text.lower() in ("1", "true"), default=False
+    )
     parser.add_argument("--max-in-flight", type=_optional(int), default=None)
     return parser
 

@@ -22,16 +22,19 @@ from vfops.tracking._client import (
     mlflow_client,
     tracking_uri,
 )
-from vfops.tracking._early_run import create_run_early
 from vfops.tracking._eval_runs import (
     RUN_ID_TAG,
     SWEEP_TAG,
     experiment_name,
+    finish_mlflow_run,
     finish_sweep_runs,
     link_mlflow_run,
     log_eval_run,
+    log_progress,
     log_run_info,
+    open_mlflow_run,
     prepare_experiment,
+    prepare_run_info,
     prepare_run_log,
     start_sweep_runs,
     tracking_enabled,
@@ -45,7 +48,7 @@ from vfops.tracking._links import (
     prefect_run_tags,
 )
 from vfops.tracking._params import flatten_params
-from vfops.tracking._tracker import Tracker, prestart, wait_for_trackers
+from vfops.tracking._tracker import Tracker, prestart
 
 __all__ = [
     "EMBEDDED_DIR",
@@ -57,25 +60,27 @@ __all__ = [
     "artifact_root",
     "check_sqlite_store",
     "check_tracking",
-    "create_run_early",
     "ensure_experiment",
     "experiment_name",
+    "finish_mlflow_run",
     "finish_sweep_runs",
     "flatten_params",
     "is_embedded",
     "link_mlflow_run",
     "log_eval_run",
+    "log_progress",
     "log_run_info",
     "mlflow_client",
     "mlflow_run_link",
     "mlflow_run_url",
+    "open_mlflow_run",
     "prefect_flow_run",
     "prefect_run_tags",
     "prepare_experiment",
+    "prepare_run_info",
     "prepare_run_log",
     "prestart",
     "start_sweep_runs",
     "tracking_enabled",
     "tracking_uri",
-    "wait_for_trackers",
 ]

@@ -37,8 +37,19 @@ def tracking_uri() -> str:
     from vfops._settings import vfops_home
 
     folder = vfops_home() / EMBEDDED_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    _make_folder(folder)
     return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def _make_folder(folder: Path) -> None:
+    """Create a folder of the embedded store; one that cannot be is a one-line error."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise VfopsError(
+            f"cannot create the MLflow store's folder {folder} ({exc.strerror or exc}); "
+            "set VFOPS_HOME to a writable folder, MLFLOW_TRACKING_URI, or pass --no-tracking"
+        ) from None
 
 
 def is_embedded(uri: str | None = None) -> bool:
@@ -61,7 +72,7 @@ def artifact_root(uri: str | None = None) -> str | None:
         from vfops._settings import vfops_home
 
         folder = vfops_home() / EMBEDDED_DIR / "artifacts"
-        folder.mkdir(parents=True, exist_ok=True)
+        _make_folder(folder)
         return folder.as_uri()
     return None
 
@@ -93,10 +104,41 @@ def mlflow_client(uri: str | None = None) -> MlflowClient:
     """An ``MlflowClient`` on ``uri`` (default: :func:`tracking_uri`), for tracking and
     the model registry alike."""
     uri = uri or tracking_uri()
-    with quiet():
+    with quiet(), _creating_store(uri):
         from mlflow import MlflowClient
 
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+_opened_stores: set[str] = set()
+
+
+@contextlib.contextmanager
+def _creating_store(uri: str) -> Iterator[None]:
+    """Hold an exclusive lock beside an SQLite store while this process opens it first.
+
+    The client creates the store's tables when it opens a fresh one; two processes
+    doing so at once race on it (one fails: ``table latest_metrics already exists``),
+    e.g. two evaluations started together on a new ``VFOPS_HOME``. The lock makes the
+    second wait for the first, then find the tables there. Other stores pass.
+    """
+    if not uri.startswith("sqlite:///") or uri in _opened_stores:
+        yield
+        return
+    import fcntl
+
+    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    try:
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a folder that cannot be written: opening the store says so
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+        _opened_stores.add(uri)
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def ensure_experiment(

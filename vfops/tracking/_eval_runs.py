@@ -34,6 +34,7 @@ _MLFLOW_STATUS: Final = {
     "completed": "FINISHED",
     "failed": "FAILED",
     "interrupted": "KILLED",
+    "budget_exhausted": "KILLED",  # stopped by its cost cap; resumable
 }
 # MLflow's SQL store is not safe for concurrent writers on SQLite; one logger at a time.
 _lock = threading.Lock()
@@ -296,6 +297,11 @@ def prepare_run_log(
     return dataclasses.replace(info, summary={**counted, **timings}).to_json(), path
 
 
+def prepare_run_info(engine: Engine, run_id: str) -> dict[str, Any]:
+    """What :func:`open_mlflow_run` needs of registry run ``run_id`` (JSON values, no keys)."""
+    return _read_run(engine, run_id).to_json()
+
+
 def link_mlflow_run(engine: Engine, run_id: str, mlflow_run_id: str) -> None:
     """Store the MLflow run id on the registry run (the link back is the MLflow tag)."""
     from vfops.registry import set_mlflow_run_id
@@ -370,14 +376,7 @@ def prepare_experiment(env_name: str, client: MlflowClient | None = None) -> str
         return _experiment_id(client or mlflow_client(), env_name)
 
 
-def _log_run_info(
-    info: _RunInfo, parent_run_id: str | None, client: MlflowClient | None, rollouts: Path
-) -> tuple[str, PendingTraces | None]:
-    from mlflow.entities import Metric, Param, RunTag
-
-    client = client or mlflow_client()
-    experiment_id = _experiment_id(client, info.env_name)
-    run = _find_mlflow_run(client, experiment_id, info)
+def _run_tags(info: _RunInfo) -> dict[str, str]:
     tags = {
         RUN_ID_TAG: info.id,
         "vfops.version": info.vfops_version,
@@ -389,6 +388,35 @@ def _log_run_info(
     if info.tags:
         tags["vfops.tags"] = ",".join(str(t) for t in info.tags)
     tags.update(info.prefect_tags)
+    return tags
+
+
+@dataclass(frozen=True)
+class OpenedRun:
+    """An eval run's MLflow run, open (created or found again) and ready for its rollouts."""
+
+    mlflow_run_id: str
+    experiment_id: str
+    logged_before: bool
+    """It existed already (a resumed run): its traces are skipped when logged again."""
+
+
+def open_mlflow_run(
+    info: dict[str, Any], *, parent_run_id: str | None = None, client: MlflowClient | None = None
+) -> OpenedRun:
+    """Create (or find again, by the registry run's tag) the MLflow run of ``info``
+    (:func:`prepare_run_log`) and log its params and tags; status ``RUNNING`` until
+    :func:`finish_mlflow_run`."""
+    with _lock, quiet():
+        return _open_run(_RunInfo.from_json(info), parent_run_id, client or mlflow_client())
+
+
+def _open_run(info: _RunInfo, parent_run_id: str | None, client: MlflowClient) -> OpenedRun:
+    from mlflow.entities import Param, RunTag
+
+    experiment_id = _experiment_id(client, info.env_name)
+    run = _find_mlflow_run(client, experiment_id, info)
+    tags = _run_tags(info)
     logged_before = run is not None
     if run is None:
         if parent_run_id:
@@ -399,33 +427,99 @@ def _log_run_info(
             tags=tags,
             run_name=run_name(info.to_json()),
         )
-    elif parent_run_id and PARENT_TAG not in run.data.tags:
-        tags[PARENT_TAG] = parent_run_id
+    else:
+        if parent_run_id and PARENT_TAG not in run.data.tags:
+            tags[PARENT_TAG] = parent_run_id
+        if run.info.status != "RUNNING":  # resumed: running again until it finishes
+            client.update_run(run.info.run_id, status="RUNNING")
     mlflow_id: str = run.info.run_id
     logged = run.data.params
     params = [Param(k, v) for k, v in info.params().items() if k not in logged]
-    if rollouts.name.endswith(".parquet"):
-        client.log_artifact(mlflow_id, str(rollouts))
-    else:
-        with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
-            path = Path(folder) / ARTIFACT_NAME
-            _arrow_to_parquet(rollouts, path)
-            client.log_artifact(mlflow_id, str(path))
-    now = _ms(dt.datetime.now(dt.UTC)) or 0
-    metrics = [Metric(k, v, now, 0) for k, v in _metrics_from_stored(info.summary).items()]
-    run_tags = [RunTag(k, v) for k, v in tags.items()]
     client.log_batch(
-        mlflow_id, metrics=metrics[:_BATCH_METRICS], params=params[:_BATCH_PARAMS], tags=run_tags
+        mlflow_id, params=params[:_BATCH_PARAMS], tags=[RunTag(k, v) for k, v in tags.items()]
     )
     for extra in _chunks(params[_BATCH_PARAMS:], _BATCH_PARAMS):
         client.log_batch(mlflow_id, params=list(extra))
+    return OpenedRun(mlflow_id, experiment_id, logged_before)
+
+
+def log_progress(
+    mlflow_run_id: str,
+    stored: dict[str, Any],
+    step: int,
+    *,
+    client: MlflowClient | None = None,
+) -> None:
+    """Log the statistics of a run still running (its summary so far,
+    ``EvalSummary.to_dict``) at ``step`` (the rollouts done): the run's curves grow
+    while it runs, and the last value is the final one."""
+    from mlflow.entities import Metric
+
+    now = _ms(dt.datetime.now(dt.UTC)) or 0
+    metrics = [Metric(k, v, now, step) for k, v in _metrics_from_stored(stored).items()]
+    with _lock, quiet():
+        client = client or mlflow_client()
+        for chunk in _chunks(metrics, _BATCH_METRICS):
+            client.log_batch(mlflow_run_id, metrics=list(chunk))
+
+
+def finish_mlflow_run(
+    opened: OpenedRun,
+    info: dict[str, Any],
+    *,
+    rollouts_file: str | Path | None,
+    step: int = 0,
+    client: MlflowClient | None = None,
+) -> None:
+    """Record how the run ended: its rollouts as a ``rollouts.parquet`` artifact (from an
+    Arrow stream or a parquet; none for a run that did not complete), its final metrics at
+    ``step``, its status tag and MLflow status."""
+    with _lock, quiet():
+        _finish_run(_RunInfo.from_json(info), opened, rollouts_file, step,
+                    client or mlflow_client())  # fmt: skip
+
+
+def _finish_run(
+    info: _RunInfo,
+    opened: OpenedRun,
+    rollouts: str | Path | None,
+    step: int,
+    client: MlflowClient,
+) -> None:
+    from mlflow.entities import Metric, RunTag
+
+    mlflow_id = opened.mlflow_run_id
+    if rollouts is not None:
+        rollouts = Path(rollouts)
+        if rollouts.name.endswith(".parquet"):
+            client.log_artifact(mlflow_id, str(rollouts))
+        else:
+            with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
+                path = Path(folder) / ARTIFACT_NAME
+                _arrow_to_parquet(rollouts, path)
+                client.log_artifact(mlflow_id, str(path))
+    now = _ms(dt.datetime.now(dt.UTC)) or 0
+    metrics = [Metric(k, v, now, step) for k, v in _metrics_from_stored(info.summary).items()]
+    client.log_batch(
+        mlflow_id, metrics=metrics[:_BATCH_METRICS], tags=[RunTag("vfops.status", info.status)]
+    )
     for extra in _chunks(metrics[_BATCH_METRICS:], _BATCH_METRICS):
         client.log_batch(mlflow_id, metrics=list(extra))
     status = _MLFLOW_STATUS.get(info.status)
     if status is not None:
         client.set_terminated(mlflow_id, status=status, end_time=_ms(info.finished_at))
-    return mlflow_id, _pending_traces(info, client, experiment_id, mlflow_id, rollouts,
-                                      logged_before)  # fmt: skip
+
+
+def _log_run_info(
+    info: _RunInfo, parent_run_id: str | None, client: MlflowClient | None, rollouts: Path
+) -> tuple[str, PendingTraces | None]:
+    client = client or mlflow_client()
+    opened = _open_run(info, parent_run_id, client)
+    _finish_run(info, opened, rollouts, 0, client)
+    traces = _pending_traces(
+        info, client, opened.experiment_id, opened.mlflow_run_id, rollouts, opened.logged_before
+    )
+    return opened.mlflow_run_id, traces
 
 
 def _pending_traces(

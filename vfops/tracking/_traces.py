@@ -6,34 +6,30 @@ span per model turn (``CHAT_MODEL``) and per tool call (``TOOL``), one for scori
 each reward function's score, and the reward, as feedback (``CODE`` source), the
 expected answer as an expectation, so the UI lists and filters rollouts by reward.
 
-A run logs every failed or errored rollout, and at most
-:func:`vfops._settings.trace_rollouts` passing ones (the first rollouts of every
-example first, so a sample still covers the examples). Logged by the tracker
-process after it answered the evaluation (:mod:`vfops.tracking._tracker_main`):
-traces never hold an evaluation up.
+A run logs at most :func:`vfops._settings.trace_rollouts` failed or errored rollouts
+and as many passing ones (those of rollout index 0 first, so a sample still covers
+the examples): :class:`TraceSampler` chooses them while the run runs, in the tracker
+process (:mod:`vfops.tracking._tracker_main`), which writes them in batches
+(:mod:`vfops.tracking._trace_batch`) as they arrive.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from vfops._rollout import RolloutRecord
-
-if TYPE_CHECKING:
-    from mlflow.entities import LiveSpan
 
 TRACE_ID_TAG: Final = "vfops.trace_id"
 """The rollout's own ``trace_id`` on its MLflow trace (logging a run again skips it)."""
 REWARD_NAME: Final = "reward"
 EXPECTED_NAME: Final = "expected_answer"
 SOURCE_ID: Final = "vfops"
-# MLflow's async export drops traces when its queue (1000) is full: flush per chunk
 _CHUNK: Final = 250
+"""Traces written per batch (one transaction for all their spans)."""
 
 
 def _failed(reward: float | None, error_type: str | None, pass_threshold: float) -> bool:
@@ -45,7 +41,8 @@ def select_rollouts(
     rollouts_file: str | Path, *, limit: int | None, pass_threshold: float = 1.0
 ) -> list[RolloutRecord]:
     """The rollouts of ``rollouts_file`` (Arrow stream or parquet) to log as traces:
-    every failed or errored one, and ``limit`` passing ones (all when there are fewer)."""
+    ``limit`` failed or errored ones (errors first) and ``limit`` passing ones (all when
+    there are fewer), as :class:`TraceSampler` chooses during a run."""
     if limit is None:
         return []
     table = _read_table(Path(rollouts_file))
@@ -57,8 +54,10 @@ def select_rollouts(
     passing: list[int] = []
     for row, (reward, error) in enumerate(zip(rewards, errors, strict=True)):
         (failed if _failed(reward, error, pass_threshold) else passing).append(row)
+    failed.sort(key=lambda row: (errors[row] is None, examples[row], indexes[row]))
     passing.sort(key=lambda row: (indexes[row], examples[row]))
-    chosen = sorted(failed + passing[:limit], key=lambda row: (examples[row], indexes[row]))
+    chosen = sorted(failed[:limit] + passing[:limit],
+                    key=lambda row: (examples[row], indexes[row]))  # fmt: skip
     return [RolloutRecord.from_row(row) for row in table.take(chosen).to_pylist()]
 
 
@@ -70,28 +69,6 @@ def _read_table(path: Path) -> Any:
         return pq.read_table(str(path))
     with pa.OSFile(str(path), "rb") as handle:
         return pa.ipc.open_stream(handle).read_all()
-
-
-@contextlib.contextmanager
-def _tracing_to(tracking_uri: str) -> Iterator[None]:
-    """MLflow's fluent tracing (the only API that attaches feedback to a trace before it is
-    exported) writes to the global tracking URI: point it at ``tracking_uri`` meanwhile,
-    then put back the URI and ``MLFLOW_TRACKING_URI`` (MLflow sets the variable too)."""
-    import mlflow
-
-    variable = os.environ.get("MLFLOW_TRACKING_URI")
-    was_set: bool = mlflow.is_tracking_uri_set()  # type: ignore[no-untyped-call]
-    previous = mlflow.get_tracking_uri() if was_set else None
-    mlflow.set_tracking_uri(tracking_uri)
-    try:
-        yield
-    finally:
-        mlflow.flush_trace_async_logging()
-        mlflow.set_tracking_uri(previous)  # type: ignore[arg-type]  # None: unset again
-        if variable is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = variable
 
 
 def logged_trace_ids(tracking_uri: str, experiment_id: str, mlflow_run_id: str) -> set[str]:
@@ -129,35 +106,111 @@ def log_traces(
     """
     if not records:
         return 0
-    with _tracing_to(tracking_uri):
-        import mlflow
+    writer = TraceWriter(
+        tracking_uri=tracking_uri, experiment_id=experiment_id, mlflow_run_id=mlflow_run_id,
+        tags=tags, pass_threshold=pass_threshold, skip_logged=skip_logged,
+    )  # fmt: skip
+    return writer.log(records)
 
-        done = (
+
+class TraceSampler:
+    """Chooses, as rollouts arrive, the ones of a run logged as traces.
+
+    Every failed or errored rollout up to ``failed_limit``, and up to ``limit`` passing
+    ones: those of rollout index 0 as they come (so a sample spreads over the
+    examples), the others kept aside (at most ``limit``) to fill the sample at the end.
+    Memory stays bounded whatever the run's size.
+    """
+
+    def __init__(self, *, limit: int, failed_limit: int, pass_threshold: float = 1.0) -> None:
+        self._limit = limit
+        self._failed_limit = failed_limit
+        self._pass_threshold = pass_threshold
+        self._passing = 0
+        self._failed = 0
+        self._reserve: list[dict[str, Any]] = []
+        self.seen = 0
+
+    def offer(self, row: dict[str, Any]) -> bool:
+        """Whether the rollout ``row`` (its JSON record) is logged now."""
+        self.seen += 1
+        error = row.get("error")
+        error_type = error.get("type") if isinstance(error, dict) else None
+        if _failed(row.get("reward"), error_type or (error and "error"), self._pass_threshold):
+            if self._failed < self._failed_limit:
+                self._failed += 1
+                return True
+            return False
+        if self._passing >= self._limit:
+            return False
+        if row.get("rollout_index", 0) == 0:
+            self._passing += 1
+            return True
+        if len(self._reserve) < self._limit:
+            self._reserve.append(row)
+        return False
+
+    def rest(self) -> list[dict[str, Any]]:
+        """The rollouts kept aside that the end of the run still has room for."""
+        room = max(0, self._limit - self._passing)
+        chosen, self._reserve = self._reserve[:room], []
+        self._passing += len(chosen)
+        return chosen
+
+
+class TraceWriter:
+    """Logs rollouts as traces of one MLflow run, in batches
+    (:mod:`vfops.tracking._trace_batch`)."""
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str,
+        experiment_id: str,
+        mlflow_run_id: str,
+        tags: dict[str, str],
+        pass_threshold: float = 1.0,
+        skip_logged: bool = False,
+    ) -> None:
+        self._tracking_uri = tracking_uri
+        self._experiment_id = experiment_id
+        self._mlflow_run_id = mlflow_run_id
+        self._tags = tags
+        self._pass_threshold = pass_threshold
+        self._logged = (
             logged_trace_ids(tracking_uri, experiment_id, mlflow_run_id) if skip_logged else set()
         )
-        todo = [r for r in records if r.trace_id not in done]
+        self.count = 0
+
+    def log(self, records: Sequence[RolloutRecord]) -> int:
+        """Log ``records`` (those not logged before); return how many were logged."""
+        from vfops.tracking._client import quiet
+        from vfops.tracking._trace_batch import write_traces
+
+        todo = [r for r in records if r.trace_id not in self._logged]
         for start in range(0, len(todo), _CHUNK):
-            for record in todo[start : start + _CHUNK]:
-                _log_one(record, experiment_id, mlflow_run_id, tags, pass_threshold)
-            mlflow.flush_trace_async_logging()
-    return len(todo)
+            with quiet():
+                write_traces(
+                    todo[start : start + _CHUNK],
+                    tracking_uri=self._tracking_uri,
+                    experiment_id=self._experiment_id,
+                    mlflow_run_id=self._mlflow_run_id,
+                    tags=self._tags,
+                    pass_threshold=self._pass_threshold,
+                )
+        self._logged.update(r.trace_id for r in todo)
+        self.count += len(todo)
+        return len(todo)
 
 
-def _log_one(
-    record: RolloutRecord,
-    experiment_id: str,
-    mlflow_run_id: str,
-    tags: dict[str, str],
-    pass_threshold: float,
-) -> None:
-    import mlflow
-    from mlflow.entities import AssessmentError, AssessmentSource, SpanType
-    from mlflow.entities.trace_location import MlflowExperimentLocation
+def rollout_failed(record: RolloutRecord, pass_threshold: float) -> bool:
+    return _failed(record.reward, None if record.error is None else record.error.type,
+                   pass_threshold)  # fmt: skip
 
-    source = AssessmentSource(source_type="CODE", source_id=SOURCE_ID)
-    failed = _failed(record.reward, None if record.error is None else record.error.type,
-                     pass_threshold)  # fmt: skip
-    trace_tags = {
+
+def trace_tags(record: RolloutRecord, tags: dict[str, str], *, failed: bool) -> dict[str, str]:
+    """The tags of a rollout's trace: the run's ``tags``, then the rollout's own."""
+    return {
         **tags,
         TRACE_ID_TAG: record.trace_id,
         "vfops.example_id": str(record.example_id),
@@ -165,59 +218,45 @@ def _log_one(
         "vfops.stop_reason": record.stop_reason,
         "vfops.failed": str(failed).lower(),
     }
-    with mlflow.start_span(
-        name=f"example {record.example_id} rollout {record.rollout_index}",
-        span_type=SpanType.AGENT,
-        run_id=mlflow_run_id,
-        trace_destination=MlflowExperimentLocation(experiment_id),
-    ) as root:
-        root.set_inputs(_request(record))
-        root.set_attributes(_facts(record))
-        _turn_spans(root, record)
-        _score_span(root, record)
-        mlflow.update_current_trace(tags=trace_tags)
-        trace_id = root.trace_id
-        if record.answer:
-            mlflow.log_expectation(
-                trace_id=trace_id, name=EXPECTED_NAME, value=record.answer, source=source
-            )
-        for name, score in record.metrics.items():
-            mlflow.log_feedback(trace_id=trace_id, name=name, value=float(score), source=source)
-        if record.error is not None or record.reward is None:
-            error = record.error
-            mlflow.log_feedback(
-                trace_id=trace_id,
-                name=REWARD_NAME,
-                source=source,
-                error=AssessmentError(
-                    error_code=error.type if error else "NoReward",
-                    error_message=f"{error.stage}: {error.message}" if error else "not scored",
-                ),
-            )
-        else:
-            mlflow.log_feedback(
-                trace_id=trace_id, name=REWARD_NAME, value=float(record.reward), source=source
-            )
-        root.set_outputs(_response(record))
-        if record.error is not None:
-            root.set_status("ERROR")
 
 
-def _request(record: RolloutRecord) -> dict[str, Any]:
+def last_content(messages: Sequence[dict[str, Any]], role: str) -> str | None:
+    """The text of the last ``role`` message (a trace's preview in MLflow's list)."""
+    for message in reversed(messages):
+        if message.get("role") == role:
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            return json.dumps(content, ensure_ascii=False, default=str)
+    return None
+
+
+@dataclass(frozen=True)
+class SpanSpec:
+    """One child span of a rollout's trace."""
+
+    name: str
+    span_type: str
+    inputs: Any
+    outputs: Any
+    attributes: dict[str, str]
+
+
+def request_of(record: RolloutRecord) -> dict[str, Any]:
     request: dict[str, Any] = {"messages": record.prompt}
     if record.answer:
         request["expected_answer"] = record.answer
     return request
 
 
-def _response(record: RolloutRecord) -> dict[str, Any]:
+def response_of(record: RolloutRecord) -> dict[str, Any]:
     response: dict[str, Any] = {"messages": record.completion, "stop_reason": record.stop_reason}
     if record.error is not None:
         response["error"] = record.error.to_dict()
     return response
 
 
-def _facts(record: RolloutRecord) -> dict[str, Any]:
+def facts_of(record: RolloutRecord) -> dict[str, Any]:
     return {
         "example_id": record.example_id,
         "rollout_index": record.rollout_index,
@@ -243,52 +282,42 @@ def _arguments(call: dict[str, Any]) -> Any:
     return arguments
 
 
-def _turn_spans(root: LiveSpan, record: RolloutRecord) -> None:
+def turns_of(record: RolloutRecord) -> list[SpanSpec]:
     """A ``CHAT_MODEL`` span per assistant message (its inputs: the messages since the
     previous turn, the prompt for the first), then a ``TOOL`` span per tool call it made
     (its output: the tool message answering it)."""
-    import mlflow
-    from mlflow.entities import SpanType
-
     results = {m.get("tool_call_id"): m for m in record.completion if m.get("role") == "tool"}
     pending: list[dict[str, Any]] = list(record.prompt)
+    specs: list[SpanSpec] = []
     turn = 0
     for message in record.completion:
         if message.get("role") != "assistant":
             pending.append(message)  # what the model reads next (tool results too)
             continue
         turn += 1
-        span = mlflow.start_span_no_context(
-            name=f"turn {turn}",
-            span_type=SpanType.CHAT_MODEL,
-            parent_span=root,
-            inputs={"messages": pending},
-            attributes={"turn": str(turn)},
-        )
-        span.end(outputs=message)
+        specs.append(SpanSpec(f"turn {turn}", "CHAT_MODEL", {"messages": pending}, message,
+                              {"turn": str(turn)}))  # fmt: skip
         pending = []
         for call in message.get("tool_calls") or []:
             function = call.get("function") or {}
             result = results.get(call.get("id"))
-            tool = mlflow.start_span_no_context(
-                name=str(function.get("name") or call.get("name") or "tool"),
-                span_type=SpanType.TOOL,
-                parent_span=root,
-                inputs=_arguments(call),
-                attributes={"turn": str(turn), "tool_call_id": str(call.get("id") or "")},
+            specs.append(
+                SpanSpec(
+                    str(function.get("name") or call.get("name") or "tool"),
+                    "TOOL",
+                    _arguments(call),
+                    None if result is None else result.get("content"),
+                    {"turn": str(turn), "tool_call_id": str(call.get("id") or "")},
+                )
             )
-            tool.end(outputs=None if result is None else result.get("content"))
+    return specs
 
 
-def _score_span(root: LiveSpan, record: RolloutRecord) -> None:
-    import mlflow
-    from mlflow.entities import SpanType
-
-    span = mlflow.start_span_no_context(
-        name="score",
-        span_type=SpanType.EVALUATOR,
-        parent_span=root,
-        inputs={"answer": record.answer},
-        attributes={"scoring_ms": str(record.timing.scoring_ms)},
+def score_of(record: RolloutRecord) -> SpanSpec:
+    return SpanSpec(
+        "score",
+        "EVALUATOR",
+        {"answer": record.answer},
+        {"reward": record.reward, **record.metrics},
+        {"scoring_ms": str(record.timing.scoring_ms)},
     )
-    span.end(outputs={"reward": record.reward, **record.metrics})

@@ -1,79 +1,108 @@
-"""The tracker: a child process that logs eval runs to MLflow while the evaluation runs.
+"""The tracker: a child process that records an eval run in MLflow while it runs.
 
 Importing MLflow and opening its store costs over a second of CPU, more than a
 short evaluation takes. The evaluation starts the tracker first (``vfops eval``
 starts it before it even parses its flags: :func:`prestart`), so that work runs
 on another core while the environment loads and the rollouts run, and MLflow
-(and its memory) stays out of the evaluating process. At the end the evaluation
-asks it to log the finished registry run and waits for the answer: a run is
-never reported finished before it is in MLflow, and a tracker that fails fails
-the run loudly.
+(and its memory) stays out of the evaluating process.
 
-A process that exits right after the evaluation (``vfops eval``) may instead
-*hand off* the finished run (:meth:`Tracker.hand_off`): the tracker logs it,
-links the registry run to its MLflow run and exits on its own, in its own
-session, while the prompt is already back. A short evaluation otherwise spends
-most of its wall time waiting for MLflow's imports. What it cannot log it says
-on the inherited stderr in one line, with the command that logs it later
-(``--resume`` of the completed run logs it again, idempotently).
+The run is recorded as it runs, so that little is left when the last rollout is
+in: the MLflow run is opened (params, tags) as soon as the registry run is; the
+rollouts are read from the run's ``results.jsonl`` as the evaluation appends them,
+the sampled ones logged as traces and the statistics so far as metrics; at the end
+the evaluation asks the tracker to finish (the rest of the rollouts, the rollouts
+file as an artifact, the final metrics and status) and **waits for its answer**: a
+run is never reported finished before it is in MLflow, in any process tree (a
+container's PID 1 included: nothing is left to a process that outlives the
+command). A tracker that fails fails the run loudly, with the ``--resume`` that
+records it.
 
-The protocol is one JSON object per line: the child says ``{"ready": true}`` (or
-``{"error": ...}``) once the store answers, then answers each
-``{"op": "log", ...}`` with ``{"ok": true, "mlflow_run_id": ...}`` or
-``{"ok": false, "error": ...}`` (``"traces": true``: it logs the run's rollouts as
-traces next, and nobody waits for that); end of input ends it. A log command with
-``"detach": true`` (the last one, input closed after it) gets no answer: the
-child links the run itself (``"link"``: database URL and run id) and removes
-its ``"cleanup"`` paths.
+The protocol is one JSON object per line. The child says ``{"ready": true}`` (or
+``{"error": ...}``) once the store answers, then reads:
+
+* ``{"op": "open", "info": ..., "results": PATH, "parent_run_id": ...}``, answered
+  ``{"opened": MLFLOW_RUN_ID}`` (or ``{"ok": false, "error": ...}``);
+* ``{"op": "progress", "size": N, "summary": ..., "step": K}``: ``results.jsonl`` is
+  ``N`` bytes long now; not answered;
+* ``{"op": "finish", "info": ..., "size": N, "rollouts_file": PATH, "step": K}``,
+  answered ``{"ok": true, "mlflow_run_id": ...}`` or ``{"ok": false, "error": ...}``;
+  then it exits.
+
+End of input without a finish (the evaluation was killed) ends the MLflow run as
+``KILLED``. Messages are written by a thread of the evaluation's, never by its event
+loop: a tracker that lags behind (logging traces) cannot stall the rollouts, and
+progress messages it has not read yet are replaced by newer ones.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
+import collections
 import contextlib
 import select
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import orjson
 
 from vfops._errors import VfopsError
 
-_READY_TIMEOUT_S = 120.0
+_READY_TIMEOUT_S: Final = 300.0
+"""How long the tracker may take to open the store: a slow MLflow server or a first
+start (the store's tables created) on a loaded machine take seconds, never minutes."""
 
 _prestarted: Tracker | None = None
 _prestarted_lock = threading.Lock()
 
-_handed_off: list[subprocess.Popen[bytes]] = []
-"""Trackers finishing on their own. A process that exits normally waits for them
-(:func:`_wait_for_handed_off`); ``vfops eval`` leaves with ``os._exit`` and does not."""
 
-_HANDED_OFF_EXIT_WAIT_S = 60.0
+class _Sender:
+    """Writes the tracker's commands from a thread of its own, in order; a progress
+    message still waiting is replaced by the next one (only the latest matters)."""
 
+    def __init__(self, stdin: IO[bytes]) -> None:
+        self._stdin = stdin
+        self._queue: collections.deque[tuple[str, bytes | None]] = collections.deque()
+        self._ready = threading.Condition()
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="vfops-tracker-send", daemon=True)
+        self._thread.start()
 
-def _wait_for_handed_off() -> None:
-    wait_for_trackers(_HANDED_OFF_EXIT_WAIT_S)
+    def send(self, command: dict[str, Any]) -> None:
+        kind = str(command.get("op"))
+        data = orjson.dumps(command) + b"\n"
+        with self._ready:
+            if kind == "progress" and self._queue and self._queue[-1][0] == "progress":
+                self._queue[-1] = (kind, data)
+            else:
+                self._queue.append((kind, data))
+            self._ready.notify()
 
+    def close(self) -> None:
+        """Close the tracker's input once everything queued is written."""
+        with self._ready:
+            self._queue.append(("close", None))
+            self._ready.notify()
 
-def wait_for_trackers(timeout_s: float = _HANDED_OFF_EXIT_WAIT_S) -> bool:
-    """Wait until every tracker this process left to finish on its own (a handed-off run,
-    traces being logged) has exited, ``timeout_s`` at most each; False if one has not."""
-    done = True
-    for process in list(_handed_off):
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            done = False
-        else:
-            _handed_off.remove(process)
-    return done
-
-
-atexit.register(_wait_for_handed_off)
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue:
+                    self._ready.wait()
+                _, data = self._queue.popleft()
+            try:
+                if data is None:
+                    self._stdin.close()
+                    return
+                self._stdin.write(data)
+                self._stdin.flush()
+            except (BrokenPipeError, OSError, ValueError) as exc:
+                self.error = self.error or f"the tracker process is gone ({exc})"
+                with contextlib.suppress(OSError, ValueError):
+                    self._stdin.close()
+                return
 
 
 class Tracker:
@@ -82,26 +111,29 @@ class Tracker:
     def __init__(self, process: subprocess.Popen[bytes], *, env_name: str):
         self._process = process
         self.env_name = env_name
+        assert process.stdin is not None and process.stdout is not None
+        self._stdout: IO[bytes] = process.stdout
+        self._sender = _Sender(process.stdin)
+        self._answers: list[dict[str, Any]] = []
         self._ready: dict[str, Any] | None = None
-        self._lock = asyncio.Lock()
-        self._handed_off = False
-        self._logging_traces = False
-        """It answered a log command and is logging that run's traces (nobody waits)."""
+        self.failure: str | None = None
+        """The first error the tracker reported (seen by :meth:`failed_now`)."""
+        self.mlflow_run_id: str | None = None
+        self._open_sent = False
+        self._closed = False
 
     @classmethod
     def spawn(cls, *, env_name: str) -> Tracker:
         """Start the tracker process; returns at once (it gets ready in the background).
 
         It talks to MLflow only (never to the registry: the evaluation reads the run
-        and stores the link), so it imports nothing else heavy.
+        and stores the link), so it imports nothing else heavy. It stays in this
+        process's group and session: whatever ends this process's tree ends it too.
         """
         process = subprocess.Popen(
             [sys.executable, "-m", "vfops.tracking._tracker_main", env_name],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            # its own session: a tracker handed a run keeps going when the
-            # evaluation's process group is signalled after it exited
-            start_new_session=True,
         )
         return cls(process, env_name=env_name)
 
@@ -117,105 +149,111 @@ class Tracker:
             early.kill()
         return cls.spawn(env_name=env_name)
 
+    # ------------------------------------------------------------------ commands
+
+    def open(
+        self,
+        info: dict[str, Any],
+        *,
+        results: Path | None,
+        pass_threshold: float = 1.0,
+        parent_run_id: str | None = None,
+    ) -> None:
+        """Open the MLflow run of ``info`` (:func:`vfops.tracking.prepare_run_info`), whose
+        rollouts are appended to ``results`` (None: no traces; a rollout passes at
+        ``pass_threshold``). Returns at once."""
+        self._open_sent = True
+        self._sender.send(
+            {
+                "op": "open",
+                "info": info,
+                "results": None if results is None else str(results),
+                "pass_threshold": pass_threshold,
+                "parent_run_id": parent_run_id,
+            }
+        )
+
+    def progress(self, size: int, summary: dict[str, Any] | None, step: int) -> None:
+        """``results.jsonl`` is ``size`` bytes long; ``summary``: the statistics so far."""
+        self._sender.send({"op": "progress", "size": size, "summary": summary, "step": step})
+
+    async def finish(
+        self,
+        info: dict[str, Any],
+        *,
+        size: int,
+        rollouts_file: str | Path | None,
+        step: int,
+    ) -> str:
+        """Record how the run ended and wait until MLflow has everything; return the MLflow
+        run id. Raises :class:`VfopsError` with the tracker's one-line error."""
+        failure = self.failed_now()
+        if failure is not None:
+            self._sender.close()
+            self._closed = True
+            raise VfopsError(failure)
+        self._sender.send(
+            {
+                "op": "finish",
+                "info": info,
+                "size": size,
+                "rollouts_file": None if rollouts_file is None else str(rollouts_file),
+                "step": step,
+            }
+        )
+        self._sender.close()
+        self._closed = True
+        answer = await asyncio.to_thread(self._final_answer)
+        if not answer.get("ok"):
+            raise VfopsError(str(answer.get("error") or "the tracker failed"))
+        self.mlflow_run_id = str(answer["mlflow_run_id"])
+        return self.mlflow_run_id
+
+    def _final_answer(self) -> dict[str, Any]:
+        while True:
+            answer = self._read_line()
+            if "ok" in answer or "error" in answer:
+                return answer if "ok" in answer else {"ok": False, "error": answer["error"]}
+
+    # ------------------------------------------------------------------ answers
+
     def _read_line(self) -> dict[str, Any]:
-        stdout: IO[bytes] | None = self._process.stdout
-        assert stdout is not None
-        line = stdout.readline()
+        line = self._stdout.readline()
         if not line:
             code = self._process.wait()
-            raise VfopsError(f"the tracker process exited (code {code}) before answering")
+            problem = self._sender.error or f"the tracker process exited (code {code})"
+            return {"ok": False, "error": f"{problem} before answering"}
         answer: dict[str, Any] = orjson.loads(line)
+        if self._ready is None:
+            self._ready = answer
+        if "opened" in answer:
+            self.mlflow_run_id = str(answer["opened"])
+        error = answer.get("error")
+        if error is not None and self.failure is None:
+            self.failure = str(error)
         return answer
 
-    async def wait_ready(self) -> None:
+    def failed_now(self) -> str | None:
+        """The tracker's error if it has reported one already; never waits (the answers
+        it wrote meanwhile are read, none is lost for :meth:`finish`)."""
+        while self.failure is None and not self._closed:
+            readable, _, _ = select.select([self._stdout], [], [], 0)
+            if not readable:
+                break
+            answer = self._read_line()
+            if "ok" in answer and not answer["ok"] and self.failure is None:
+                self.failure = str(answer.get("error"))
+        return self.failure or self._sender.error
+
+    async def wait_ready(self, timeout_s: float = _READY_TIMEOUT_S) -> None:
         """Wait until the tracking store answered; raise its one-line error otherwise."""
         if self._ready is None:
-            self._ready = await asyncio.wait_for(
-                asyncio.to_thread(self._read_line), _READY_TIMEOUT_S
-            )
+            await asyncio.wait_for(asyncio.to_thread(self._read_line), timeout_s)
+        assert self._ready is not None
         if "error" in self._ready:
             raise VfopsError(str(self._ready["error"]))
 
-    async def log_run(
-        self,
-        info: dict[str, Any],
-        *,
-        rollouts_file: str | Path,
-        parent_run_id: str | None = None,
-    ) -> str:
-        """Log a finished run (:func:`vfops.tracking.prepare_run_log`) and its rollouts
-        file to MLflow; return the MLflow run id."""
-        async with self._lock:
-            await self.wait_ready()
-            command = {
-                "op": "log",
-                "info": info,
-                "parent_run_id": parent_run_id,
-                "rollouts_file": str(rollouts_file),
-            }
-            answer = await asyncio.to_thread(self._send, command)
-        if not answer.get("ok"):
-            raise VfopsError(str(answer.get("error") or "the tracker failed"))
-        self._logging_traces = self._logging_traces or bool(answer.get("traces"))
-        return str(answer["mlflow_run_id"])
-
-    def ready_error_now(self) -> str | None:
-        """The tracker's start-up error if it has already reported one; never waits."""
-        if self._ready is None:
-            stdout = self._process.stdout
-            assert stdout is not None
-            readable, _, _ = select.select([stdout], [], [], 0)
-            if not readable:
-                return None
-            self._ready = self._read_line()
-        error = self._ready.get("error")
-        return None if error is None else str(error)
-
-    async def hand_off(
-        self,
-        info: dict[str, Any],
-        *,
-        rollouts_file: str | Path,
-        database_url: str,
-        run_id: str,
-        parent_run_id: str | None = None,
-        cleanup: list[str] | None = None,
-    ) -> None:
-        """Give the tracker the finished run to log, link (registry run ``run_id`` in
-        ``database_url``) and clean up after, and let it finish alone; see the module
-        docstring. Returns once the command is written (at once unless it is larger than
-        the pipe's buffer and the tracker is still starting)."""
-        command = {
-            "op": "log",
-            "info": info,
-            "parent_run_id": parent_run_id,
-            "rollouts_file": str(rollouts_file),
-            "detach": True,
-            "link": {"database_url": database_url, "run_id": run_id},
-            "cleanup": list(cleanup or []),
-        }
-        async with self._lock:
-            await asyncio.to_thread(self._write, command, close=True)
-            self._handed_off = True
-            _handed_off.append(self._process)
-            stdout = self._process.stdout
-            if stdout is not None:
-                stdout.close()
-
-    def _write(self, command: dict[str, Any], *, close: bool = False) -> None:
-        stdin = self._process.stdin
-        assert stdin is not None
-        try:
-            stdin.write(orjson.dumps(command) + b"\n")
-            stdin.flush()
-            if close:
-                stdin.close()
-        except (BrokenPipeError, OSError) as exc:
-            raise VfopsError(f"the tracker process is gone ({exc})") from None
-
-    def _send(self, command: dict[str, Any]) -> dict[str, Any]:
-        self._write(command)
-        return self._read_line()
+    # ------------------------------------------------------------------ ending
 
     def kill(self) -> None:
         if self._process.poll() is None:
@@ -230,31 +268,18 @@ class Tracker:
                     pipe.close()
 
     async def aclose(self) -> None:
-        """End the child: it exits on end of input (and skips its slow teardown).
-
-        A tracker that never logged anything (the evaluation failed early) is
-        killed instead: it may still be importing MLflow. One handed a run, or
-        logging the traces of the run it logged, is left to finish it.
-        """
-        if self._handed_off:
-            return
-        if self._ready is None:
+        """End the child. After :meth:`finish` it exits by itself at once; one asked to
+        open a run but not to finish it sees its input close and ends that run as
+        ``KILLED``; one never asked anything (the evaluation failed early) is killed: it
+        may still be importing MLflow."""
+        if not self._open_sent:
             self.kill()
             return
-        stdin = self._process.stdin
-        if stdin is not None and not stdin.closed:
-            with contextlib.suppress(OSError):
-                stdin.close()
-        if self._logging_traces:
-            # it exits once the traces are logged; a process that exits waits for it
-            _handed_off.append(self._process)
-            self._handed_off = True
-            stdout = self._process.stdout
-            if stdout is not None:
-                stdout.close()
-            return
+        if not self._closed:
+            self._sender.close()
+            self._closed = True
         try:
-            await asyncio.wait_for(asyncio.to_thread(self._process.wait), 10.0)
+            await asyncio.wait_for(asyncio.to_thread(self._process.wait), 60.0)
         except TimeoutError:
             self.kill()
         self._close_pipes()

@@ -6,23 +6,35 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
+import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+# Before MLflow is imported: traces are exported by the thread that logs them. MLflow's
+# own export queue polls, so a trace waited ~0.1 s for it (bench/trace_overhead.py);
+# here nothing else waits on this process but the end of the run.
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
 
 import orjson
 
 if TYPE_CHECKING:
-    from vfops.tracking._eval_runs import PendingTraces
+    from vfops._rollout import RolloutRecord
+    from vfops.tracking._eval_runs import OpenedRun
+    from vfops.tracking._traces import TraceSampler, TraceWriter
 
 # The protocol gets the original stdout to itself; anything a library prints
 # (MLflow announces runs on stdout) goes to stderr instead.
 _protocol = os.fdopen(os.dup(1), "wb", buffering=0)
 os.dup2(2, 1)
 
+_NICENESS: Final = 5
+"""The tracker yields the CPU to the evaluation it records (on a small machine they
+share the cores): its work only has to be done by the end of the run."""
+
 
 def _answer(data: dict[str, Any]) -> None:
-    # a broken pipe: the evaluation stopped listening (it handed its run off, or is gone)
+    # a broken pipe: the evaluation stopped listening (it is gone)
     with contextlib.suppress(BrokenPipeError):
         _protocol.write(orjson.dumps(data) + b"\n")
 
@@ -33,11 +45,16 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Child side: open the store, then log runs until end of input.
+    """Child side: open the store, then record one run until ``finish`` (or end of input).
 
-    Returns the exit code: 1 when a run handed off to it (``"detach"``) could not
-    be logged, so nobody else will report it.
+    Returns the exit code: 1 when the run could not be recorded.
     """
+    # Ctrl-C (and a SIGTERM sent to the whole group) reach this process too: the
+    # evaluation decides when to stop, and still records the run's end through it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(_NICENESS)
     from vfops.tracking import check_tracking, prepare_experiment
 
     try:
@@ -46,87 +63,139 @@ def main(argv: list[str]) -> int:
             prepare_experiment(argv[0])  # created now, while the rollouts run
     except Exception as exc:
         _answer({"error": _one_line(exc)})
-        return _refuse_handed_off(_one_line(exc))
+        return 1
     _answer({"ready": True})
+    run: _RunLog | None = None
+    failure: str | None = None
     for line in sys.stdin.buffer:
         command = orjson.loads(line)
-        if command.get("detach"):
-            return _log_handed_off(command)
+        op = command.get("op")
+        if failure is not None and op != "finish":
+            continue  # reported already; the finish answers it again
         try:
-            mlflow_run_id, traces = _log(command)
+            if op == "open":
+                run = _RunLog(command)
+                _answer({"opened": run.opened.mlflow_run_id})
+            elif op == "progress" and run is not None:
+                run.progress(command)
+            elif op == "finish":
+                if failure is not None:
+                    raise RuntimeError(failure)
+                if run is None:
+                    raise RuntimeError("the run was never opened in MLflow")
+                run.finish(command)
+                _answer({"ok": True, "mlflow_run_id": run.opened.mlflow_run_id})
+                return 0
         except Exception as exc:
-            _answer({"ok": False, "error": _one_line(exc)})
-            continue
-        # the evaluation goes on at once; the traces follow (it does not wait for them)
-        _answer({"ok": True, "mlflow_run_id": mlflow_run_id, "traces": traces is not None})
-        _log_traces(traces, command)
+            failure = failure or _one_line(exc)
+            _answer({"ok": False, "error": failure})
+            if op == "finish":
+                return 1
+    # End of input without a finish: the evaluation died (killed) before recording its
+    # end. Its MLflow run is labelled so (never left "running"); --resume finishes it.
+    if run is not None and failure is None:
+        with contextlib.suppress(Exception):
+            run.abandon()
     return 0
 
 
-def _log(command: dict[str, Any]) -> tuple[str, PendingTraces | None]:
-    from vfops.tracking._eval_runs import log_run_deferring_traces
+class _RunLog:
+    """One eval run's MLflow run, recorded while the evaluation runs.
 
-    return log_run_deferring_traces(
-        command["info"],
-        parent_run_id=command.get("parent_run_id"),
-        rollouts_file=command["rollouts_file"],
-    )
+    ``open`` creates (or finds again) the run and logs its params; each ``progress``
+    reads the rollouts the evaluation appended to its ``results.jsonl`` since the last
+    one (``size``: its length now, always at a line's end), logs the sampled ones as
+    traces and the statistics so far as metrics; ``finish`` reads the rest, logs the
+    rollouts file as an artifact and the final metrics, and ends the run.
+    """
 
+    def __init__(self, command: dict[str, Any]) -> None:
+        from vfops._settings import trace_rollouts
+        from vfops.tracking import tracking_uri
+        from vfops.tracking._eval_runs import RUN_ID_TAG, open_mlflow_run
+        from vfops.tracking._traces import TraceSampler, TraceWriter
 
-def _log_traces(traces: PendingTraces | None, command: dict[str, Any]) -> None:
-    """Log a run's rollouts as traces; a failure is one line on stderr (the run itself
-    is logged: traces are a view of it, not part of its record)."""
-    if traces is None:
-        return
-    try:
-        traces.log()
-    except Exception as exc:
-        run_id = command["info"].get("id", "?")
-        sys.stderr.write(
-            f"vfops: the rollouts of eval run {run_id} were not logged as MLflow traces "
-            f"({_one_line(exc)}); the run itself is logged\n"
+        info: dict[str, Any] = command["info"]
+        self.opened: OpenedRun = open_mlflow_run(info, parent_run_id=command.get("parent_run_id"))
+        results = command.get("results")
+        self._results = Path(results) if results else None
+        self._offset = 0
+        self._pass_threshold = float(command.get("pass_threshold", 1.0))
+        limit = trace_rollouts()
+        self._sampler: TraceSampler | None = None
+        self._writer: TraceWriter | None = None
+        if limit is not None and self._results is not None:
+            self._sampler = TraceSampler(
+                limit=limit, failed_limit=limit,
+                pass_threshold=self._pass_threshold,
+            )  # fmt: skip
+            self._writer = TraceWriter(
+                tracking_uri=tracking_uri(),
+                experiment_id=self.opened.experiment_id,
+                mlflow_run_id=self.opened.mlflow_run_id,
+                # the rest is the run's (few tags: the UI lists them all)
+                tags={RUN_ID_TAG: str(info["id"])},
+                pass_threshold=self._pass_threshold,
+                skip_logged=self.opened.logged_before,
+            )
+
+    def progress(self, command: dict[str, Any]) -> None:
+        from vfops.tracking._eval_runs import log_progress
+
+        self._read_to(int(command["size"]))
+        summary = command.get("summary")
+        if summary:
+            log_progress(self.opened.mlflow_run_id, summary, int(command.get("step", 0)))
+
+    def finish(self, command: dict[str, Any]) -> None:
+        from vfops.tracking._eval_runs import finish_mlflow_run
+
+        info: dict[str, Any] = command["info"]
+        if info.get("status") == "completed":
+            # every rollout is traced or not by now; an unfinished run only keeps what
+            # was traced while it ran (it stopped: its user is waiting for the prompt)
+            self._read_to(int(command["size"]))
+            if self._sampler is not None:
+                self._log([_record(row) for row in self._sampler.rest()])
+        finish_mlflow_run(
+            self.opened,
+            info,
+            rollouts_file=command.get("rollouts_file"),
+            step=int(command.get("step", 0)),
         )
 
+    def abandon(self) -> None:
+        from vfops.tracking import mlflow_client
 
-def _log_handed_off(command: dict[str, Any]) -> int:
-    """Log, link and clean up a run whose evaluation did not wait (it may have exited)."""
-    link = command["link"]
-    try:
-        mlflow_run_id, traces = _log(command)
-        from vfops.registry import get_engine, set_mlflow_run_id
+        mlflow_client().set_terminated(self.opened.mlflow_run_id, status="KILLED")
 
-        set_mlflow_run_id(get_engine(link["database_url"]), link["run_id"], mlflow_run_id)
-    except Exception as exc:
-        _say_not_logged(link["run_id"], command["info"], _one_line(exc))
-        return 1
-    finally:
-        _clean_up(command)
-    _log_traces(traces, command)
-    return 0
+    def _read_to(self, size: int) -> None:
+        if self._results is None or self._sampler is None or size <= self._offset:
+            return
+        with self._results.open("rb") as handle:
+            handle.seek(self._offset)
+            chunk = handle.read(size - self._offset)
+        self._offset += len(chunk)
+        chosen: list[RolloutRecord] = []
+        for line in _lines(chunk):
+            row = orjson.loads(line)
+            if self._sampler.offer(row):
+                chosen.append(_record(row))
+        self._log(chosen)
 
-
-def _refuse_handed_off(error: str) -> int:
-    """The store did not open: a run handed off after that is reported on stderr."""
-    for line in sys.stdin.buffer:
-        command = orjson.loads(line)
-        if command.get("detach"):
-            _say_not_logged(command["link"]["run_id"], command["info"], error)
-            _clean_up(command)
-            return 1
-    return 0
+    def _log(self, records: list[RolloutRecord]) -> None:
+        if self._writer is not None and records:
+            self._writer.log(records)
 
 
-def _clean_up(command: dict[str, Any]) -> None:
-    for path in command.get("cleanup", []):
-        shutil.rmtree(path, ignore_errors=True)
+def _lines(chunk: bytes) -> list[bytes]:
+    return [line for line in chunk.split(b"\n") if line.strip()]
 
 
-def _say_not_logged(run_id: str, info: dict[str, Any], error: str) -> None:
-    command = f"vfops eval {info.get('env_name', 'ENV')} -m {info.get('model', 'MODEL')} ..."
-    sys.stderr.write(
-        f"vfops: eval run {run_id} is recorded but not logged to MLflow ({error}); "
-        f"fix MLFLOW_TRACKING_URI, then log it with: {command} --resume {run_id}\n"
-    )
+def _record(row: dict[str, Any]) -> RolloutRecord:
+    from vfops._rollout import RolloutRecord
+
+    return RolloutRecord.from_dict(row)
 
 
 if __name__ == "__main__":
