@@ -719,3 +719,36 @@ def test_registry_outage_mid_eval_is_waited_out_or_fails_resumably(
                 assert stub.stats["requests"] - asked == 300 - on_disk
     assert len(results.read_bytes().splitlines()) == 300
     _assert_exactly_once(pg_url, only_run_id(pg_url))
+
+
+def test_two_evals_started_together_on_a_fresh_home_create_the_mlflow_store_once(
+    db_url: str, env_site: Path, tmp_path: Path
+) -> None:
+    """Two ``vfops eval`` on a new home at the same instant: the embedded MLflow store is
+    created once (the second waits for the first), both exit 0 with nothing on stderr,
+    and both runs are in MLflow, linked, when they exit."""
+    from mlflow import MlflowClient
+
+    home = tmp_path / "home"
+    env = cli_env(db_url, env_site, VFOPS_HOME=str(home))
+    env.pop("MLFLOW_TRACKING_URI", None)  # the embedded store under the new home
+    get_engine(db_url)  # the registry's schema exists (its own creation is not the point)
+    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
+        args = [sys.executable, "-m", "vfops", "eval", "echo_env", "-m", "stub-model", "-b",
+                stub.base_url, "-n", "3", "-r", "2", "-q"]  # fmt: skip
+        processes = [
+            subprocess.Popen(
+                [*args, "-o", str(tmp_path / f"out{i}")], env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            for i in range(2)
+        ]
+        outputs = [process.communicate(timeout=300) for process in processes]
+    for process, (_, stderr) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, stderr
+        assert stderr == "", stderr
+    with get_engine(db_url).connect() as connection:
+        links = connection.execute(text("SELECT mlflow_run_id FROM eval_runs")).scalars().all()
+    assert len(links) == 2 and all(links), links
+    client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+    assert {client.get_run(link).info.status for link in links} == {"FINISHED"}
