@@ -191,6 +191,9 @@ def test_signals_mid_run_are_interrupted_flushed_and_resumable(
         assert resumed.returncode == 0, resumed.stderr
         assert stub.stats["requests"] - asked == 300 - on_disk
     _assert_exactly_once(db_url, run_id)
+    finished = MlflowClient(uri).get_run(mlflow_id)  # the same MLflow run, finished
+    assert finished.info.status == "FINISHED" and finished.data.metrics["rollouts"] == 300
+    assert _mlflow_link(db_url) == ("completed", mlflow_id)
 
 
 def _lease_owner(db_url: str) -> str | None:
