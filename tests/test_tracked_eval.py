@@ -741,9 +741,12 @@ def test_two_evals_started_together_on_a_fresh_home_create_the_mlflow_store_once
                 stub.base_url, "-n", "3", "-r", "2", "-q"]  # fmt: skip
         processes = [
             subprocess.Popen(
-                [*args, "-o", str(tmp_path / f"out{i}")], env=env,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
+                [*args, "-o", str(tmp_path / f"out{i}")],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for i in range(2)
         ]
         outputs = [process.communicate(timeout=300) for process in processes]
@@ -755,3 +758,26 @@ def test_two_evals_started_together_on_a_fresh_home_create_the_mlflow_store_once
     assert len(links) == 2 and all(links), links
     client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
     assert {client.get_run(link).info.status for link in links} == {"FINISHED"}
+
+
+def test_the_mlflow_run_grows_while_the_rollouts_run(env_site: Path, tmp_path: Path) -> None:
+    """Progress reaches MLflow during the run (a curve per statistic, step = rollouts done),
+    the last point being the final figure."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    env = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=uri)
+    env.pop("VFOPS_TRACE_ROLLOUTS", None)
+    # 60 rollouts two at a time, 100 ms each: about 3 s of rollouts, a point a second
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=100)) as stub:
+        done = run("eval", "echo_env", "-m", "stub-model", "-b", stub.base_url, "-n", "30",
+                   "-r", "2", "-c", "2", "-o", str(tmp_path / "out"), env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    _, link = _mlflow_link(db_url)
+    assert link is not None
+    history = MlflowClient(uri).get_metric_history(link, "rollouts")
+    steps = [(m.step, m.value) for m in sorted(history, key=lambda m: (m.step, m.timestamp))]
+    assert len(steps) >= 2, steps  # at least one point before the end
+    assert all(step == value for step, value in steps), steps
+    assert steps[-1] == (60, 60.0) and steps[0][0] < 60

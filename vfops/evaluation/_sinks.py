@@ -503,7 +503,7 @@ class TrackingSink:
         if self._info is not None and now >= self._next_progress:
             self._next_progress = now + self._progress_every_s
             summary = self._summary
-            self._tracker.progress(self._results(), summary.to_dict(), summary.rollouts)
+            self._tracker.progress(self._results(), summary.progress_dict(), summary.rollouts)
 
     async def close(self, finish: RunFinish) -> None:
         """Record the end in MLflow (``finish.extra["rollouts_file"]``: the whole run's

@@ -115,7 +115,19 @@ class EvalSummary:
             k *= 2
         return result
 
+    def progress_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` of a run still running: without pass@k (a pass over every
+        example, too slow to repeat while the rollouts run) and the timings (set at the
+        end)."""
+        stored = self._dict(pass_at={})
+        for key in ("pass_at_k", "wall_s", "rollouts_per_s"):
+            del stored[key]
+        return stored
+
     def to_dict(self) -> dict[str, Any]:
+        return self._dict(pass_at=self.pass_at())
+
+    def _dict(self, *, pass_at: dict[int, float]) -> dict[str, Any]:
         return {
             "rollouts": self.rollouts,
             "scored": self.reward.count,
@@ -123,7 +135,7 @@ class EvalSummary:
             "reward_std": self.reward.std,
             "reward_stderr": self.reward.stderr,
             "metrics": {name: m.mean for name, m in sorted(self.metrics.items())},
-            "pass_at_k": {str(k): v for k, v in self.pass_at().items()},
+            "pass_at_k": {str(k): v for k, v in pass_at.items()},
             "pass_threshold": self.pass_threshold,
             "errors": self.error_count,
             "errors_by_type": dict(self.errors),
