@@ -20,7 +20,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
 # memory and ~0.2 s of its start. A use of it here would fail loudly (ImportError).
 sys.modules.setdefault("pandas", None)  # type: ignore[arg-type]
 
-import orjson
+import orjson  # noqa: E402  (after the settings above)
 
 if TYPE_CHECKING:
     from vfops._rollout import RolloutRecord
