@@ -488,9 +488,9 @@ def test_a_run_killed_mid_way_is_killed_in_mlflow_and_resume_finishes_it_there(
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=60)
         client = MlflowClient(uri)
-        assert _wait_until(
-            lambda: client.get_run(mlflow_id).info.status == "KILLED" or None
-        ), client.get_run(mlflow_id).info.status
+        assert _wait_until(lambda: client.get_run(mlflow_id).info.status == "KILLED" or None), (
+            client.get_run(mlflow_id).info.status
+        )
         run_id = only_run_id(db_url)
         config.latency_ms = 0  # answered at once from now on
         resumed = run(*args, "--resume", run_id, env=env)

@@ -248,8 +248,7 @@ async def _stopped_by_signals(evaluation: Coroutine[Any, Any, T], signals: list[
             task.cancel()
         elif len(signals) == 2:
             print(
-                "interrupted: recording the run's end (what is done is kept); it exits "
-                "in a moment",
+                "interrupted: recording the run's end (what is done is kept); it exits in a moment",
                 file=sys.stderr,
                 flush=True,
             )
