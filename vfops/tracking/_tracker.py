@@ -44,15 +44,11 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any
 
 import orjson
 
 from vfops._errors import VfopsError
-
-_READY_TIMEOUT_S: Final = 300.0
-"""How long the tracker may take to open the store: a slow MLflow server or a first
-start (the store's tables created) on a loaded machine take seconds, never minutes."""
 
 _prestarted: Tracker | None = None
 _prestarted_lock = threading.Lock()
@@ -244,14 +240,6 @@ class Tracker:
             if "ok" in answer and not answer["ok"] and self.failure is None:
                 self.failure = str(answer.get("error"))
         return self.failure or self._sender.error
-
-    async def wait_ready(self, timeout_s: float = _READY_TIMEOUT_S) -> None:
-        """Wait until the tracking store answered; raise its one-line error otherwise."""
-        if self._ready is None:
-            await asyncio.wait_for(asyncio.to_thread(self._read_line), timeout_s)
-        assert self._ready is not None
-        if "error" in self._ready:
-            raise VfopsError(str(self._ready["error"]))
 
     # ------------------------------------------------------------------ ending
 
