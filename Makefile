@@ -31,8 +31,8 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check vfops flows tests environments bench
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest -n 2 --dist loadfile -m 'not torch_heavy'  # see tests/conftest.py
-	$(VENV)/bin/pytest -m torch_heavy
+	$(VENV)/bin/pytest -n 2 --dist loadfile -m 'not torch_heavy' --durations=30  # see tests/conftest.py
+	$(VENV)/bin/pytest -m torch_heavy --durations=30
 
 lint: setup
 	$(VENV)/bin/ruff check vfops flows tests environments bench

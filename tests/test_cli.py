@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 import vfops
+from tests.request_gate import RequestGate
 from vfops.evaluation import load_results
 from vfops.testing import StubConfig, StubServer
 
@@ -288,9 +289,9 @@ def test_bad_input_is_one_line_and_non_zero(
 def test_ctrl_c_keeps_completed_rollouts_and_resume_finishes(
     env_site: Path, tmp_path: Path
 ) -> None:
-    # 200 rollouts, 4 at a time, 200 ms each: 10 s, so the signal (sent once some
-    # groups are on disk) lands mid-run even on a loaded machine
-    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=200)) as server:
+    # 200 rollouts, 4 at a time; the stub answers 40 model calls, then holds the rest
+    # until the signal has landed: the run stands still mid-run, however busy the machine
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=20)) as server:
         args = [
             "eval",
             "echo_env",
@@ -308,14 +309,18 @@ def test_ctrl_c_keeps_completed_rollouts_and_resume_finishes(
             str(tmp_path),
         ]
         env = {**os.environ, "PYTHONPATH": str(env_site)}
-        process = subprocess.Popen(
-            [VFOPS, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
-        deadline = time.monotonic() + 60
-        while len(_lines(tmp_path)) < 10 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
+        with RequestGate(server, allow=40):
+            process = subprocess.Popen(
+                [VFOPS, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+            deadline = time.monotonic() + 240  # a safety net: the gate makes the state come
+            while len(_lines(tmp_path)) < 10:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    process.kill()
+                    pytest.fail(f"no 10 rollouts on disk: {process.communicate()[1]}")
+                time.sleep(0.05)
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=120)
         assert process.returncode == 130, stderr
         assert "interrupted" in stderr and "--resume" in stderr
         kept = records(tmp_path)

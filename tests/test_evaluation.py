@@ -143,8 +143,26 @@ async def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
 
 async def test_cancel_keeps_completed_groups_and_resume_finishes(tmp_path: Path) -> None:
     env = make_env(20)
-    task = asyncio.create_task(run(env, echo_client(0.05), request(n=20, r=2, c=4), tmp_path))
-    await asyncio.sleep(0.3)
+    answered = 0
+
+    async def reply(messages: Messages, tools: object) -> str:
+        nonlocal answered
+        if answered >= 10:  # the rest wait until the run is cancelled: it stops midway
+            await asyncio.Event().wait()
+        answered += 1
+        return str(messages[-1]["content"])
+
+    client = ScriptedClient(reply)
+    task = asyncio.create_task(run(env, client, request(n=20, r=2, c=4), tmp_path))
+    # cancel once a group is on disk (a state, not a guess at how long that takes)
+    folder = tmp_path / "evals" / "echo--scripted"
+    for _ in range(6000):  # a 60 s safety net
+        written = [p.read_bytes().count(b"\n") for p in folder.glob("*/results.jsonl")]
+        if written and written[0] >= 2:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("no group reached results.jsonl")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

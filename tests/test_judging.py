@@ -456,10 +456,13 @@ def test_stub_rate_limit_mode_rejects_above_the_window() -> None:
         StubConfig(rate_limit_per_s=0.5)
     with pytest.raises(ValueError, match="in-process"):
         StubServer(StubConfig(rate_limit_per_s=5), subprocess=True).start()
-    with StubServer(StubConfig(rate_limit_per_s=5, rate_limit_burst=1)) as server:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}'
+
+    def burst(server: StubServer) -> tuple[list[int], list[float], float]:
+        """9 requests one after another: statuses, Retry-After values, seconds taken."""
         statuses: list[int] = []
         retry_after: list[float] = []
-        body = b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}'
+        began = time.monotonic()
         for _ in range(9):
             request = urllib.request.Request(
                 server.base_url + "/chat/completions",
@@ -473,14 +476,30 @@ def test_stub_rate_limit_mode_rejects_above_the_window() -> None:
                 statuses.append(exc.code)
                 retry_after.append(float(exc.headers["Retry-After"]))
                 exc.close()
-        assert statuses == [200] * 6 + [429] * 3  # 5 per second + a burst of 1
-        assert all(0 < wait <= 1.0 for wait in retry_after)
-        stats = server.stats
-        assert (stats["429"], stats["rate_limited"], stats["ok"]) == (3, 3, 6)
-        assert len(server.admitted_times) == 6
-        time.sleep(max(retry_after[-1], 0) + 0.05)
-        with urllib.request.urlopen(request, timeout=10) as response:
-            assert response.status == 200
+        return statuses, retry_after, time.monotonic() - began
+
+    # the window is one second: the burst must fit in it, which a busy machine may not
+    # give at the first try (then the burst is a different experiment: try again)
+    for _ in range(5):
+        with StubServer(StubConfig(rate_limit_per_s=5, rate_limit_burst=1)) as server:
+            statuses, retry_after, took_s = burst(server)
+            if took_s >= 0.9:
+                continue
+            assert statuses == [200] * 6 + [429] * 3  # 5 per second + a burst of 1
+            assert all(0 < wait <= 1.0 for wait in retry_after)
+            stats = server.stats
+            assert (stats["429"], stats["rate_limited"], stats["ok"]) == (3, 3, 6)
+            assert len(server.admitted_times) == 6
+            time.sleep(max(retry_after[-1], 0) + 0.05)
+            request = urllib.request.Request(
+                server.base_url + "/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert response.status == 200
+            return
+    pytest.fail(f"9 requests never fitted in the 1 s window (the last took {took_s:.2f} s)")
 
 
 def test_importing_vfops_budget_and_judging_does_not_import_prefect() -> None:

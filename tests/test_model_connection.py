@@ -113,9 +113,10 @@ async def test_the_check_can_be_turned_off() -> None:
 
 async def test_a_slow_or_odd_model_list_skips_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_model, "MODEL_LIST_TIMEOUT_S", 0.2)
+    answer_the_list = asyncio.Event()
 
     async def slow(request: web.Request) -> web.Response:
-        await asyncio.sleep(5)
+        await answer_the_list.wait()  # only once the connection is made: never in time
         return web.json_response({"data": [{"id": "tiny"}]})
 
     async def odd(request: web.Request) -> web.Response:
@@ -126,9 +127,12 @@ async def test_a_slow_or_odd_model_list_skips_the_check(monkeypatch: pytest.Monk
 
     for handler in (slow, odd, empty):
         async with _server(handler) as url:
-            connection = await asyncio.wait_for(
-                connect_model("other", ModelOptions(base_url=url)), timeout=3
-            )
+            try:  # a check that waited for the slow list would never return (60 s: a net)
+                connection = await asyncio.wait_for(
+                    connect_model("other", ModelOptions(base_url=url)), timeout=60
+                )
+            finally:
+                answer_the_list.set()
             await connection.client.aclose()
 
 

@@ -26,6 +26,7 @@ import psutil
 import pytest
 from sqlalchemy import text
 
+from tests.request_gate import RequestGate, by_temperature
 from vfops.registry import count_rollouts, dispose_engines, get_engine, iter_rollouts
 from vfops.testing import StubConfig, StubServer
 
@@ -278,19 +279,25 @@ def test_deploy_worker_and_trigger_through_the_api(stack: dict[str, Any]) -> Non
     assert all(f"run `{run_id}`" in report for run_id in runs)
 
 
+def new_cells(stack: dict[str, Any], before: set[str]) -> dict[str, int]:
+    return {k: v for k, v in cell_runs(stack).items() if k not in before}
+
+
 def test_killed_worker_then_rerun_gives_exactly_n_times_r(stack: dict[str, Any]) -> None:
     before = set(cell_runs(stack))
     n, r = 40, 2
-    worker = start_worker(stack, "worker-2")
-    flow_run_id = trigger(stack, sweep(stack, n=n, r=r, c=2))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        new = {k: v for k, v in cell_runs(stack).items() if k not in before}
-        if sum(new.values()) >= 20:
-            break
-        time.sleep(0.2)
-    worker.kill()  # the worker and the flow-run process it started, like a lost machine
-    partial = {k: v for k, v in cell_runs(stack).items() if k not in before}
+    # the stub answers each cell's first 24 model calls, then holds the rest until the
+    # kill has landed: the sweep stands still mid-cell, however busy the machine (it
+    # could finish between a look at its progress and the kill)
+    with RequestGate(stack["stub"], allow=24, key=by_temperature):
+        worker = start_worker(stack, "worker-2")
+        flow_run_id = trigger(stack, sweep(stack, n=n, r=r, c=2))
+        deadline = time.monotonic() + 240  # a safety net: the gate makes the state come
+        while sum((new := new_cells(stack, before)).values()) < 20:
+            assert time.monotonic() < deadline, f"the sweep stored no 20 rollouts: {new}"
+            time.sleep(0.2)
+        worker.kill()  # the worker and the flow-run process it started, like a lost machine
+    partial = new_cells(stack, before)
     assert 0 < sum(partial.values()) < 2 * n * r
 
     # re-run the same flow run (the UI's "Retry"): back to Scheduled for a new worker

@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tests.request_gate import RequestGate, by_temperature
 from tests.test_prefect_e2e import (
     BIN,
     POOL,
@@ -185,7 +186,16 @@ def test_distributed_sweep_runs_each_cell_on_a_worker(fanout: dict[str, Any]) ->
     workers = [cell_worker(fanout, "cells-a1"), cell_worker(fanout, "cells-a2")]
     started = time.monotonic()
     try:
-        parent = trigger(fanout, distributed_sweep(fanout, n, r, tag), SWEEP_QUEUE)
+        # no model call is answered until each worker runs a cell (one at a time each):
+        # otherwise a worker that starts first on a busy machine may run all three
+        with RequestGate(fanout["stub"]):
+            parent = trigger(fanout, distributed_sweep(fanout, n, r, tag), SWEEP_QUEUE)
+            deadline = time.monotonic() + 240  # a safety net: the gate makes the state come
+            while not all(
+                any(running_on(w, c["id"]) for c in child_runs(fanout, parent)) for w in workers
+            ):
+                assert time.monotonic() < deadline, "the workers never ran a cell each"
+                time.sleep(0.5)
         final = wait_for(fanout, parent, timeout_s=300)
         assert final["type"] == "COMPLETED", final["message"]
     finally:
@@ -219,23 +229,29 @@ def test_lost_worker_cell_is_rescheduled_and_finished_elsewhere(fanout: dict[str
     victim, survivor = cell_worker(fanout, "cells-b1"), cell_worker(fanout, "cells-b2")
     started = time.monotonic()
     try:
-        parent = trigger(fanout, distributed_sweep(fanout, n, r, tag, concurrent=1), SWEEP_QUEUE)
-        # wait until the victim runs a cell that has rollouts in the registry
-        lost: str | None = None
-        deadline = time.monotonic() + 180
-        while lost is None and time.monotonic() < deadline:
-            for child in child_runs(fanout, parent):
-                if child["state_type"] == "RUNNING" and running_on(victim, child["id"]):
-                    progress = [
-                        cell_runs(fanout)[run.id]
-                        for run in tagged_runs(fanout, tag)
-                        if run.status == "running"
-                    ]
-                    if any(progress):
-                        lost = child["id"]
-            time.sleep(0.5)
-        assert lost is not None, "no cell ran on the victim worker"
-        victim.kill()  # its process group and its flow-run processes: a lost machine
+        # each cell gets 10 of its 40 model calls answered, the rest wait until the kill
+        # has landed: the victim's cell stands still mid-cell (it could finish between a
+        # look at its progress and the kill on a busy machine)
+        with RequestGate(fanout["stub"], allow=10, key=by_temperature):
+            parent = trigger(
+                fanout, distributed_sweep(fanout, n, r, tag, concurrent=1), SWEEP_QUEUE
+            )
+            # wait until the victim runs a cell that has rollouts in the registry
+            lost: str | None = None
+            deadline = time.monotonic() + 240  # a safety net: the gate makes the state come
+            while lost is None:
+                assert time.monotonic() < deadline, "no cell ran on the victim worker"
+                for child in child_runs(fanout, parent):
+                    if child["state_type"] == "RUNNING" and running_on(victim, child["id"]):
+                        progress = [
+                            cell_runs(fanout)[run.id]
+                            for run in tagged_runs(fanout, tag)
+                            if run.status == "running"
+                        ]
+                        if any(progress):
+                            lost = child["id"]
+                time.sleep(0.5)
+            victim.kill()  # its process group and its flow-run processes: a lost machine
         killed_at = time.monotonic()
         # crashed once its heartbeats stop, then scheduled again and started elsewhere
         deadline = killed_at + HEARTBEAT_TIMEOUT_S + 90

@@ -27,6 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.request_gate import RequestGate, by_temperature
 from vfops._json_http import json_request
 from vfops.testing import StubConfig, StubServer
 
@@ -280,6 +281,7 @@ def flow_run_processes(stack_id: str) -> dict[int, dict[str, str]]:
 
 
 SWEEP_N, SWEEP_R = 30, 2  # 60 model calls, 2 at a time at 250 ms: ~8 s of rollouts per cell
+SWEEP_HELD_AFTER = 20  # model calls a cell makes while the gates are closed (of N x R)
 SWEEP_HEARTBEAT_TIMEOUT_S = 50  # flow-run heartbeats come every 30 s on the stack
 
 
@@ -313,12 +315,15 @@ def registry_runs(env: dict[str, str], tag: str) -> list[dict[str, Any]]:
             "SELECT r.id, r.status, r.tags, r.mlflow_run_id, r.lease_owner, "
             "(SELECT count(*) FROM rollouts o WHERE o.run_id = r.id), "
             "(SELECT count(DISTINCT (o.example_id, o.rollout_index)) FROM rollouts o "
-            " WHERE o.run_id = r.id) FROM eval_runs r"
+            " WHERE o.run_id = r.id), r.base_url, r.sampling_args FROM eval_runs r"
         ).fetchall()
     return [dict(zip(RUN_COLUMNS, r, strict=True)) for r in rows if tag in (r[2] or [])]
 
 
-RUN_COLUMNS = ("id", "status", "tags", "mlflow_run_id", "lease_owner", "rollouts", "distinct")
+RUN_COLUMNS = (
+    "id", "status", "tags", "mlflow_run_id", "lease_owner", "rollouts", "distinct", "base_url",
+    "sampling_args",
+)  # fmt: skip
 
 
 def workers_of(run: dict[str, Any]) -> set[str]:
@@ -353,11 +358,19 @@ def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
     tag = f"stack-sweep-{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
     # two servers: a run's identity is its model and endpoint, so two aliases of one
-    # server would be one run per sampling config, reused by the second cell
+    # server would be one run per sampling config, reused by the second cell. Each has a
+    # gate, open until the victim has finished 3 cells; closed, every cell stops after
+    # SWEEP_HELD_AFTER model calls (a cell is one server and one temperature), so the
+    # victim's cells stand still mid-cell until the kill has landed, however busy the
+    # machine (looking for a moment when they happen to be midway missed it under load:
+    # "the sweep ended early: COMPLETED")
     with (
         StubServer(StubConfig(reply_mode="arithmetic", latency_ms=250)) as stub_a,
         StubServer(StubConfig(reply_mode="arithmetic", latency_ms=250)) as stub_b,
+        RequestGate(stub_a, allow=SWEEP_HELD_AFTER, key=by_temperature, closed=False) as gate_a,
+        RequestGate(stub_b, allow=SWEEP_HELD_AFTER, key=by_temperature, closed=False) as gate_b,
     ):
+        gates = {stub_a.base_url: gate_a, stub_b.base_url: gate_b}
         endpoints = tmp_path / "endpoints.toml"
         endpoints.write_text(
             "".join(
@@ -378,7 +391,7 @@ def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
         parent = found.group(1)
 
         # the worker running the sweep's own flow run stays; the other one will be lost
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300
         while not (
             hosts := {
                 e["VFOPS_WORKER_NAME"]
@@ -392,14 +405,30 @@ def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
         victim = ({"worker-1", "worker-2"} - {keeper}).pop()
         say(f"the sweep {parent} runs on {keeper}; {victim} will be lost")
 
+        def calls_left(run: dict[str, Any]) -> bool:
+            """Whether the run's cell has model calls still to make (held: it cannot end)."""
+            gate = gates[run["base_url"]]
+            seen, _ = gate.stats()
+            temperature = (run["sampling_args"] or {}).get("temperature")
+            return seen.get(temperature, 0) < SWEEP_N * SWEEP_R
+
         # kill it once it has finished 3 cells and is in the middle of two, its limit (so
         # it holds no run it has taken but not started yet: a Pending run has no
         # heartbeat to be missed, see infra/README.md)
-        deadline = time.monotonic() + 420
+        deadline = time.monotonic() + 600  # a safety net: the gates make the state come
+        closed = False
         while True:
-            assert time.monotonic() < deadline, "the victim never ran 3 cells"
+            assert time.monotonic() < deadline, (
+                "the victim never ran 3 cells" if not closed else "the victim never held 2 cells"
+            )
             runs = registry_runs(env, tag)
             done = [r for r in runs if r["status"] == "completed" and victim in workers_of(r)]
+            if len(done) >= 3 and not closed:
+                for gate in gates.values():
+                    gate.close()
+                closed = True
+                say(f"{victim} finished {len(done)} cells: the gates hold every cell now")
+                continue  # look again: a cell may have gone on before the gates closed
             children = prefect_api(
                 env, "POST", "/flow_runs/filter",
                 {"flow_runs": {"parent_flow_run_id": {"any_": [parent]}}},
@@ -414,16 +443,16 @@ def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
             }
             on_victim = set(processes.values())
             # a cell evaluates in its flow-run process, which holds its run's lease
-            # (host@pid:token); the worker is tagged on the run once it is done. At most
-            # 3/4 done, so it is still evaluating when the kill lands (a cell near its
-            # end can finish between this look and the kill)
+            # (host@pid:token); the worker is tagged on the run once it is done. With
+            # the gates closed, a cell with rollouts stored and calls still to make
+            # stands still mid-cell: it cannot finish before the kill lands
             mid_cell = [
                 r for r in runs
-                if r["status"] == "running" and 0 < r["rollouts"] <= SWEEP_N * SWEEP_R * 3 // 4
+                if r["status"] == "running" and r["rollouts"] > 0 and calls_left(r)
                 and any(f"@{pid}:" in (r["lease_owner"] or "") for pid in processes)
             ]  # fmt: skip
             if (
-                len(done) >= 3
+                closed
                 and mid_cell
                 and len(on_victim) == 2
                 and all(states.get(i) == "RUNNING" for i in on_victim)
@@ -450,6 +479,8 @@ def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
         )
         assert lost, f"both of {sorted(on_victim)} completed before the kill landed"
         say(f"killed {victim} while it ran {lost}; {len(runs)} registry runs")
+        for gate in gates.values():
+            gate.open()
         # a lost machine is replaced (as an operator, or an autoscaler, would)
         replaced = vfops("stack", "up", *stack_args(stack), "--workers", "2")
         assert replaced.returncode == 0, replaced.stderr

@@ -23,6 +23,7 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from tests.registry_fixtures import DIALECTS, database_url
+from tests.request_gate import RequestGate
 from vfops._config import ConfigError
 from vfops._errors import VfopsError
 from vfops.registry import EvalRunRow, RunBusyError, count_rollouts, get_engine, iter_rollouts
@@ -401,18 +402,21 @@ async def test_interrupted_cell_is_resumed_to_exactly_n_times_r(
             )
         )
         engine = get_engine(db_url)
-        task = asyncio.create_task(run_cell_async(cell, output_root=tmp_path))
-        run_id = None
-        for _ in range(400):
-            await asyncio.sleep(0.025)
-            with engine.connect() as connection:
-                run_id = connection.execute(text("SELECT id FROM eval_runs")).scalar()
-            if run_id is not None and count_rollouts(engine, run_id) > 0:
-                break
-        assert run_id is not None
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        # the stub answers 40 of the 200 model calls, then holds the rest until the cell
+        # is cancelled: it stops midway, however busy the machine
+        with RequestGate(slow, allow=40):
+            task = asyncio.create_task(run_cell_async(cell, output_root=tmp_path))
+            run_id = None
+            for _ in range(2400):  # a safety net of 60 s or more
+                await asyncio.sleep(0.025)
+                with engine.connect() as connection:
+                    run_id = connection.execute(text("SELECT id FROM eval_runs")).scalar()
+                if run_id is not None and count_rollouts(engine, run_id) > 0:
+                    break
+            assert run_id is not None and count_rollouts(engine, run_id) > 0
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
         stored = count_rollouts(engine, run_id)
         assert 0 < stored < n * r
         with engine.connect() as connection:
