@@ -223,13 +223,14 @@ def test_a_verifiers_run_stopped_mid_way_resumes_to_exactly_n_x_r(tmp_path: Path
             "-n", str(n), "-r", str(R), "-c", "2", "-o", str(tmp_path / "out"),
         ]  # fmt: skip
         process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240  # a safety net: a group on disk is the signal's cue
         results: list[Path] = []
-        while time.monotonic() < deadline:
-            results = list((tmp_path / "out").rglob("results.jsonl"))
-            if results and len(results[0].read_bytes().splitlines()) >= 2:
-                break
+        while not (results and len(results[0].read_bytes().splitlines()) >= 2):
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                pytest.fail(f"no group on disk: {process.communicate()[1].decode()[-2000:]}")
             time.sleep(0.05)
+            results = list((tmp_path / "out").rglob("results.jsonl"))
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=60)
         assert process.returncode == 143, stderr.decode()
