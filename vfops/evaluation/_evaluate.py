@@ -300,10 +300,7 @@ async def evaluate_async(
             assert calls is not None and plan.run_id is not None
             ledger = await _open_ledger(calls, plan.run_id, max_cost, cost_caps or {})
         async with _peers(client, calls):
-            return await _run(
-                env,
-                client,
-                plan,
+            context = _RunContext(
                 planned=planned,
                 registry=None if opening is not None else calls,
                 opening=opening,
@@ -312,6 +309,7 @@ async def evaluate_async(
                 progress=progress,
                 ledger=ledger,
             )
+            return await _run(env, client, plan, context)
     finally:
         if connection_client is not None:
             await connection_client.aclose()
@@ -665,21 +663,9 @@ class _RunContext:
 
 
 async def _run(
-    env: Environment,
-    client: ModelClient,
-    plan: _Plan,
-    *,
-    planned: int,
-    registry: RegistryCalls | None,
-    opening: asyncio.Task[RegistryCalls] | None,
-    tracker: Tracker | None,
-    mlflow_parent_run_id: str | None,
-    progress: EvalProgress | None,
-    ledger: RegistryLedger | None = None,
+    env: Environment, client: ModelClient, plan: _Plan, context: _RunContext
 ) -> EvalResult:
-    context = _RunContext(
-        planned, registry, opening, tracker, mlflow_parent_run_id, progress, ledger
-    )
+    registry = context.registry
     request, run_dir = plan.request, plan.run_dir
     metadata = initial_metadata(request, type(env).__name__)
     if plan.run_id is not None:
@@ -930,10 +916,10 @@ async def _copy_from_registry(
     holds the whole run."""
     assert registry is not None and plan.run_id is not None
     calls = registry if not isinstance(registry, asyncio.Future) else await registry
-    missing = sorted(plan.done_in_registry - done)
-    for start in range(0, len(missing), _CATCH_UP_BATCH):
-        keys = missing[start : start + _CATCH_UP_BATCH]
-        records = await calls.call(_registry_records, plan.run_id, keys)
+    # one pass over the run's rows in the registry (each call would stream them all)
+    found = await calls.call(_registry_records, plan.run_id, plan.done_in_registry - done)
+    for start in range(0, len(found), _CATCH_UP_BATCH):
+        records = found[start : start + _CATCH_UP_BATCH]
         _to_folder(plan, writer.write_group, records)
         for sink in sinks:
             if not isinstance(sink, RegistrySink):
@@ -959,12 +945,11 @@ def _to_folder(plan: _Plan, write: Callable[..., None], *args: Any) -> None:
 
 
 def _registry_records(
-    engine: Engine, run_id: str, keys: list[tuple[int, int]]
+    engine: Engine, run_id: str, keys: set[tuple[int, int]]
 ) -> list[RolloutRecord]:
     from vfops.registry import iter_rollouts
 
-    wanted = set(keys)
-    return [record for record in iter_rollouts(engine, run_id) if record.key in wanted]
+    return [record for record in iter_rollouts(engine, run_id) if record.key in keys]
 
 
 async def _finish(

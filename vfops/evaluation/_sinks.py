@@ -520,13 +520,13 @@ class TrackingSink:
             raise self._fail(problem)
         if self._info is None:
             return  # the registry run was never opened: nothing to log it against
-        import datetime as dt
+        from vfops.evaluation._runner import now_iso
 
         info = {
             **self._info,
             "status": finish.status,
             "summary": finish.summary.to_dict(),
-            "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+            "finished_at": now_iso(),
         }
         try:
             self.mlflow_run_id = await self._tracker.finish(

@@ -343,11 +343,10 @@ class PendingTraces:
 
     def log(self) -> int:
         """Log them; return how many traces were logged."""
-        from vfops.tracking._traces import log_traces
+        from vfops.tracking._traces import TraceWriter
 
         with _lock, quiet():
-            return log_traces(
-                self.records,
+            writer = TraceWriter(
                 tracking_uri=self.tracking_uri,
                 experiment_id=self.experiment_id,
                 mlflow_run_id=self.mlflow_run_id,
@@ -355,6 +354,7 @@ class PendingTraces:
                 pass_threshold=self.pass_threshold,
                 skip_logged=self.skip_logged,
             )
+            return writer.log(self.records)
 
 
 def log_run_deferring_traces(

@@ -89,30 +89,6 @@ def logged_trace_ids(tracking_uri: str, experiment_id: str, mlflow_run_id: str) 
             return found
 
 
-def log_traces(
-    records: Sequence[RolloutRecord],
-    *,
-    tracking_uri: str,
-    experiment_id: str,
-    mlflow_run_id: str,
-    tags: dict[str, str],
-    pass_threshold: float = 1.0,
-    skip_logged: bool = False,
-) -> int:
-    """Log ``records`` as traces of MLflow run ``mlflow_run_id``; return how many were logged.
-
-    ``tags`` go on every trace; ``skip_logged``: the run was logged before, so rollouts
-    whose trace is already there are skipped (logging a run again is idempotent).
-    """
-    if not records:
-        return 0
-    writer = TraceWriter(
-        tracking_uri=tracking_uri, experiment_id=experiment_id, mlflow_run_id=mlflow_run_id,
-        tags=tags, pass_threshold=pass_threshold, skip_logged=skip_logged,
-    )  # fmt: skip
-    return writer.log(records)
-
-
 class TraceSampler:
     """Chooses, as rollouts arrive, the ones of a run logged as traces.
 
@@ -134,9 +110,9 @@ class TraceSampler:
     def offer(self, row: dict[str, Any]) -> bool:
         """Whether the rollout ``row`` (its JSON record) is logged now."""
         self.seen += 1
-        error = row.get("error")
-        error_type = error.get("type") if isinstance(error, dict) else None
-        if _failed(row.get("reward"), error_type or (error and "error"), self._pass_threshold):
+        error = row.get("error")  # the record's error part (a dict), or None
+        error_type = (error.get("type") or "error") if error else None
+        if _failed(row.get("reward"), error_type, self._pass_threshold):
             if self._failed < self._failed_limit:
                 self._failed += 1
                 return True
