@@ -23,6 +23,7 @@ from tests.registry_fixtures import DIALECTS, database_url
 from tests.tcp_proxy import TcpProxy
 from vfops.registry import count_rollouts, get_engine, iter_rollouts
 from vfops.testing import StubConfig, StubServer
+from vfops.tracking import mlflow_client
 
 
 @pytest.fixture(params=DIALECTS)
@@ -467,27 +468,29 @@ def test_a_run_killed_mid_way_is_killed_in_mlflow_and_resume_finishes_it_there(
 ) -> None:
     """kill -9 of vfops eval mid-run: its tracker sees its input close and ends the MLflow
     run KILLED (never left RUNNING); --resume finishes that same MLflow run."""
-    from mlflow import MlflowClient
-
     uri = f"sqlite:///{tmp_path}/m.db"
     env = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=uri)
     # every request held for an hour: the run cannot end before it is killed
     config = StubConfig(reply_mode="echo_answer", latency_ms=3_600_000)
-    with StubServer(config) as stub:
+    with StubServer(config) as stub, (tmp_path / "stderr").open("w+") as stderr:
         args = ["eval", "echo_env", "-m", "stub-model", "-b", stub.base_url, "-n", "5",
                 "-r", "2", "-o", str(tmp_path / "out")]  # fmt: skip
         process = subprocess.Popen(
             [sys.executable, "-m", "vfops", *args], env=env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip
-        # opened while the rollouts run, found by its tag (the registry links it at the end)
-        mlflow_id = _wait_until(
-            lambda: _mlflow_run_of(uri, only_run_id(db_url)) if _has_run(db_url) else None
-        )
-        assert mlflow_id is not None
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=60)
-        client = MlflowClient(uri)
+        try:
+            # opened while the rollouts run, found by its tag (the registry links it at
+            # the end); the probe opens the store as vfops does, so it never races the
+            # eval's tracker on creating a fresh one
+            mlflow_id = _wait_until(
+                lambda: _mlflow_run_of(uri, only_run_id(db_url)) if _has_run(db_url) else None
+            )
+            assert mlflow_id is not None, _read(stderr)
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=60)
+        client = mlflow_client(uri)
         assert _wait_until(lambda: client.get_run(mlflow_id).info.status == "KILLED" or None), (
             client.get_run(mlflow_id).info.status
         )
@@ -501,6 +504,11 @@ def test_a_run_killed_mid_way_is_killed_in_mlflow_and_resume_finishes_it_there(
     assert finished.info.status == "FINISHED" and finished.data.metrics["rollouts"] == 10
 
 
+def _read(stream: Any) -> str:
+    stream.seek(0)
+    return str(stream.read())
+
+
 def _has_run(db_url: str) -> bool:
     with get_engine(db_url).connect() as connection:
         return bool(connection.execute(text("SELECT count(*) FROM eval_runs")).scalar_one())
@@ -508,9 +516,7 @@ def _has_run(db_url: str) -> bool:
 
 def _mlflow_run_of(uri: str, run_id: str) -> str | None:
     """The MLflow run tagged with registry run ``run_id``, once it exists."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     experiment = client.get_experiment_by_name("vfops/echo_env")
     if experiment is None:
         return None
