@@ -488,7 +488,7 @@ def test_concurrent_cli_publishes_of_one_version(artifacts: str, tmp_path: Path)
     codes = sorted(proc.returncode for proc in procs)
     assert codes[0] == 0 and codes[1] != 0, outputs
     (loser_err,) = [err for proc, (_, err) in zip(procs, outputs, strict=True) if proc.returncode]
-    assert len(loser_err.strip().splitlines()) == 1 and "race_env@0.1.0" in loser_err
+    assert len(loser_err.strip().splitlines()) == 1 and "race_env@0.1.0" in loser_err, loser_err
     assert count_versions(db_url) == 1
     assert stored_keys(artifacts) == referenced_keys(db_url)
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import sqlite3
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -239,7 +241,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_MS}")
         # WAL: readers never block the writer; NORMAL sync is durable in WAL mode
         # except for the last transactions on power loss, and much faster.
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _switch_to_wal(cursor)
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
@@ -251,6 +253,28 @@ def _configure_sqlite(engine: Engine) -> None:
         # transaction later tries to write while another writer committed.
         mode = connection.get_execution_options().get(_SQLITE_BEGIN, "DEFERRED")
         connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """``PRAGMA journal_mode=WAL``, retried while another connection holds the lock.
+
+    Switching a new file to WAL needs an exclusive lock. When another connection is
+    switching it at the same moment, SQLite answers ``database is locked`` at once
+    instead of waiting ``busy_timeout`` (it would deadlock), e.g. two ``vfops env
+    publish`` on a fresh registry: the second said it could not connect. The switch is
+    retried until the busy timeout has passed.
+    """
+    deadline = time.monotonic() + _SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.001
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)  # the other connection's switch takes milliseconds
+        delay = min(delay * 2, 0.05)
 
 
 def _write_options(engine: Engine) -> dict[str, Any]:
