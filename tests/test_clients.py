@@ -408,7 +408,9 @@ async def test_openai_rate_limit_reset_headers_name_the_wait() -> None:
     async with _http_server(handler) as url, OpenAIClient(url, max_retries=0) as client:
         response = await client.chat(model="m", messages=_user("x"))
     assert response.message["content"] == "ok"
-    assert 0.3 <= times[1] - times[0] < 0.3 * (1 + RATE_LIMIT_JITTER) + 1.0
+    # the requests' reset (300 ms), not the tokens' (a minute); the upper bound only has
+    # to tell the two apart, with room for a busy machine
+    assert 0.3 <= times[1] - times[0] < 30
 
 
 async def test_connection_refused_retried_then_raises() -> None:

@@ -340,7 +340,7 @@ def test_sigterm_stops_an_eval_whose_sync_reward_hangs(hung_site: Path, tmp_path
         try:
             # started: the run is open in the registry and every group was generated
             # (its scoring is what hangs)
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 240  # a safety net: it returns on the state
             while time.monotonic() < deadline and not (
                 _registry_status(tmp_path) == "running" and stub.stats["requests"] >= 8
             ):

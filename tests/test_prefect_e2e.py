@@ -76,7 +76,7 @@ def serve_stack(
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 240  # a safety net for a busy machine
         while True:
             try:
                 with urllib.request.urlopen(f"{api}/health", timeout=2):

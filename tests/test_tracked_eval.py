@@ -83,7 +83,7 @@ def _kill_9_mid_run(
 
 
 def _wait_until_mid_run(tmp_path: Path, db_url: str, *, rows_in_registry: bool) -> Path:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # a safety net: it returns on the state
     while time.monotonic() < deadline:
         found = list(tmp_path.glob("evals/*/*/results.jsonl"))
         going = found and found[0].stat().st_size > 20_000 and _run_count(db_url) == 1
@@ -226,7 +226,7 @@ def test_two_concurrent_resumes_of_one_run_the_second_is_refused(
             stderr=subprocess.PIPE,
             text=True,
         )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240  # a safety net: it returns on the state
         while f"@{first.pid}:" not in (_lease_owner(db_url) or ""):
             assert time.monotonic() < deadline and first.poll() is None, "no lease taken"
             time.sleep(0.05)
