@@ -14,12 +14,14 @@ setup: $(VENV)/.installed
 	$(PY) -m compileall -q vfops flows environments > /dev/null
 
 # torch first, pinned to the CPU build on local disk: otherwise a dependency
-# may pull a multi-GB CUDA build.
+# may pull a multi-GB CUDA build. The build backend every package here names
+# (setuptools>=68, wheel) goes in next, so the editable installs build with it instead
+# of an isolated build environment each (17 of them; measured 14 % of the set-up).
 $(VENV)/.installed: pyproject.toml $(ENV_PACKAGES) $(VF_TEST_PACKAGES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,train,verifiers]' \
+	$(PY) -m pip install --quiet torch==2.13.0 'setuptools>=68' wheel
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev,train,verifiers]' \
 		$(foreach p,$(ENV_PACKAGES) $(VF_TEST_PACKAGES),-e $(dir $(p)))
 	touch $@
 
