@@ -71,7 +71,7 @@ def test_a_package_whose_backend_is_here_builds_without_isolation(
         'requires = ["setuptools>=68", "vfops-no-such-backend>=1"]',  # not installed
     ],
 )
-def test_a_build_requirement_this_interpreter_lacks_means_an_isolated_build(
+def test_a_build_requirement_this_interpreter_lacks_is_found_unmet(
     tmp_path: Path, requires: str
 ) -> None:
     assert _build._build_requirements_met(_copy(tmp_path)) is True
