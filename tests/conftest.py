@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +17,13 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 # (0.1-0.3 s of CPU each, up to 100 a run, in the background): in a suite of hundreds
 # of evals on 2 cores that starved the tests' servers. The trace tests turn them on.
 os.environ.setdefault("VFOPS_TRACE_ROLLOUTS", "off")
+# Tracking off too, unless a test asks for it: a tracked `vfops eval` starts a tracker
+# child that imports MLflow and creates a fresh store in the test's home (~3 s of CPU
+# each; measured: a fifth of the parallel pass's CPU, most of it in tests that never
+# read MLflow). The tests about MLflow turn it on: a module or a test marked `tracking`
+# runs with the default (on; the fixtures below), the `backend` fixture
+# (tests/mlflow_fixtures.py) unsets it too, others pass VFOPS_TRACKING=1.
+os.environ.setdefault("VFOPS_TRACKING", "0")
 # Never touch the developer's ~/.vfops: every test session gets its own home
 # (subprocesses inherit it).
 os.environ["VFOPS_HOME"] = tempfile.mkdtemp(prefix="vfops-test-home-")
@@ -53,6 +61,25 @@ TORCH_HEAVY_FILES = frozenset(
         "test_verifiers_training.py",
     }
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tracking_for_marked_modules(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module marked ``tracking`` runs with vfops' default (tracking on), its module
+    fixtures included: autouse, it is set up before them (servers, stacks and their
+    workers inherit the environment when they start)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.node.get_closest_marker("tracking") is not None:
+            patch.delenv("VFOPS_TRACKING", raising=False)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _tracking_for_marked_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        if request.node.get_closest_marker("tracking") is not None:
+            patch.delenv("VFOPS_TRACKING", raising=False)
+        yield
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

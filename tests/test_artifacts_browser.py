@@ -41,6 +41,7 @@ from vfops.testing import StubConfig, StubServer
 # Prefect's events client (emit_event) leaves its websocket sockets to the server for the
 # garbage collector; that is Prefect's, not ours (as in test_flow_nightly.py).
 pytestmark = [
+    pytest.mark.tracking,  # what these tests check is in MLflow (tests/conftest.py)
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
     # a server with its UI, a sweep, two nights and eight pages in Chromium (~6 min when
     # the machine is busy)

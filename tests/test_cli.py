@@ -49,6 +49,7 @@ def records(run_root: Path) -> list[dict[str, object]]:
     return [orjson.loads(line) for line in results.read_bytes().splitlines()]
 
 
+@pytest.mark.tracking  # a newcomer's first eval, with the defaults: it is in MLflow too
 def test_env_init_install_and_eval_against_a_server(tmp_path: Path) -> None:
     created = run_cli("env", "init", "demo_env", "--path", str(tmp_path / "environments"))
     assert created.returncode == 0, created.stderr

@@ -27,7 +27,10 @@ from vfops.testing import StubConfig, StubServer
 
 # Prefect's events client (emit_event) leaves its websocket sockets to the test
 # server for the garbage collector; that is Prefect's, not ours.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+pytestmark = [
+    pytest.mark.tracking,  # what these tests check is in MLflow (tests/conftest.py)
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
 
 N, R = 60, 4
 _QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")

@@ -28,9 +28,12 @@ from tests.mlflow_fixtures import MlflowServer, fake_aws_env
 from vfops.registry import dispose_engines, get_engine
 
 # MLflow's SQLAlchemy store still uses the ``noload`` strategy (deprecated in SQLAlchemy 2.1)
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning"
-)
+pytestmark = [
+    pytest.mark.tracking,  # what these tests check is in MLflow (tests/conftest.py)
+    pytest.mark.filterwarnings(
+        "ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning"
+    ),
+]
 
 ENV_NAME = "brevity_gate"
 SAMPLING = {"temperature": 0.0}

@@ -31,6 +31,8 @@ from tests.request_gate import RequestGate, by_temperature
 from vfops._json_http import json_request
 from vfops.testing import StubConfig, StubServer
 
+pytestmark = pytest.mark.tracking  # what these tests check is in MLflow (tests/conftest.py)
+
 ADMIN_URL = os.environ.get(
     "VFOPS_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )

@@ -29,6 +29,8 @@ from vfops.registry import (
 from vfops.testing import StubConfig, StubServer
 from vfops.tracking import log_eval_run, mlflow_client
 
+pytestmark = pytest.mark.tracking  # what these tests check is in MLflow (tests/conftest.py)
+
 VFOPS = str(Path(sys.executable).parent / "vfops")
 
 

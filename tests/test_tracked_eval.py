@@ -25,6 +25,8 @@ from vfops.registry import count_rollouts, get_engine, iter_rollouts
 from vfops.testing import StubConfig, StubServer
 from vfops.tracking import mlflow_client
 
+pytestmark = pytest.mark.tracking  # what these tests check is in MLflow (tests/conftest.py)
+
 
 @pytest.fixture(params=DIALECTS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:

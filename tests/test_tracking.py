@@ -38,6 +38,8 @@ from vfops.tracking import (
     tracking_uri,
 )
 
+pytestmark = pytest.mark.tracking  # what these tests check is in MLflow (tests/conftest.py)
+
 VFOPS = str(Path(sys.executable).parent / "vfops")
 FAKE_OPENAI_KEY = "sk-fake-openai-9f8e7d-never-log-me"
 SECRETS = (FAKE_OPENAI_KEY, FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN)

@@ -61,9 +61,12 @@ from vfops.sweeps import SweepSpec
 from vfops.testing import StubConfig, StubServer
 
 # MLflow's SQLAlchemy store still uses the ``noload`` strategy (deprecated in SQLAlchemy 2.1)
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning"
-)
+pytestmark = [
+    pytest.mark.tracking,  # what these tests check is in MLflow (tests/conftest.py)
+    pytest.mark.filterwarnings(
+        "ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning"
+    ),
+]
 
 N, R = 8, 2
 VERIFIERS_TAG = f"verifiers=={vf.__version__}"
