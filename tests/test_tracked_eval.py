@@ -144,6 +144,79 @@ def test_kill_9_then_resume_gives_exactly_n_times_r(
     _assert_exactly_once(db_url, run_id)
 
 
+@pytest.mark.parametrize("tracking", ["1", "0"], ids=["by-the-tracker", "in-process"])
+def test_an_arrow_export_that_cannot_be_written_fails_the_run_and_resume_writes_it(
+    db_url: str, env_site: Path, tmp_path: Path, tracking: str
+) -> None:
+    """``rollouts.arrow`` is written by the tracker of a tracked eval (from the
+    results.jsonl it reads anyway) and in the evaluating process otherwise; either way a
+    folder that refuses it fails the run in one line naming the file and the fix, and
+    --resume writes it whole (from all of results.jsonl), with MLflow's count too."""
+    env = cli_env(db_url, env_site, VFOPS_TRACKING=tracking)
+    get_engine(db_url)
+    with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=200)) as stub:
+        args = _kill_args(stub.base_url, tmp_path)
+        results = _kill_9_mid_run(args, env, tmp_path, db_url)
+        run_id = only_run_id(db_url)
+        run_dir = results.parent
+        blocked = run_dir / ".rollouts.arrow.partial"  # where the export is written
+        blocked.unlink(missing_ok=True)
+        blocked.mkdir()  # a write there fails (IsADirectoryError)
+        refused = run(*args, "--resume", run_id, env=env)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        (line,) = refused.stderr.strip().splitlines()
+        # the export is named, with its fix: not taken for an MLflow failure
+        assert "export (rollouts.arrow): could not write" in line, line
+        assert "make room in the output folder" in line and f"--resume {run_id}" in line, line
+        assert "MLFLOW_TRACKING_URI" not in line, line
+        assert not (run_dir / "rollouts.arrow").exists()
+        blocked.rmdir()
+        resumed = run(*args, "--resume", run_id, env=env)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    _assert_exactly_once(db_url, run_id)
+    from vfops.evaluation import load_results
+
+    exported = load_results(run_dir)
+    assert len(exported) == 300
+    assert len({(r["example_id"], r["rollout_index"]) for r in exported}) == 300
+    metadata = orjson.loads((run_dir / "metadata.json").read_bytes())
+    assert ("mlflow_run_id" in metadata) == (tracking == "1")
+    if tracking == "1":
+        logged = mlflow_client().get_run(metadata["mlflow_run_id"])
+        assert logged.info.status == "FINISHED" and logged.data.metrics["rollouts"] == 300
+
+
+def test_a_tracked_eval_never_imports_pyarrow_and_its_tracker_writes_the_export(
+    env_site: Path, tmp_path: Path
+) -> None:
+    """The evaluating process of a tracked eval leaves pyarrow (and numpy) to its tracker,
+    which writes ``rollouts.arrow``; untracked, the evaluation writes it itself."""
+    from vfops.evaluation import load_results
+
+    db_url = f"sqlite:///{tmp_path / 'home' / 'registry.db'}"  # either dialect would do
+    with StubServer(StubConfig(reply_mode="arithmetic")) as stub:
+        for tracking in ("1", "0"):
+            out = tmp_path / f"out-{tracking}"
+            done = subprocess.run(
+                # arithmetic: an environment of plain rows (a datasets one imports pyarrow)
+                [sys.executable, "-X", "importtime", "-m", "vfops", "eval", "arithmetic",
+                 "-a", '{"num_examples": 40}', "-m", "stub-model", "-b", stub.base_url,
+                 "-n", "40", "-r", "2", "-o", str(out)],
+                capture_output=True, text=True, timeout=300, check=False,
+                env=cli_env(db_url, env_site, VFOPS_TRACKING=tracking),
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr[-2000:]
+            # -X importtime is this process's alone (its children run without it)
+            imported = {
+                line.rsplit("|", 1)[-1].strip()
+                for line in done.stderr.splitlines()
+                if line.startswith("import time:")
+            }
+            assert ("pyarrow" in imported) == (tracking == "0"), tracking
+            (metadata,) = out.glob("evals/*/*/metadata.json")
+            assert len(load_results(metadata.parent)) == 80
+
+
 @pytest.mark.parametrize(
     "signals",
     [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT], [signal.SIGTERM, signal.SIGINT]],

@@ -63,6 +63,7 @@ from vfops.evaluation._sinks import (
     RunFinish,
     Sink,
     SinkError,
+    TrackerExportSink,
     TrackingSink,
     first_line,
 )
@@ -705,7 +706,7 @@ async def _run_locked(
 ) -> EvalResult:
     request, run_dir = plan.request, plan.run_dir
     writer = RolloutWriter(run_dir)
-    sinks: list[Sink] = [ArrowSink(run_dir)]
+    sinks: list[Sink] = []
     summary = EvalSummary(pass_threshold=request.pass_threshold)
     registry_source = context.opening or context.registry
     tracking_sink: TrackingSink | None = None
@@ -714,7 +715,9 @@ async def _run_locked(
         registry_sink.start()  # renews the run's lease from now on, however slow the rollouts
         sinks.append(registry_sink)
         if context.tracker is not None:
-            # recorded while it runs; closed after the registry has the run's end
+            # recorded while it runs; closed after the registry has the run's end. The
+            # tracker reads every rollout from results.jsonl, so it writes the Arrow
+            # export too (rebuilt whole on --resume: it reads the file from its start)
             tracking_sink = TrackingSink(
                 context.tracker,
                 registry_source,
@@ -723,8 +726,12 @@ async def _run_locked(
                 results_path=writer.path,
                 summary=summary,
                 parent_run_id=context.mlflow_parent_run_id,
+                export=run_dir / ARROW_FILE,
             )
             tracking_sink.start()
+            sinks.append(TrackerExportSink(tracking_sink))
+    if tracking_sink is None:
+        sinks.insert(0, ArrowSink(run_dir, resume=plan.run_id or run_dir))
     done: set[tuple[int, int]] = set()
     status, error = "interrupted", None
     in_delivery: set[asyncio.Future[None]] = set()

@@ -15,7 +15,6 @@ missing in one of its sinks.
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import os
 import time
@@ -24,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
-import orjson
-
+from vfops._arrow import ArrowStream, export_fix, export_problem, partial_path
 from vfops._errors import VfopsError
-from vfops._rollout import RolloutRecord, dumps_escaped
+from vfops._rollout import RolloutRecord
 from vfops.evaluation._store import ARROW_FILE
 
 if TYPE_CHECKING:
@@ -84,21 +82,20 @@ class ArrowSink:
 
     Batches are written by a worker thread, one at a time and in order, so the
     event loop keeps sending requests meanwhile; pyarrow itself is imported by
-    the first batch, not at start-up. They are built by pyarrow's JSON reader
-    from the rows as JSON lines, not from Python objects: pyarrow imports pandas
-    (most of a second on a small machine) the first time it converts Python
-    objects, and its C++ reader is faster anyway.
+    the first batch, not at start-up (:class:`vfops._arrow.ArrowStream`). A tracked
+    ``vfops eval`` has its tracker write the file instead (:class:`TrackerExportSink`).
     """
 
     name = "export (rollouts.arrow)"
 
-    def __init__(self, run_dir: Path, *, batch_rows: int = 1024) -> None:
+    def __init__(self, run_dir: Path, *, resume: object = None, batch_rows: int = 1024) -> None:
         self._path = run_dir / ARROW_FILE
-        self._tmp = run_dir / f".{ARROW_FILE}.partial"
+        self._resume = resume if resume is not None else run_dir  # the run's id, for the fix
+        self._tmp = partial_path(self._path)
         self._batch_rows = batch_rows
         self._rows: list[dict[str, Any]] = []
         self._writing: asyncio.Future[None] | None = None
-        self._stream: _ArrowStream | None = None
+        self._stream: ArrowStream | None = None
 
     async def write_group(self, records: list[RolloutRecord]) -> None:
         self._rows.extend(record.to_row() for record in records)
@@ -123,13 +120,20 @@ class ArrowSink:
         try:
             self._open().write(rows)
         except OSError as exc:
-            raise SinkError(
-                self.name, first_line(exc), "free disk space in the output folder"
-            ) from exc
+            raise self._failed(exc) from exc
 
-    def _open(self) -> _ArrowStream:
+    def _failed(self, exc: OSError) -> SinkError:
+        return SinkError(self.name, export_problem(self._path, exc), export_fix(self._resume))
+
+    def _seal(self) -> None:
+        try:
+            self._open().close()
+        except OSError as exc:
+            raise self._failed(exc) from exc
+
+    def _open(self) -> ArrowStream:
         if self._stream is None:
-            self._stream = _ArrowStream(self._tmp)
+            self._stream = ArrowStream(self._tmp)
         return self._stream
 
     async def close(self, finish: RunFinish) -> None:
@@ -140,51 +144,9 @@ class ArrowSink:
             if self._writing is not None:  # interrupted while a batch was being written
                 await asyncio.wait({self._writing})
             # a run without rollouts still gets its (empty) stream
-            await asyncio.to_thread(lambda: self._open().close())
+            await asyncio.to_thread(self._seal)
         # Only a complete stream takes the final name: readers never see a torn file.
         os.replace(self._tmp, self._path)
-
-
-class _ArrowStream:
-    """The Arrow IPC stream writer of :class:`ArrowSink` (pyarrow imported here)."""
-
-    def __init__(self, path: Path) -> None:
-        import pyarrow as pa
-        from pyarrow import json as arrow_json
-
-        from vfops._rollout import rollout_arrow_schema
-
-        self._json = arrow_json
-        # Every field nullable, as in datasets' own schema: Dataset.from_file
-        # (load_results) cannot read back an empty stream whose fields are not.
-        self._schema = pa.schema([f.with_nullable(True) for f in rollout_arrow_schema()])
-        self._file = pa.OSFile(str(path), "wb")
-        self._writer = pa.ipc.new_stream(self._file, self._schema)
-
-    def write(self, rows: list[dict[str, Any]]) -> None:
-        try:
-            lines = b"\n".join(orjson.dumps(row) for row in rows)
-        except orjson.JSONEncodeError:  # a lone surrogate in a text column: escaped
-            lines = b"\n".join(dumps_escaped(row) for row in rows)
-        json = self._json
-        table = json.read_json(
-            io.BytesIO(lines),
-            # one block: a row longer than the default block (1 MiB) is not refused
-            read_options=json.ReadOptions(block_size=max(len(lines) + 1, 1 << 20)),
-            # the explicit schema fixes types and column order (checked below)
-            parse_options=json.ParseOptions(
-                explicit_schema=self._schema, unexpected_field_behavior="error"
-            ),
-        )
-        if not table.schema.equals(self._schema):
-            raise VfopsError(f"the export's rows do not match the rollout schema: {table.schema}")
-        self._writer.write_table(table)
-
-    def close(self) -> None:
-        try:
-            self._writer.close()
-        finally:
-            self._file.close()
 
 
 class _RunNotOpened(VfopsError):
@@ -454,6 +416,7 @@ class TrackingSink:
         summary: EvalSummary,
         parent_run_id: str | None = None,
         progress_every_s: float = 1.0,
+        export: Path | None = None,
     ) -> None:
         self._tracker = tracker
         self._registry = registry
@@ -463,6 +426,7 @@ class TrackingSink:
         self._summary = summary
         self._parent_run_id = parent_run_id
         self._progress_every_s = progress_every_s
+        self._export = export
         self._info: dict[str, Any] | None = None
         self._opening: asyncio.Task[dict[str, Any] | None] | None = None
         self._next_progress = time.monotonic() + progress_every_s
@@ -483,6 +447,7 @@ class TrackingSink:
             results=self._results_path,
             pass_threshold=self._summary.pass_threshold,
             parent_run_id=self._parent_run_id,
+            export=self._export,
         )
         self._info = info
         return info
@@ -504,6 +469,26 @@ class TrackingSink:
             self._next_progress = now + self._progress_every_s
             summary = self._summary
             self._tracker.progress(self._results(), summary.progress_dict(), summary.rollouts)
+
+    async def seal_export(self) -> None:
+        """Wait until the tracker has written the whole ``rollouts.arrow`` (``export``)."""
+        assert self._export is not None
+        self.start()
+        assert self._opening is not None
+        await asyncio.wait({self._opening})
+        if self._opening.cancelled() or self._opening.exception() is not None:
+            raise self._fail("its registry run was not readable")
+        if self._info is None:  # the registry sink says why the run was never opened
+            problem = "not written (the run was never opened)"
+            raise SinkError(ArrowSink.name, problem, export_fix(self._run_id))
+        from vfops.tracking import ExportError
+
+        try:
+            await self._tracker.seal(self._results())
+        except ExportError as exc:
+            raise SinkError(ArrowSink.name, str(exc), export_fix(self._run_id)) from exc
+        except VfopsError as exc:
+            raise self._fail(str(exc)) from exc
 
     async def close(self, finish: RunFinish) -> None:
         """Record the end in MLflow (``finish.extra["rollouts_file"]``: the whole run's
@@ -540,6 +525,24 @@ class TrackingSink:
         registry = await _registry_of(self._registry)
         assert registry is not None
         await registry.call(_link_mlflow_run, self._run_id, self.mlflow_run_id)
+
+
+class TrackerExportSink:
+    """``rollouts.arrow`` written by the tracker (:class:`TrackingSink`'s ``export``),
+    from the ``results.jsonl`` it reads anyway: the evaluating process never imports
+    pyarrow (and numpy), its memory and its core stay the rollouts'. Closing waits until
+    the file is complete, before the run's end is recorded anywhere."""
+
+    name = ArrowSink.name
+
+    def __init__(self, tracking: TrackingSink) -> None:
+        self._tracking = tracking
+
+    async def write_group(self, records: list[RolloutRecord]) -> None:
+        return None  # the tracker reads them from results.jsonl (told by the TrackingSink)
+
+    async def close(self, finish: RunFinish) -> None:
+        await self._tracking.seal_export()
 
 
 async def _registry_of(

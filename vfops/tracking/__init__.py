@@ -48,7 +48,7 @@ from vfops.tracking._links import (
     prefect_run_tags,
 )
 from vfops.tracking._params import flatten_params
-from vfops.tracking._tracker import Tracker, prestart
+from vfops.tracking._tracker import ExportError, Tracker, prestart
 
 __all__ = [
     "EMBEDDED_DIR",
@@ -56,6 +56,7 @@ __all__ = [
     "PREFECT_FLOW_RUN_URL_TAG",
     "RUN_ID_TAG",
     "SWEEP_TAG",
+    "ExportError",
     "Tracker",
     "artifact_root",
     "check_sqlite_store",

@@ -24,6 +24,10 @@ The protocol is one JSON object per line. The child says ``{"ready": true}`` (or
   ``{"opened": MLFLOW_RUN_ID}`` (or ``{"ok": false, "error": ...}``);
 * ``{"op": "progress", "size": N, "summary": ..., "step": K}``: ``results.jsonl`` is
   ``N`` bytes long now; not answered;
+* ``{"op": "seal", "size": N}``: complete the run's ``rollouts.arrow`` (``"export"`` of
+  the open: the tracker writes it from ``results.jsonl``, so the evaluating process
+  never imports pyarrow), answered ``{"sealed": true}``, ``{"export_error": ...}`` (the
+  run folder could not take it) or ``{"ok": false, "error": ...}``;
 * ``{"op": "finish", "info": ..., "size": N, "rollouts_file": PATH, "step": K}``,
   answered ``{"ok": true, "mlflow_run_id": ...}`` or ``{"ok": false, "error": ...}``;
   then it exits.
@@ -101,6 +105,10 @@ class _Sender:
                 return
 
 
+class ExportError(VfopsError):
+    """The tracker could not write the run's ``rollouts.arrow`` (its folder refused it)."""
+
+
 class Tracker:
     """Parent side of the tracker process; see the module docstring."""
 
@@ -154,10 +162,12 @@ class Tracker:
         results: Path | None,
         pass_threshold: float = 1.0,
         parent_run_id: str | None = None,
+        export: Path | None = None,
     ) -> None:
         """Open the MLflow run of ``info`` (:func:`vfops.tracking.prepare_run_info`), whose
         rollouts are appended to ``results`` (None: no traces; a rollout passes at
-        ``pass_threshold``). Returns at once."""
+        ``pass_threshold``); ``export``: the ``rollouts.arrow`` the tracker writes from
+        them (:meth:`seal` completes it). Returns at once."""
         self._open_sent = True
         self._sender.send(
             {
@@ -166,12 +176,33 @@ class Tracker:
                 "results": None if results is None else str(results),
                 "pass_threshold": pass_threshold,
                 "parent_run_id": parent_run_id,
+                "export": None if export is None else str(export),
             }
         )
 
     def progress(self, size: int, summary: dict[str, Any] | None, step: int) -> None:
         """``results.jsonl`` is ``size`` bytes long; ``summary``: the statistics so far."""
         self._sender.send({"op": "progress", "size": size, "summary": summary, "step": step})
+
+    async def seal(self, size: int) -> None:
+        """Have the tracker read ``results.jsonl`` up to ``size`` and complete the
+        export; waits for it. Raises :class:`ExportError` when the run folder could not
+        take it, :class:`VfopsError` with the tracker's one-line error otherwise."""
+        failure = self.failed_now()
+        if failure is not None:
+            raise VfopsError(failure)
+        self._sender.send({"op": "seal", "size": size})
+        answer = await asyncio.to_thread(self._answer_with, "sealed", "export_error")
+        if "export_error" in answer:
+            raise ExportError(str(answer["export_error"]))
+        if "sealed" not in answer:
+            raise VfopsError(str(answer.get("error") or "the tracker failed"))
+
+    def _answer_with(self, *keys: str) -> dict[str, Any]:
+        while True:
+            answer = self._read_line()
+            if any(key in answer for key in keys) or "ok" in answer or "error" in answer:
+                return answer
 
     async def finish(
         self,

@@ -74,14 +74,23 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin.buffer:
         command = orjson.loads(line)
         op = command.get("op")
-        if failure is not None and op != "finish":
-            continue  # reported already; the finish answers it again
+        if failure is not None and op not in ("seal", "finish"):
+            continue  # reported already; the seal and the finish answer it again
         try:
             if op == "open":
                 run = _RunLog(command)
                 _answer({"opened": run.opened.mlflow_run_id})
             elif op == "progress" and run is not None:
                 run.progress(command)
+            elif op == "seal":
+                if failure is not None:
+                    raise RuntimeError(failure)
+                if run is None:
+                    raise RuntimeError("the run was never opened in MLflow")
+                problem = run.seal(int(command["size"]))
+                # the export's own failure (a full disk) is the run's, not MLflow's: the
+                # MLflow run is still recorded (failed) by the finish that follows
+                _answer({"sealed": True} if problem is None else {"export_error": problem})
             elif op == "finish":
                 if failure is not None:
                     raise RuntimeError(failure)
@@ -108,12 +117,15 @@ class _RunLog:
 
     ``open`` creates (or finds again) the run and logs its params; each ``progress``
     reads the rollouts the evaluation appended to its ``results.jsonl`` since the last
-    one (``size``: its length now, always at a line's end), logs the sampled ones as
-    traces and the statistics so far as metrics; ``finish`` reads the rest, logs the
-    rollouts file as an artifact and the final metrics, and ends the run.
+    one (``size``: its length now, always at a line's end), appends them to the run's
+    ``rollouts.arrow`` (``export``: the evaluating process then never imports pyarrow),
+    logs the sampled ones as traces and the statistics so far as metrics; ``seal``
+    reads the rest and completes ``rollouts.arrow``; ``finish`` logs the rollouts file
+    as an artifact and the final metrics, and ends the run.
     """
 
     def __init__(self, command: dict[str, Any]) -> None:
+        from vfops._arrow import ResultsExport
         from vfops._settings import trace_rollouts
         from vfops.tracking import tracking_uri
         from vfops.tracking._eval_runs import RUN_ID_TAG, open_mlflow_run
@@ -124,6 +136,10 @@ class _RunLog:
         results = command.get("results")
         self._results = Path(results) if results else None
         self._offset = 0
+        export = command.get("export")
+        self._export = ResultsExport(Path(export)) if export and self._results else None
+        self._export_error: str | None = None
+        self._held: list[dict[str, Any]] = []  # read by the seal, offered to traces at the end
         self._pass_threshold = float(command.get("pass_threshold", 1.0))
         limit = trace_rollouts()
         self._sampler: TraceSampler | None = None
@@ -155,9 +171,11 @@ class _RunLog:
         from vfops.tracking._eval_runs import finish_mlflow_run
 
         info: dict[str, Any] = command["info"]
+        held, self._held = self._held, []
         if info.get("status") == "completed":
             # every rollout is traced or not by now; an unfinished run only keeps what
             # was traced while it ran (it stopped: its user is waiting for the prompt)
+            self._offer(held)
             self._read_to(int(command["size"]))
             if self._sampler is not None:
                 self._log([_record(row) for row in self._sampler.rest()])
@@ -168,23 +186,56 @@ class _RunLog:
             step=int(command.get("step", 0)),
         )
 
+    def seal(self, size: int) -> str | None:
+        """Read the rollouts up to ``size`` and complete ``rollouts.arrow``; returns the
+        export's error (the run folder could not take it), None when it is written."""
+        self._read_to(size, trace=False)
+        if self._export is not None and self._export_error is None:
+            try:
+                self._export.seal()
+            except OSError as exc:
+                self._export_failed(exc)
+        return self._export_error
+
+    def _export_failed(self, exc: OSError) -> None:
+        from vfops._arrow import export_problem
+
+        assert self._export is not None
+        self._export_error = export_problem(self._export.path, exc)
+        self._export = None  # nothing more is written; the run fails at its seal
+
     def abandon(self) -> None:
         from vfops.tracking import mlflow_client
 
         mlflow_client().set_terminated(self.opened.mlflow_run_id, status="KILLED")
 
-    def _read_to(self, size: int) -> None:
-        if self._results is None or self._sampler is None or size <= self._offset:
+    def _read_to(self, size: int, *, trace: bool = True) -> None:
+        """Take the rollouts appended up to ``size``: into the export, and offered to the
+        trace sampler (``trace=False``: held for the finish, which knows whether the run
+        completed)."""
+        if self._results is None or size <= self._offset:
+            return
+        if self._sampler is None and self._export is None:
             return
         with self._results.open("rb") as handle:
             handle.seek(self._offset)
             chunk = handle.read(size - self._offset)
         self._offset += len(chunk)
-        chosen: list[RolloutRecord] = []
-        for line in _lines(chunk):
-            row = orjson.loads(line)
-            if self._sampler.offer(row):
-                chosen.append(_record(row))
+        rows = [orjson.loads(line) for line in _lines(chunk)]
+        if self._export is not None:
+            try:
+                self._export.add([_record(row) for row in rows])
+            except OSError as exc:
+                self._export_failed(exc)
+        if trace:
+            self._offer(rows)
+        elif self._sampler is not None:
+            self._held.extend(rows)
+
+    def _offer(self, rows: list[dict[str, Any]]) -> None:
+        if self._sampler is None:
+            return
+        chosen = [_record(row) for row in rows if self._sampler.offer(row)]
         self._log(chosen)
 
     def _log(self, records: list[RolloutRecord]) -> None:
