@@ -19,6 +19,9 @@ os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
 # it (MLflow's skinny client runs without pandas), and it is ~50 MB of the tracker's
 # memory and ~0.2 s of its start. A use of it here would fail loudly (ImportError).
 sys.modules.setdefault("pandas", None)  # type: ignore[arg-type]
+# The Arrow export's batches come and go (one slice of rows at a time): the system
+# allocator hands their memory back, where pyarrow's default pool keeps it reserved.
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 import orjson  # noqa: E402  (after the settings above)
 
@@ -31,6 +34,8 @@ if TYPE_CHECKING:
 # (MLflow announces runs on stdout) goes to stderr instead.
 _protocol = os.fdopen(os.dup(1), "wb", buffering=0)
 os.dup2(2, 1)
+
+_SLICE_BYTES: Final = 4 << 20  # of results.jsonl read and converted at once (~5,000 rows)
 
 _NICENESS: Final = 5
 """The tracker yields the CPU to the evaluation it records (on a small machine they
@@ -139,7 +144,7 @@ class _RunLog:
         export = command.get("export")
         self._export = ResultsExport(Path(export)) if export and self._results else None
         self._export_error: str | None = None
-        self._held: list[dict[str, Any]] = []  # read by the seal, offered to traces at the end
+        self._held: list[dict[str, Any]] = []  # sampled by the seal, traced by a completed finish
         self._pass_threshold = float(command.get("pass_threshold", 1.0))
         limit = trace_rollouts()
         self._sampler: TraceSampler | None = None
@@ -175,7 +180,7 @@ class _RunLog:
         if info.get("status") == "completed":
             # every rollout is traced or not by now; an unfinished run only keeps what
             # was traced while it ran (it stopped: its user is waiting for the prompt)
-            self._offer(held)
+            self._log([_record(row) for row in held])
             self._read_to(int(command["size"]))
             if self._sampler is not None:
                 self._log([_record(row) for row in self._sampler.rest()])
@@ -217,26 +222,28 @@ class _RunLog:
             return
         if self._sampler is None and self._export is None:
             return
+        from vfops.tracking._results_tail import line_slices
+
         with self._results.open("rb") as handle:
-            handle.seek(self._offset)
-            chunk = handle.read(size - self._offset)
-        self._offset += len(chunk)
-        rows = [orjson.loads(line) for line in _lines(chunk)]
+            # a slice at a time: a tracker that fell behind (a busy machine) holds one
+            # slice's rows, not all it has to catch up on
+            for piece in line_slices(handle, self._offset, size, _SLICE_BYTES):
+                self._offset += len(piece)
+                self._take([orjson.loads(line) for line in _lines(piece)], trace=trace)
+
+    def _take(self, rows: list[dict[str, Any]], *, trace: bool) -> None:
         if self._export is not None:
             try:
                 self._export.add([_record(row) for row in rows])
             except OSError as exc:
                 self._export_failed(exc)
-        if trace:
-            self._offer(rows)
-        elif self._sampler is not None:
-            self._held.extend(rows)
-
-    def _offer(self, rows: list[dict[str, Any]]) -> None:
         if self._sampler is None:
             return
-        chosen = [_record(row) for row in rows if self._sampler.offer(row)]
-        self._log(chosen)
+        chosen = [row for row in rows if self._sampler.offer(row)]
+        if trace:
+            self._log([_record(row) for row in chosen])
+        else:
+            self._held.extend(chosen)  # at most the sampler's limit
 
     def _log(self, records: list[RolloutRecord]) -> None:
         if self._writer is not None and records:
