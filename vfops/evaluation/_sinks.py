@@ -470,15 +470,22 @@ class TrackingSink:
             summary = self._summary
             self._tracker.progress(self._results(), summary.progress_dict(), summary.rollouts)
 
-    async def seal_export(self) -> None:
-        """Wait until the tracker has written the whole ``rollouts.arrow`` (``export``)."""
-        assert self._export is not None
+    async def _opened(self) -> dict[str, Any] | None:
+        """The run's info once the MLflow run is asked to open (None: its registry run
+        never was); raises the sink's error when the registry run was not readable."""
         self.start()
         assert self._opening is not None
         await asyncio.wait({self._opening})
-        if self._opening.cancelled() or self._opening.exception() is not None:
+        if self._opening.cancelled():
+            raise self._fail("it was not opened")
+        if self._opening.exception() is not None:
             raise self._fail("its registry run was not readable")
-        if self._info is None:  # the registry sink says why the run was never opened
+        return self._info
+
+    async def seal_export(self) -> None:
+        """Wait until the tracker has written the whole ``rollouts.arrow`` (``export``)."""
+        assert self._export is not None
+        if await self._opened() is None:  # the registry sink says why the run was never opened
             problem = "not written (the run was never opened)"
             raise SinkError(ArrowSink.name, problem, export_fix(self._run_id))
         from vfops.tracking import ExportError
@@ -493,22 +500,13 @@ class TrackingSink:
     async def close(self, finish: RunFinish) -> None:
         """Record the end in MLflow (``finish.extra["rollouts_file"]``: the whole run's
         rollouts, for a completed run), wait for it, and link the registry run."""
-        self.start()
-        assert self._opening is not None
-        await asyncio.wait({self._opening})
-        if self._opening.cancelled() or self._opening.exception() is not None:
-            problem = (
-                "its registry run was not readable"
-                if not self._opening.cancelled()
-                else ("it was not opened")
-            )
-            raise self._fail(problem)
-        if self._info is None:
+        opened = await self._opened()
+        if opened is None:
             return  # the registry run was never opened: nothing to log it against
         from vfops.evaluation._runner import now_iso
 
         info = {
-            **self._info,
+            **opened,
             "status": finish.status,
             "summary": finish.summary.to_dict(),
             "finished_at": now_iso(),
