@@ -90,13 +90,16 @@ class ArrowStream:
 
 
 class ResultsExport:
-    """``rollouts.arrow`` rebuilt from a run's ``results.jsonl`` lines, as they come
-    (the tracker's export: synchronous, batched). The file holds each rollout once
-    (the evaluation appends only groups it has not stored, a resume included), so no
-    key set is kept: it would grow with the run.
+    """``rollouts.arrow`` written in batches of rows, under its partial name until
+    :meth:`seal`: the tracker's export (from a run's ``results.jsonl`` lines, as they
+    come) and the evaluation's own Arrow sink (which runs :meth:`write` and
+    :meth:`seal` in a worker thread). The file holds each rollout once (the evaluation
+    appends only groups it has not stored, a resume included), so no key set is kept:
+    it would grow with the run.
 
-    :meth:`add` takes complete JSON lines of records; :meth:`seal` writes the rest and
-    gives the stream its final name. A write that fails raises :class:`OSError`.
+    :meth:`add` buffers records and writes a full batch; :meth:`buffer` and
+    :meth:`take` let a caller write the batch elsewhere. A write that fails raises
+    :class:`OSError`.
     """
 
     def __init__(self, path: Path, *, batch_rows: int = 1024) -> None:
@@ -106,22 +109,34 @@ class ResultsExport:
         self._rows: list[dict[str, Any]] = []
         self._stream: ArrowStream | None = None
 
-    def add(self, records: list[RolloutRecord]) -> None:
+    def buffer(self, records: list[RolloutRecord]) -> bool:
+        """Keep ``records``' rows for the next batch; whether that batch is full."""
         self._rows.extend(record.to_row() for record in records)
-        if len(self._rows) >= self._batch_rows:
-            self._flush()
+        return len(self._rows) >= self._batch_rows
 
-    def _flush(self) -> None:
-        if self._stream is None:
-            self._stream = ArrowStream(self._partial)
-        if self._rows:
-            rows, self._rows = self._rows, []
-            self._stream.write(rows)
+    def take(self) -> list[dict[str, Any]]:
+        """The buffered rows, handed over (the buffer starts empty again)."""
+        rows, self._rows = self._rows, []
+        return rows
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        """Append ``rows`` to the stream (opened by the first write)."""
+        stream = self._open()
+        if rows:
+            stream.write(rows)
+
+    def add(self, records: list[RolloutRecord]) -> None:
+        if self.buffer(records):
+            self.write(self.take())
 
     def seal(self) -> None:
         """Write what is buffered, close the stream (an empty run gets an empty one) and
-        move it to its final name."""
-        self._flush()
-        assert self._stream is not None
-        self._stream.close()
+        move it to its final name: readers never see a torn file."""
+        self.write(self.take())
+        self._open().close()
         os.replace(self._partial, self.path)
+
+    def _open(self) -> ArrowStream:
+        if self._stream is None:
+            self._stream = ArrowStream(self._partial)
+        return self._stream

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
-from vfops._arrow import ArrowStream, export_fix, export_problem, partial_path
+from vfops._arrow import ResultsExport, export_fix, export_problem
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord
 from vfops.evaluation._store import ARROW_FILE
@@ -82,32 +81,29 @@ class ArrowSink:
 
     Batches are written by a worker thread, one at a time and in order, so the
     event loop keeps sending requests meanwhile; pyarrow itself is imported by
-    the first batch, not at start-up (:class:`vfops._arrow.ArrowStream`). A tracked
+    the first batch, not at start-up (:class:`vfops._arrow.ResultsExport`). A tracked
     ``vfops eval`` has its tracker write the file instead (:class:`TrackerExportSink`).
     """
 
     name = "export (rollouts.arrow)"
 
     def __init__(self, run_dir: Path, *, resume: object = None, batch_rows: int = 1024) -> None:
-        self._path = run_dir / ARROW_FILE
+        self._export = ResultsExport(run_dir / ARROW_FILE, batch_rows=batch_rows)
         self._resume = resume if resume is not None else run_dir  # the run's id, for the fix
-        self._tmp = partial_path(self._path)
-        self._batch_rows = batch_rows
-        self._rows: list[dict[str, Any]] = []
         self._writing: asyncio.Future[None] | None = None
-        self._stream: ArrowStream | None = None
 
     async def write_group(self, records: list[RolloutRecord]) -> None:
-        self._rows.extend(record.to_row() for record in records)
-        if len(self._rows) >= self._batch_rows:
+        if self._export.buffer(records):
             await self._flush()
 
     async def _flush(self) -> None:
         """Hand the buffered rows to the writer thread once the previous batch is written."""
         await self._wait_for_writer()
-        if self._rows:
-            rows, self._rows = self._rows, []
-            self._writing = asyncio.ensure_future(asyncio.to_thread(self._write, rows))
+        rows = self._export.take()
+        if rows:
+            self._writing = asyncio.ensure_future(
+                asyncio.to_thread(self._guarded, self._export.write, rows)
+            )
 
     async def _wait_for_writer(self) -> None:
         writing = self._writing
@@ -116,25 +112,12 @@ class ArrowSink:
             self._writing = None
             writing.result()  # raises the SinkError of a batch that failed
 
-    def _write(self, rows: list[dict[str, Any]]) -> None:
+    def _guarded(self, write: Callable[..., None], *args: Any) -> None:
         try:
-            self._open().write(rows)
+            write(*args)
         except OSError as exc:
-            raise self._failed(exc) from exc
-
-    def _failed(self, exc: OSError) -> SinkError:
-        return SinkError(self.name, export_problem(self._path, exc), export_fix(self._resume))
-
-    def _seal(self) -> None:
-        try:
-            self._open().close()
-        except OSError as exc:
-            raise self._failed(exc) from exc
-
-    def _open(self) -> ArrowStream:
-        if self._stream is None:
-            self._stream = ArrowStream(self._tmp)
-        return self._stream
+            problem = export_problem(self._export.path, exc)
+            raise SinkError(self.name, problem, export_fix(self._resume)) from exc
 
     async def close(self, finish: RunFinish) -> None:
         try:
@@ -143,10 +126,9 @@ class ArrowSink:
         finally:
             if self._writing is not None:  # interrupted while a batch was being written
                 await asyncio.wait({self._writing})
-            # a run without rollouts still gets its (empty) stream
-            await asyncio.to_thread(self._seal)
-        # Only a complete stream takes the final name: readers never see a torn file.
-        os.replace(self._tmp, self._path)
+            # a run without rollouts still gets its (empty) stream, complete before it
+            # takes the final name
+            await asyncio.to_thread(self._guarded, self._export.seal)
 
 
 class _RunNotOpened(VfopsError):
