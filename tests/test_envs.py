@@ -124,6 +124,28 @@ def test_plain_rows_build_lazily_and_fall_back_to_train() -> None:
     assert calls == [1]
 
 
+def test_plain_rows_are_checked_once_and_formatted_on_each_read() -> None:
+    raw = [{"question": f"q{i}", "answer": i, "info": {"i": i}} for i in range(5)]
+    env = SingleTurnEnv(eval_dataset=raw, system_prompt="sys")
+    split = env._formatted_split("eval")
+    assert split is not None and not isinstance(split, list)  # no second copy of the rows
+    first = split[0]
+    assert first == {
+        "prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": "q0"}],
+        "answer": "0",
+        "info": '{"i":0}',
+        "task": "default",
+        "example_id": 0,
+    }
+    first["prompt"].append({"role": "user", "content": "changed by a reader"})
+    assert len(split[0]["prompt"]) == 2  # each read is its own copy
+    assert split[-1] == split[4] and split[1:3] == list(split)[1:3]
+    assert [row["example_id"] for row in split] == [0, 1, 2, 3, 4]
+    with pytest.raises(IndexError):
+        split[5]
+    assert raw[0] == {"question": "q0", "answer": 0, "info": {"i": 0}}  # the source untouched
+
+
 def test_plain_rows_keep_the_dataset_errors() -> None:
     def message(source: Any) -> str:
         env = SingleTurnEnv(eval_dataset=source, name="bad")
