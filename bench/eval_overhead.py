@@ -1348,12 +1348,26 @@ def _versions(vf_eval: Path | None, adapter: bool) -> dict[str, str]:
         "vfops source": _vfops_source(),
         "cpus": str(os.cpu_count()),
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "cpu calibration": f"{_calibration_s():.2f} s",
     }
     if vf_eval is not None:
         vfv = venv_versions(VF_VENV / "bin" / "python", ["verifiers", "openai"])
         versions["verifiers"] = vfv["verifiers"]
         versions["openai (verifiers venv)"] = vfv["openai"]
     return versions
+
+
+def _calibration_s() -> float:
+    """CPU seconds of a fixed pure-Python loop (``sum(range(3 * 10**7))``, best of 3):
+    the speed of this machine's core, to compare figures across machines and days
+    (0.85-1.0 s on the 2-core machine of 2026-12-02; the MLflow start-up of the
+    tracker scales with it)."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        sum(range(3 * 10**7))
+        best = min(best, time.process_time() - start)
+    return best
 
 
 def _project_has_verifiers() -> bool:

@@ -190,20 +190,34 @@ def test_a_tracked_eval_never_imports_pyarrow_and_its_tracker_writes_the_export(
     env_site: Path, tmp_path: Path
 ) -> None:
     """The evaluating process of a tracked eval leaves pyarrow (and numpy) to its tracker,
-    which writes ``rollouts.arrow``; untracked, the evaluation writes it itself."""
+    which writes ``rollouts.arrow`` and serves the registry calls too (one recorder
+    process: no registry child); untracked, the evaluation writes it itself and its
+    registry calls go to a registry child."""
     from vfops.evaluation import load_results
+    from vfops.evaluation._registry_calls import SERVICE
 
     db_url = f"sqlite:///{tmp_path / 'home' / 'registry.db'}"  # either dialect would do
+    # every Python process of the tree writes its command line here (sys.orig_argv)
+    spy = tmp_path / "spy"
+    spy.mkdir()
+    (spy / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if os.environ.get('ARGV_LOG'):\n"
+        "    with open(os.environ['ARGV_LOG'], 'a') as log:\n"
+        "        log.write(' '.join(sys.orig_argv) + '\\n')\n"
+    )
     with StubServer(StubConfig(reply_mode="arithmetic")) as stub:
         for tracking in ("1", "0"):
             out = tmp_path / f"out-{tracking}"
+            argv_log = tmp_path / f"argv-{tracking}.log"
+            env = cli_env(db_url, env_site, VFOPS_TRACKING=tracking, ARGV_LOG=str(argv_log))
+            env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{spy}"
             done = subprocess.run(
                 # arithmetic: an environment of plain rows (a datasets one imports pyarrow)
                 [sys.executable, "-X", "importtime", "-m", "vfops", "eval", "arithmetic",
                  "-a", '{"num_examples": 40}', "-m", "stub-model", "-b", stub.base_url,
                  "-n", "40", "-r", "2", "-o", str(out)],
-                capture_output=True, text=True, timeout=300, check=False,
-                env=cli_env(db_url, env_site, VFOPS_TRACKING=tracking),
+                capture_output=True, text=True, timeout=300, check=False, env=env,
             )  # fmt: skip
             assert done.returncode == 0, done.stderr[-2000:]
             # -X importtime is this process's alone (its children run without it)
@@ -215,6 +229,26 @@ def test_a_tracked_eval_never_imports_pyarrow_and_its_tracker_writes_the_export(
             assert ("pyarrow" in imported) == (tracking == "0"), tracking
             (metadata,) = out.glob("evals/*/*/metadata.json")
             assert len(load_results(metadata.parent)) == 80
+            children = argv_log.read_text().splitlines()[1:]  # the first is vfops itself
+            if tracking == "1":
+                (tracker,) = children
+                assert "-m vfops.tracking._tracker_main arithmetic" in tracker
+                assert f"--side-service {SERVICE} " in tracker
+            else:
+                (child,) = children
+                assert child.endswith("-m vfops.evaluation._registry_child")
+    with get_engine(db_url).connect() as connection:
+        rows = connection.execute(
+            text(
+                "SELECT r.mlflow_run_id, r.status, (SELECT count(*) FROM rollouts o "
+                "WHERE o.run_id = r.id) FROM eval_runs r ORDER BY r.started_at"
+            )
+        ).all()
+    # both recorded at exit: the tracked one linked to its MLflow run
+    assert [(row[0] is not None, row[1], row[2]) for row in rows] == [
+        (True, "completed", 80),
+        (False, "completed", 80),
+    ]
 
 
 @pytest.mark.parametrize(

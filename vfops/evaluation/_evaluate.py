@@ -269,7 +269,7 @@ async def evaluate_async(
     try:
         if registry:
             # first, so that the registry process's imports overlap everything below
-            calls = await _registry_calls(engine)
+            calls = await _registry_calls(engine, tracker)
         if env is None:
             from vfops.envs import load_environment
 
@@ -316,10 +316,12 @@ async def evaluate_async(
             await connection_client.aclose()
         if environment is None and env is not None:
             await env.aclose()
-        if tracker is not None:
-            await tracker.aclose()
+        # the calls first: served by the tracker process (vfops eval), they end before
+        # it can exit
         if calls is not None:
             await calls.aclose()
+        if tracker is not None:
+            await tracker.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -375,12 +377,16 @@ def run_scope(run_id: str) -> str:
     return f"run:{run_id}"
 
 
-async def _registry_calls(engine: Engine | None) -> RegistryCalls:
-    """The caller's engine in a worker thread, or the default registry in a child process
-    (see :mod:`vfops.evaluation._registry_calls`)."""
+async def _registry_calls(engine: Engine | None, tracker: Tracker | None) -> RegistryCalls:
+    """The caller's engine in a worker thread, else the default registry in the tracker
+    process when it serves it (``vfops eval`` starts it so), else in a child process of
+    its own (see :mod:`vfops.evaluation._registry_calls`)."""
     from vfops.evaluation._registry_calls import ChildCalls, ThreadCalls
 
-    return ThreadCalls(engine) if engine is not None else await ChildCalls.start()
+    if engine is not None:
+        return ThreadCalls(engine)
+    channel = tracker.take_side_channel() if tracker is not None else None
+    return await ChildCalls.over(channel) if channel is not None else await ChildCalls.start()
 
 
 def _tracking_on(tracking: bool | None) -> bool:

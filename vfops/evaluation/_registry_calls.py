@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import pickle
 import struct
 import sys
@@ -31,10 +32,15 @@ from vfops._errors import VfopsError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from vfops.tracking import SideChannel
+
 T = TypeVar("T")
 
 _HEADER: Final = struct.Struct(">I")  # each frame: its length, then a pickle
 _PROTOCOL: Final = pickle.HIGHEST_PROTOCOL
+
+SERVICE: Final = "vfops.evaluation._registry_calls:serve"
+""":func:`serve` as the tracker process's side service (``vfops eval`` starts it so)."""
 
 
 class RegistryUnavailable(VfopsError):
@@ -98,7 +104,16 @@ class ChildCalls:
     outlives the evaluation. Functions must be importable (module level).
     """
 
-    def __init__(self, process: asyncio.subprocess.Process, database_url: str) -> None:
+    def __init__(
+        self,
+        writer: asyncio.StreamWriter,
+        reader: asyncio.StreamReader,
+        database_url: str,
+        *,
+        process: asyncio.subprocess.Process | None = None,
+    ) -> None:
+        self._writer = writer
+        self._stdout = reader
         self._process = process
         self.database_url = database_url
         self._replies: dict[int, asyncio.Future[Any]] = {}
@@ -118,7 +133,26 @@ class ChildCalls:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
-        return cls(process, database_url())
+        assert process.stdin is not None and process.stdout is not None
+        return cls(process.stdin, process.stdout, database_url(), process=process)
+
+    @classmethod
+    async def over(cls, channel: SideChannel) -> ChildCalls:
+        """Calls served by :func:`serve` in the tracker process (``SERVICE``, its side
+        service: :meth:`vfops.tracking.Tracker.spawn`), over ``channel``'s pipes; they
+        are this object's from now on."""
+        from vfops._settings import database_url
+
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(channel.read_fd, "rb", 0)
+        )
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(channel.write_fd, "wb", 0)
+        )
+        writer = asyncio.StreamWriter(transport, protocol, None, loop)
+        return cls(writer, reader, database_url())
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._gone is not None:
@@ -127,12 +161,10 @@ class ChildCalls:
         frame = pickle.dumps((call_id, fn, args, kwargs), protocol=_PROTOCOL)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[call_id] = reply
-        stdin = self._process.stdin
-        assert stdin is not None
         try:
             async with self._write_lock:
-                stdin.write(_HEADER.pack(len(frame)) + frame)
-                await stdin.drain()
+                self._writer.write(_HEADER.pack(len(frame)) + frame)
+                await self._writer.drain()
         except (BrokenPipeError, ConnectionResetError):
             self._replies.pop(call_id, None)
             await asyncio.wait({self._reader})  # it says why the child is gone
@@ -140,8 +172,7 @@ class ChildCalls:
         return await reply  # type: ignore[no-any-return]
 
     async def _read_replies(self) -> None:
-        stdout = self._process.stdout
-        assert stdout is not None
+        stdout = self._stdout
         try:
             while True:
                 header = await stdout.readexactly(_HEADER.size)
@@ -156,9 +187,11 @@ class ChildCalls:
                     reply.set_exception(_error_of(outcome, value))
         except (asyncio.IncompleteReadError, ConnectionResetError):
             pass
-        code = await self._process.wait()
+        gone = "the tracker process's registry service ended"
+        if self._process is not None:
+            gone = f"the registry process exited (code {await self._process.wait()})"
         self._gone = (
-            f"the registry process exited (code {code}) before the evaluation ended; "
+            f"{gone} before the evaluation ended; "
             "see its error above, then finish the run with vfops eval ... --resume RUN"
         )
         for reply in self._replies.values():
@@ -167,14 +200,21 @@ class ChildCalls:
         self._replies.clear()
 
     async def aclose(self) -> None:
-        stdin = self._process.stdin
-        if stdin is not None and not stdin.is_closing():
-            stdin.close()
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await stdin.wait_closed()
+        """Close the calls' input; the server answers what it has and ends (a child
+        process exits, the tracker's service returns), which closes its output."""
+        if not self._writer.is_closing():
+            self._writer.close()
+            if self._process is not None:  # a pipe transport's writer has no close waiter
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    await self._writer.wait_closed()
         try:
             await asyncio.wait_for(asyncio.shield(self._reader), 30)
         except TimeoutError:
+            if self._process is None:
+                self._reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._reader
+                return
             self._process.kill()
             await self._reader
 

@@ -48,7 +48,7 @@ from vfops.tracking._links import (
     prefect_run_tags,
 )
 from vfops.tracking._params import flatten_params
-from vfops.tracking._tracker import ExportError, Tracker, prestart
+from vfops.tracking._tracker import ExportError, SideChannel, Tracker, prestart
 
 __all__ = [
     "EMBEDDED_DIR",
@@ -57,6 +57,7 @@ __all__ = [
     "RUN_ID_TAG",
     "SWEEP_TAG",
     "ExportError",
+    "SideChannel",
     "Tracker",
     "artifact_root",
     "check_sqlite_store",

@@ -43,10 +43,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import select
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -105,6 +107,21 @@ class _Sender:
                 return
 
 
+@dataclass
+class SideChannel:
+    """The parent's ends of the pipes of a service the tracker process hosts besides
+    tracking (``side_service`` of :meth:`Tracker.spawn`): ``write_fd`` to it,
+    ``read_fd`` from it. Whoever takes it (:meth:`Tracker.take_side_channel`) closes it."""
+
+    write_fd: int
+    read_fd: int
+
+    def close(self) -> None:
+        for fd in (self.write_fd, self.read_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class ExportError(VfopsError):
     """The tracker could not write the run's ``rollouts.arrow`` (its folder refused it)."""
 
@@ -125,21 +142,49 @@ class Tracker:
         self.mlflow_run_id: str | None = None
         self._open_sent = False
         self._closed = False
+        self._side: SideChannel | None = None
 
     @classmethod
-    def spawn(cls, *, env_name: str) -> Tracker:
+    def spawn(cls, *, env_name: str, side_service: str | None = None) -> Tracker:
         """Start the tracker process; returns at once (it gets ready in the background).
 
-        It talks to MLflow only (never to the registry: the evaluation reads the run
-        and stores the link), so it imports nothing else heavy. It stays in this
-        process's group and session: whatever ends this process's tree ends it too.
+        Tracking talks to MLflow only (the evaluation reads the registry run and stores
+        the link). ``side_service`` (``"module:function"``, called as ``function(input,
+        output)`` on binary files) is a service the same process runs in a thread of
+        its own over a pair of pipes, :meth:`take_side_channel` their other ends:
+        ``vfops eval`` has its registry calls served there, so one interpreter (and
+        one SQLAlchemy: MLflow's store loads it anyway) records the run, not two. The
+        process stays in this process's group and session: whatever ends this
+        process's tree ends it too.
         """
-        process = subprocess.Popen(
-            [sys.executable, "-m", "vfops.tracking._tracker_main", env_name],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        return cls(process, env_name=env_name)
+        command = [sys.executable, "-m", "vfops.tracking._tracker_main", env_name]
+        theirs: tuple[int, ...] = ()
+        side: SideChannel | None = None
+        if side_service is not None:
+            their_input, our_output = os.pipe()
+            our_input, their_output = os.pipe()
+            theirs = (their_input, their_output)
+            side = SideChannel(write_fd=our_output, read_fd=our_input)
+            command += ["--side-service", side_service, str(their_input), str(their_output)]
+        try:
+            process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=theirs
+            )
+        except BaseException:
+            if side is not None:
+                side.close()
+            raise
+        finally:
+            for fd in theirs:  # the child has its copies; ours would keep the pipes open
+                os.close(fd)
+        tracker = cls(process, env_name=env_name)
+        tracker._side = side
+        return tracker
+
+    def take_side_channel(self) -> SideChannel | None:
+        """The side service's pipes (see :meth:`spawn`), handed over once; None without one."""
+        side, self._side = self._side, None
+        return side
 
     @classmethod
     def for_run(cls, *, env_name: str) -> Tracker:
@@ -275,10 +320,17 @@ class Tracker:
     # ------------------------------------------------------------------ ending
 
     def kill(self) -> None:
+        self._close_side()
         if self._process.poll() is None:
             self._process.kill()
         self._process.wait()
         self._close_pipes()
+
+    def _close_side(self) -> None:
+        # a side channel nobody took: its service sees its input close and returns
+        side = self.take_side_channel()
+        if side is not None:
+            side.close()
 
     def _close_pipes(self) -> None:
         for pipe in (self._process.stdin, self._process.stdout):
@@ -294,6 +346,7 @@ class Tracker:
         if not self._open_sent:
             self.kill()
             return
+        self._close_side()
         if not self._closed:
             self._sender.close()
             self._closed = True
@@ -304,15 +357,16 @@ class Tracker:
         self._close_pipes()
 
 
-def prestart(env_name: str) -> None:
-    """Start the tracker of an evaluation of ``env_name`` now, before the evaluation.
+def prestart(env_name: str, *, side_service: str | None = None) -> None:
+    """Start the tracker of an evaluation of ``env_name`` now, before the evaluation
+    (``side_service``: see :meth:`Tracker.spawn`).
 
     ``vfops eval`` calls this before importing anything heavy; the evaluation then
     adopts it (:meth:`Tracker.for_run`). A tracker nobody adopts sees its input
     close when this process exits, and exits too.
     """
     global _prestarted
-    tracker = Tracker.spawn(env_name=env_name)
+    tracker = Tracker.spawn(env_name=env_name, side_service=side_service)
     with _prestarted_lock:
         previous, _prestarted = _prestarted, tracker
     if previous is not None:

@@ -5,9 +5,11 @@ running it as ``__main__`` does not import it twice."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -35,7 +37,9 @@ if TYPE_CHECKING:
 _protocol = os.fdopen(os.dup(1), "wb", buffering=0)
 os.dup2(2, 1)
 
-_SLICE_BYTES: Final = 4 << 20  # of results.jsonl read and converted at once (~5,000 rows)
+_SLICE_BYTES: Final = 1 << 20
+"""Of results.jsonl read and converted at once (~1,200 rows, about one export batch):
+the rows, records and Arrow rows of one slice are the tracker's transient peak."""
 
 _NICENESS: Final = 5
 """The tracker yields the CPU to the evaluation it records (on a small machine they
@@ -53,15 +57,51 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _side_service(spec: str, input_fd: int, output_fd: int) -> threading.Thread:
+    """Run ``spec`` (``module:function``) as ``function(input, output)`` in a thread of
+    its own (see :meth:`vfops.tracking.Tracker.spawn`); its output closes when it
+    returns, which is how its caller sees it end."""
+
+    def run() -> None:
+        try:
+            with os.fdopen(input_fd, "rb") as source, os.fdopen(output_fd, "wb") as sink:
+                module, _, name = spec.partition(":")
+                getattr(importlib.import_module(module), name)(source, sink)
+        except Exception as exc:  # its caller sees the pipe close, and says so
+            print(f"vfops: the tracker's {spec} ended: {_one_line(exc)}", file=sys.stderr)
+
+    thread = threading.Thread(target=run, name="vfops-side-service", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str]) -> int:
     """Child side: open the store, then record one run until ``finish`` (or end of input).
 
-    Returns the exit code: 1 when the run could not be recorded.
+    ``argv``: the environment's name, then optionally ``--side-service SPEC IN OUT``
+    (served until its input closes: this returns only after it did). Returns the
+    exit code: 1 when the run could not be recorded.
     """
     # Ctrl-C (and a SIGTERM sent to the whole group) reach this process too: the
     # evaluation decides when to stop, and still records the run's end through it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    side: threading.Thread | None = None
+    if "--side-service" in argv:
+        at = argv.index("--side-service")
+        spec, input_fd, output_fd = argv[at + 1 : at + 4]
+        argv = argv[:at] + argv[at + 4 :]
+        # before the nice below, which is the calling thread's own on Linux: the side
+        # service (the evaluation's registry calls) keeps the normal priority
+        side = _side_service(spec, int(input_fd), int(output_fd))
+    try:
+        return _track(argv)
+    finally:
+        if side is not None:
+            side.join()
+
+
+def _track(argv: list[str]) -> int:
     with contextlib.suppress(OSError):
         os.nice(_NICENESS)
     from vfops.tracking import check_tracking, prepare_experiment
