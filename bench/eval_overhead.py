@@ -40,7 +40,7 @@ short       bar 2: a 15-rollout eval (-n 5 -r 3), 0 ms stub, on a home used
             --no-tracking and vf-eval's figure.
 memory      bar 3: 100,000 rollouts (-n 50000 -r 2 -a '{"num_examples": 50000}'),
             -c 256, 0 ms stub: peak RSS of the whole process tree (vfops + its
-            registry child + its tracker child, sampled together) <= 300 MB (the
+            tracker child, which serves its registry calls too, sampled together) <= 300 MB (the
             vfops process's own peak reported next to it), and <= 3 s from the
             last rollout to the process exit, recorded.
 
@@ -114,7 +114,7 @@ BAR_SHORT_WALL_S = 2.5
 """Issue 25: recorded at exit (was 1.5 s when the MLflow run was logged after the exit)."""
 BAR_MEMORY = {"n": 50000, "r": 2, "c": 256}
 BAR_PEAK_RSS_MB = 300.0
-"""Issue 25: of the whole process tree (vfops + registry child + tracker child)."""
+"""Issue 25: of the whole process tree (vfops + its tracker child, serving the registry too)."""
 BAR_TAIL_S = 3.0
 SHORT_CONCURRENCY = 32
 """``vfops eval``'s default -c, passed explicitly so both tools run with it."""
@@ -1252,7 +1252,7 @@ def print_memory(data: dict[str, Any]) -> list[Bar]:
     print(
         f"  {run['rollouts']:,}/{run['planned']:,} rollouts in {run['wall_s']:.1f} s "
         f"(rollout phase {_fmt(run['phase_wall_s'], '.1f')} s)\n"
-        f"  peak RSS, whole process tree (vfops + registry child + tracker child, sampled\n"
+        f"  peak RSS, whole process tree (vfops + its children: tracker, registry; sampled\n"
         f"     together):                                             "
         f"{run['tree_peak_rss_mb']:7.1f} MB ({run['max_tree_processes']} processes at most)\n"
         f"  peak RSS, vfops process (kernel high-water mark VmHWM):   "

@@ -6,11 +6,15 @@ the lease renewals, recording the end, reading the run for MLflow) goes through
 
 * :class:`ThreadCalls` runs it in a worker thread of this process, on an engine the
   caller already has (sweeps, promotion, tests that pass ``engine=``).
-* :class:`ChildCalls` runs it in a child process that opens the default registry
+* :class:`ChildCalls` runs it in another process that opens the default registry
   itself (``vfops eval``): the evaluating process never imports SQLAlchemy, and its
   GIL stays with the event loop. On a 2-core machine the registry's import alone
   (~0.5 s of CPU) and each batch's row building otherwise took turns with the
-  rollouts; in the child they run on the other core.
+  rollouts; there they run on the other core. A tracked ``vfops eval`` has them
+  served by a thread of its tracker process (:data:`SERVICE`, the tracker's side
+  service: :meth:`ChildCalls.over`), which loads SQLAlchemy for MLflow's store
+  anyway: one recorder process, not two (~45 MB less for the run's process tree);
+  an untracked one starts a registry child (:meth:`ChildCalls.start`).
 
 Either way a connection failure is raised as :class:`RegistryUnavailable` (the
 caller retries it), anything else as the error ``fn`` raised.
