@@ -129,7 +129,9 @@ class ExportError(VfopsError):
 class Tracker:
     """Parent side of the tracker process; see the module docstring."""
 
-    def __init__(self, process: subprocess.Popen[bytes], *, env_name: str):
+    def __init__(
+        self, process: subprocess.Popen[bytes], *, env_name: str, side: SideChannel | None = None
+    ):
         self._process = process
         self.env_name = env_name
         assert process.stdin is not None and process.stdout is not None
@@ -142,7 +144,7 @@ class Tracker:
         self.mlflow_run_id: str | None = None
         self._open_sent = False
         self._closed = False
-        self._side: SideChannel | None = None
+        self._side = side
 
     @classmethod
     def spawn(cls, *, env_name: str, side_service: str | None = None) -> Tracker:
@@ -177,9 +179,7 @@ class Tracker:
         finally:
             for fd in theirs:  # the child has its copies; ours would keep the pipes open
                 os.close(fd)
-        tracker = cls(process, env_name=env_name)
-        tracker._side = side
-        return tracker
+        return cls(process, env_name=env_name, side=side)
 
     def take_side_channel(self) -> SideChannel | None:
         """The side service's pipes (see :meth:`spawn`), handed over once; None without one."""
