@@ -236,8 +236,8 @@ async def _stopped_by_signals(evaluation: Coroutine[Any, Any, T], signals: list[
     workers and orchestrators send) cancels it, so the run is recorded ``interrupted``
     with every row flushed; later ones only say that this is under way (a second Ctrl-C
     must not leave the run ``running`` with rows missing). Each is appended to
-    ``signals``. The handlers run on the event loop, which nothing blocks (reward
-    functions that block run on threads)."""
+    ``signals``; the first is acknowledged on stderr at once. The handlers run on the
+    event loop, which nothing blocks (reward functions that block run on threads)."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -246,6 +246,14 @@ async def _stopped_by_signals(evaluation: Coroutine[Any, Any, T], signals: list[
         signals.append(signum)
         if len(signals) == 1:
             task.cancel()
+            # said at once: the recording can take a moment, and a user (or a test
+            # sending a second signal) knows this one was taken
+            print(
+                f"interrupted by {signal.Signals(signum).name}: stopping and recording "
+                "what is done",
+                file=sys.stderr,
+                flush=True,
+            )
         elif len(signals) == 2:
             print(
                 "interrupted: recording the run's end (what is done is kept); it exits in a moment",
