@@ -66,24 +66,22 @@ def render(
     timeout_s: float = 120,
 ) -> str:
     """The DOM of ``url`` after its scripts ran (and a screenshot named ``screenshot``)."""
+    target = artifacts_dir() / screenshot if screenshot else None
     with tempfile.TemporaryDirectory(prefix="vfops-chromium-") as profile:
         args = _base_args(width, height, budget_ms, profile)
+        # one page load gives both: the DOM on stdout and the picture of the same render
+        shot = [f"--screenshot={target}"] if target else []
+        if target:
+            target.unlink(missing_ok=True)  # an earlier run's picture proves nothing
         dom = subprocess.run(
-            [*args, "--dump-dom", url],
+            [*args, "--dump-dom", *shot, url],
             capture_output=True,
             text=True,
             timeout=timeout_s,
             check=True,
         ).stdout
-        if screenshot:
-            target = artifacts_dir() / screenshot
-            subprocess.run(
-                [*args, f"--screenshot={target}", url],
-                capture_output=True,
-                timeout=timeout_s,
-                check=True,
-            )
-            assert target.is_file() and target.stat().st_size > 0, f"no screenshot at {target}"
+    if target:
+        assert target.is_file() and target.stat().st_size > 0, f"no screenshot at {target}"
     return dom
 
 
