@@ -252,24 +252,23 @@ def test_a_tracked_eval_never_imports_pyarrow_and_its_tracker_writes_the_export(
 
 
 def _signal_in_order(process: subprocess.Popen[str], signals: list[signal.Signals]) -> str:
-    """Send ``signals`` one after another, each once the process has said it took the one
-    before (its "interrupted by" line), and return its stderr. Sent back to back, two
-    signals can both be pending at once; the kernel then hands them to different threads
-    (or the handlers run in reverse), and the order the process sees is the test's luck
-    (CI saw SIGINT first from SIGTERM-then-SIGINT)."""
+    """Send ``signals[0]``, then the others once the process has said it took the first
+    (its "interrupted by" line), and return its stderr. Sent back to back, two signals
+    can both be pending at once; the kernel then hands them to different threads (or the
+    handlers run in reverse), and the order the process sees is the test's luck (CI saw
+    SIGINT first from SIGTERM-then-SIGINT)."""
     assert process.stderr is not None
+    first, *later = signals
+    process.send_signal(first)
     seen: list[str] = []
-    for position, signum in enumerate(signals):
-        process.send_signal(signum)
-        if position == len(signals) - 1:
-            break
+    if later:
         # pytest-timeout is the safety net: the line comes, or stderr ends at its exit
         for line in process.stderr:
             seen.append(line)
             if line.startswith("interrupted by"):
                 break
-        else:
-            break
+        for signum in later:
+            process.send_signal(signum)
     _, rest = process.communicate(timeout=120)
     return "".join(seen) + rest
 
