@@ -20,6 +20,7 @@ from datasets import load_from_disk
 from sqlalchemy import make_url, text
 
 from tests.registry_fixtures import DIALECTS, database_url
+from tests.request_gate import RequestGate
 from tests.tcp_proxy import TcpProxy
 from vfops.registry import count_rollouts, get_engine, iter_rollouts
 from vfops.testing import StubConfig, StubServer
@@ -351,20 +352,25 @@ def test_two_concurrent_resumes_of_one_run_the_second_is_refused(
         lines = results.read_bytes().splitlines()
         on_disk = len(lines) - (not lines[-1].endswith(b"}"))
         asked = stub.stats["requests"]
-        first = subprocess.Popen(
-            [sys.executable, "-m", "vfops", *args, "--resume", run_id],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 240  # a safety net: it returns on the state
-        while f"@{first.pid}:" not in (_lease_owner(db_url) or ""):
-            assert time.monotonic() < deadline and first.poll() is None, "no lease taken"
-            time.sleep(0.05)
-        second = run(*args, "--resume", run_id, env=env)
-        assert first.poll() is None  # it was refused while the first was working
-        _, first_err = first.communicate(timeout=120)
+        # the first resume's model calls wait at a closed gate until the second has been
+        # refused: "while the first is working" is a state, not a bet on its ~8 s (under
+        # load, the second's start took longer than the first's whole run)
+        with RequestGate(stub) as gate:
+            first = subprocess.Popen(
+                [sys.executable, "-m", "vfops", *args, "--resume", run_id],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            deadline = time.monotonic() + 240  # a safety net: it returns on the state
+            while f"@{first.pid}:" not in (_lease_owner(db_url) or ""):
+                assert time.monotonic() < deadline and first.poll() is None, "no lease taken"
+                time.sleep(0.05)
+            second = run(*args, "--resume", run_id, env=env)
+            assert first.poll() is None  # it was refused while the first was working
+            gate.open()
+            _, first_err = first.communicate(timeout=120)
         assert first.returncode == 0, first_err
     assert second.returncode == 4, second.stderr
     (line,) = second.stderr.strip().splitlines()
