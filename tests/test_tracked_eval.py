@@ -344,7 +344,7 @@ def test_two_concurrent_resumes_of_one_run_the_second_is_refused(
     and the endpoint is asked only for the missing rollouts."""
     env = cli_env(db_url, env_site, VFOPS_TRACKING="0")
     get_engine(db_url)
-    # slow rollouts (~8 s to finish the run): the second resume starts while the first runs
+    # slow rollouts: the kill lands mid-run (the resumes are held at a gate below)
     with StubServer(StubConfig(reply_mode="echo_answer", latency_ms=500)) as stub:
         args = _kill_args(stub.base_url, tmp_path)
         results = _kill_9_mid_run(args, env, tmp_path, db_url, rows_in_registry=True)
@@ -367,7 +367,13 @@ def test_two_concurrent_resumes_of_one_run_the_second_is_refused(
             while f"@{first.pid}:" not in (_lease_owner(db_url) or ""):
                 assert time.monotonic() < deadline and first.poll() is None, "no lease taken"
                 time.sleep(0.05)
-            second = run(*args, "--resume", run_id, env=env)
+            try:  # a second resume that is not refused waits at the gate: it never returns
+                second = subprocess.run(
+                    [sys.executable, "-m", "vfops", *args, "--resume", run_id],
+                    capture_output=True, text=True, env=env, timeout=120, check=False,
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:
+                pytest.fail("the second resume ran while the first held the run (not refused)")
             assert first.poll() is None  # it was refused while the first was working
             gate.open()
             _, first_err = first.communicate(timeout=120)
