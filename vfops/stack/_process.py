@@ -68,10 +68,38 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: Path) -> 
         setsigdef=_DEFAULT_SIGNALS,
     )
     try:
-        started = float(psutil.Process(pid).create_time())
+        started = start_time(pid)
     except psutil.NoSuchProcess:  # died at once: alive() reports it (start time unknown)
         started = 0.0
     return pid, started
+
+
+_WALL_CLOCK_STARTS = 1e8
+"""A recorded start above this many seconds is a wall-clock time (state files written
+before starts were counted from boot): about three years of uptime."""
+
+
+def start_time(pid: int) -> float:
+    """When process ``pid`` started, in seconds since the machine booted: the pid-reuse
+    guard of :func:`alive`. Raises ``psutil.NoSuchProcess`` when there is none.
+
+    Counted from boot, not read from the wall clock: psutil's ``create_time()`` is the
+    boot time + the start's clock ticks, and the boot time moves whenever the wall clock
+    is stepped (NTP, a virtual machine resumed), so a stored wall-clock start time stops
+    matching a process that never stopped (a whole stack read "not running" after a
+    30 s step). Linux counts the ticks in ``/proc/PID/stat``; elsewhere psutil's
+    wall-clock time is the guard.
+    """
+    psutil = psutil_module()
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except FileNotFoundError:
+        if not os.path.exists("/proc/self/stat"):  # no procfs: not Linux
+            return float(psutil.Process(pid).create_time())
+        raise psutil.NoSuchProcess(pid) from None
+    # field 22 of proc_pid_stat(5), the 20th after the command's closing parenthesis
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def reap(pid: int) -> int | None:
@@ -92,7 +120,8 @@ def alive(pid: int, started: float) -> bool:
     reap(pid)
     try:
         process = psutil.Process(pid)
-        if started and abs(process.create_time() - started) > 1.0:
+        now = process.create_time() if started > _WALL_CLOCK_STARTS else start_time(pid)
+        if started and abs(now - started) > 1.0:
             return False
         return bool(process.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
