@@ -39,8 +39,7 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check vfops flows tests environments bench
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest -n 2 --dist loadfile -m 'not torch_heavy' --durations=30  # see tests/conftest.py
-	$(VENV)/bin/pytest -m torch_heavy --durations=30
+	bash tests/run_passes.sh $(VENV)  # two pytest passes at once; see tests/conftest.py
 
 lint: setup
 	$(VENV)/bin/ruff check vfops flows tests environments bench

@@ -42,18 +42,14 @@ pytest_plugins = [
     "tests.env_fixtures",
 ]
 
-# `make test` runs the suite in two passes: everything but the files that train or run
-# a model on the CPU on two pytest-xdist workers (`-n 2 --dist loadfile -m "not
-# torch_heavy"`: most tests wait on subprocesses and servers, so two at a time nearly
-# halve the wall time), then those files alone (`-m torch_heavy`). They need the cores
-# to themselves: their timeouts assume it, and with generation running ahead of
-# training, a busy machine changed which rollouts were batched together and so the
-# sampled tokens (test_resume_is_exact[1] failed twice in parallel runs).
-# Started together instead (tried on a clean clone, 2026-12-03): the first pass took
-# 2,425 s against 1,331 s alone the same day, the torch pass 1,232 s against ~585 s
-# alone (a day before, on a faster core), and the run 4,497 CPU-seconds: slower than one
-# after the other. Not yet measured why; a likely cause: on oversubscribed cores,
-# torch's and vLLM's OpenMP threads spin at barriers whose other threads wait for a core.
+# `make test` runs the suite in two passes, started together (tests/run_passes.sh):
+# everything but the files that train or run a model on the CPU on two pytest-xdist
+# workers (`-n 2 --dist loadfile -m "not torch_heavy"`: most tests wait on subprocesses
+# and servers, so two at a time nearly halve the wall time), and those files in one
+# process of their own (`-m torch_heavy`): each of them keeps both cores busy in
+# bursts, and two at once would double their memory. Their results do not depend on
+# the machine's load (each batch's policy version is fixed, not timed:
+# test_resume_is_exact), and their timeouts are sized for a busy machine.
 TORCH_HEAVY_FILES = frozenset(
     {
         "test_demo.py",
