@@ -5,10 +5,10 @@
 # Together, not one after the other: the torch pass alone keeps only ~1.1 of 2 cores
 # busy (its processes wait on one another). Clean-clone runs on one afternoon's core:
 # 2,838 s together against 3,061 s one after the other, the same ~4,480 CPU-seconds
-# (bench/README.md, "The CI itself"). Each pass has a base
-# temporary folder of its own (pytest's numbered ones are pruned by the next session,
-# which would be the other pass). The torch pass's output is printed after the first
-# pass's, whole, so neither log is interleaved; the exit is non-zero if either failed.
+# (bench/README.md, "The CI itself"). Each pass has a base temporary folder of its own
+# (pytest's numbered ones are pruned by the next session, which would be the other
+# pass). The torch pass's output is printed after the first pass's, whole, so neither
+# log is interleaved; the exit is non-zero if either failed.
 set -uo pipefail
 venv=$1
 shift
