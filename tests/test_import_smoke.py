@@ -143,3 +143,16 @@ def test_a_piped_eval_imports_neither_rich_nor_pydantic(registry: str, tmp_path:
     # the registry's work runs in its own process (vfops.evaluation._registry_calls):
     # SQLAlchemy's import and the inserts never take the event loop's GIL
     assert "sqlalchemy" not in loaded
+
+
+def test_the_registry_side_loads_no_http_client() -> None:
+    # The registry calls of `vfops eval` are served in its tracker process, which
+    # unpickles references to these modules' functions: importing them must not load
+    # aiohttp (the whole client stack: ~9 MB of the tracker, bar 3a's process tree).
+    loaded = loaded_after(
+        "import vfops.evaluation._registry_calls, vfops.evaluation._sinks, "
+        "vfops.evaluation._evaluate, vfops.costs._ledger, vfops.budget._peer, "
+        "vfops.tracking._eval_runs"
+    )
+    assert "vfops" in loaded
+    assert "aiohttp" not in loaded

@@ -29,8 +29,6 @@ from vfops.clients._errors import (
     UnprocessableEntityError,
     redact_secrets,
 )
-from vfops.clients._http import HTTPTransport
-from vfops.clients._openai import OpenAIClient, RequestLimiter, is_context_error
 from vfops.clients._retry import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT_S,
@@ -76,10 +74,22 @@ __all__ = [
     "resolve_endpoint",
 ]
 
-# pydantic (the endpoints file's model) only when a file is read: not on every eval
+# pydantic (the endpoints file's model) only when a file is read: not on every eval;
+# aiohttp only where a request is sent (not in the registry's or the tracker's process,
+# which import the environment modules through the registry calls they serve)
 __getattr__, __dir__ = lazy_exports(
-    __name__, {"load_endpoints": "vfops.clients._endpoints_file"}, __all__
+    __name__,
+    {
+        "load_endpoints": "vfops.clients._endpoints_file",
+        "HTTPTransport": "vfops.clients._http",
+        "OpenAIClient": "vfops.clients._openai",
+        "RequestLimiter": "vfops.clients._openai",
+        "is_context_error": "vfops.clients._openai",
+    },
+    __all__,
 )
 
 if TYPE_CHECKING:
     from vfops.clients._endpoints_file import load_endpoints
+    from vfops.clients._http import HTTPTransport
+    from vfops.clients._openai import OpenAIClient, RequestLimiter, is_context_error

@@ -28,11 +28,11 @@ import asyncio
 import email.utils
 import random
 import re
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from vfops.clients._errors import (
     APIConnectionError,
@@ -40,6 +40,9 @@ from vfops.clients._errors import (
     APITimeoutError,
     MalformedResponseError,
 )
+
+if TYPE_CHECKING:
+    import aiohttp
 
 RETRYABLE_STATUS = frozenset({408, 429})
 
@@ -127,11 +130,25 @@ def parse_rate_limit_reset(headers: Mapping[str, str] | None) -> float | None:
     return max(waits) if waits else None
 
 
+def _aiohttp_errors() -> tuple[type[aiohttp.ClientResponseError], type[aiohttp.ClientError]]:
+    """aiohttp's response and base errors once it is imported, else two classes nothing
+    is an instance of: no aiohttp error can exist before it is, so a process that never
+    talks HTTP (the registry's, the tracker) never loads it."""
+    module = sys.modules.get("aiohttp")
+    if module is None:
+        return (_NeverRaised, _NeverRaised)  # type: ignore[return-value]
+    return (module.ClientResponseError, module.ClientError)
+
+
+class _NeverRaised(Exception):
+    """Stands for aiohttp's errors before aiohttp is imported (see above)."""
+
+
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status code carried by ``exc``, if any."""
     if isinstance(exc, APIStatusError):
         return exc.status_code
-    if isinstance(exc, aiohttp.ClientResponseError):
+    if isinstance(exc, _aiohttp_errors()[0]):
         return exc.status
     return None
 
@@ -203,11 +220,13 @@ class RetryPolicy:
             return status in RETRYABLE_STATUS or status >= 500
         return isinstance(
             exc,
-            APIConnectionError  # includes APITimeoutError
-            | MalformedResponseError
-            | aiohttp.ClientError
-            | asyncio.TimeoutError
-            | ConnectionError,
+            (
+                APIConnectionError,  # includes APITimeoutError
+                MalformedResponseError,
+                _aiohttp_errors()[1],
+                asyncio.TimeoutError,
+                ConnectionError,
+            ),
         )
 
 

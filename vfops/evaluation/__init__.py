@@ -4,28 +4,35 @@
 and nightly cells, promotion gates and tests all call it.
 """
 
-from vfops.evaluation._compare import compare_runs, per_example_rewards
-from vfops.evaluation._evaluate import (
-    DEFAULT_MAX_ERROR_RATE,
-    DEFAULT_OUTPUT_ROOT,
-    EXIT_CODES,
-    EvalProgress,
-    EvalResult,
-    OpenedRun,
-    Outcome,
-    evaluate,
-    evaluate_async,
-    registry_summary,
-)
-from vfops.evaluation._export import export_run, run_metadata
-from vfops.evaluation._lock import RunFolderBusyError
-from vfops.evaluation._model import ModelOptions, resolve_model_name
-from vfops.evaluation._provenance import Provenance, config_fingerprint, resolve_provenance
-from vfops.evaluation._runner import EvalRequest
-from vfops.evaluation._sinks import SinkError
-from vfops.evaluation._store import iter_records, load_results, read_metadata
-from vfops.evaluation._summary import EvalSummary, pass_at_k
-from vfops.evaluation._transcript import format_transcript, rollout_failed
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vfops._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from vfops.evaluation._compare import compare_runs, per_example_rewards
+    from vfops.evaluation._evaluate import (
+        DEFAULT_MAX_ERROR_RATE,
+        DEFAULT_OUTPUT_ROOT,
+        EXIT_CODES,
+        EvalProgress,
+        EvalResult,
+        OpenedRun,
+        Outcome,
+        evaluate,
+        evaluate_async,
+        registry_summary,
+    )
+    from vfops.evaluation._export import export_run, run_metadata
+    from vfops.evaluation._lock import RunFolderBusyError
+    from vfops.evaluation._model import ModelOptions, resolve_model_name
+    from vfops.evaluation._provenance import Provenance, config_fingerprint, resolve_provenance
+    from vfops.evaluation._runner import EvalRequest
+    from vfops.evaluation._sinks import SinkError
+    from vfops.evaluation._store import iter_records, load_results, read_metadata
+    from vfops.evaluation._summary import EvalSummary, pass_at_k
+    from vfops.evaluation._transcript import format_transcript, rollout_failed
 
 __all__ = [
     "DEFAULT_MAX_ERROR_RATE",
@@ -58,3 +65,37 @@ __all__ = [
     "rollout_failed",
     "run_metadata",
 ]
+
+_LAZY = {
+    "compare_runs": "vfops.evaluation._compare",
+    "per_example_rewards": "vfops.evaluation._compare",
+    "DEFAULT_MAX_ERROR_RATE": "vfops.evaluation._evaluate",
+    "DEFAULT_OUTPUT_ROOT": "vfops.evaluation._evaluate",
+    "EXIT_CODES": "vfops.evaluation._evaluate",
+    "EvalProgress": "vfops.evaluation._evaluate",
+    "EvalResult": "vfops.evaluation._evaluate",
+    "OpenedRun": "vfops.evaluation._evaluate",
+    "Outcome": "vfops.evaluation._evaluate",
+    "evaluate": "vfops.evaluation._evaluate",
+    "evaluate_async": "vfops.evaluation._evaluate",
+    "registry_summary": "vfops.evaluation._evaluate",
+    "export_run": "vfops.evaluation._export",
+    "run_metadata": "vfops.evaluation._export",
+    "RunFolderBusyError": "vfops.evaluation._lock",
+    "ModelOptions": "vfops.evaluation._model",
+    "resolve_model_name": "vfops.evaluation._model",
+    "Provenance": "vfops.evaluation._provenance",
+    "config_fingerprint": "vfops.evaluation._provenance",
+    "resolve_provenance": "vfops.evaluation._provenance",
+    "EvalRequest": "vfops.evaluation._runner",
+    "SinkError": "vfops.evaluation._sinks",
+    "iter_records": "vfops.evaluation._store",
+    "load_results": "vfops.evaluation._store",
+    "read_metadata": "vfops.evaluation._store",
+    "EvalSummary": "vfops.evaluation._summary",
+    "pass_at_k": "vfops.evaluation._summary",
+    "format_transcript": "vfops.evaluation._transcript",
+    "rollout_failed": "vfops.evaluation._transcript",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

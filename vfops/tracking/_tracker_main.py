@@ -21,6 +21,10 @@ os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
 # it (MLflow's skinny client runs without pandas), and it is ~50 MB of the tracker's
 # memory and ~0.2 s of its start. A use of it here would fail loudly (ImportError).
 sys.modules.setdefault("pandas", None)  # type: ignore[arg-type]
+# Alembic's templates (Mako) highlight their tracebacks with pygments when it is
+# there (~5 MB); without it Mako falls back to plain text, and this process never
+# renders a template.
+sys.modules.setdefault("pygments", None)  # type: ignore[arg-type]
 # The Arrow export's batches come and go (one slice of rows at a time): the system
 # allocator hands their memory back, where pyarrow's default pool keeps it reserved.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
@@ -37,9 +41,10 @@ if TYPE_CHECKING:
 _protocol = os.fdopen(os.dup(1), "wb", buffering=0)
 os.dup2(2, 1)
 
-_SLICE_BYTES: Final = 1 << 20
-"""Of results.jsonl read and converted at once (~1,200 rows, about one export batch):
-the rows, records and Arrow rows of one slice are the tracker's transient peak."""
+_SLICE_BYTES: Final = 1 << 18
+"""Of results.jsonl read and converted at once (~300 rows of a single-turn run, a
+quarter of an export batch): the parsed rows and records of one slice are the
+tracker's transient peak."""
 
 _NICENESS: Final = 5
 """The tracker yields the CPU to the evaluation it records (on a small machine they
