@@ -16,7 +16,7 @@ setup: $(VENV)/.installed
 # torch first, pinned to the CPU build on local disk: otherwise a dependency
 # may pull a multi-GB CUDA build (pip installs it: pip's configuration is where a
 # machine says where that build is). The build backend every package here names
-# (setuptools>=68, wheel) goes in next, so the editable installs build with it instead
+# (setuptools>=77 for vfops' own, wheel) goes in next, so the editable installs build with it instead
 # of an isolated build environment each (17 of them; measured 14 % of the set-up).
 # Everything else is installed by uv, from the same package index (PyPI; uv reads
 # UV_INDEX_URL / UV_EXTRA_INDEX_URL, not pip's configuration): it downloads, unpacks
@@ -26,7 +26,7 @@ UV := $(VENV)/bin/uv
 $(VENV)/.installed: pyproject.toml $(ENV_PACKAGES) $(VF_TEST_PACKAGES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0 'setuptools>=68' wheel uv==0.13.9
+	$(PY) -m pip install --quiet torch==2.13.0 'setuptools>=77' wheel uv==0.13.9
 	$(UV) pip install --python $(PY) --quiet --compile-bytecode --no-build-isolation \
 		-e '.[dev,train,verifiers]' $(foreach p,$(ENV_PACKAGES) $(VF_TEST_PACKAGES),-e $(dir $(p)))
 	touch $@

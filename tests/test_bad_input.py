@@ -192,12 +192,22 @@ CASES = [
     Case("promote-temperature-negative",
          ("promote", "tiny", "1", "--env", "arithmetic", "-S", '{"temperature": -1}'),
          r"temperature must be >= 0, got -1; .*--sampling-args"),
+    # the same sampling flags as vfops eval (-T, -t), checked the same way
+    Case("promote-max-tokens-zero", ("promote", "tiny", "1", "--env", "arithmetic", "-t", "0"),
+         r"max_tokens must be > 0, got 0; set a valid value with --max-tokens"),
+    Case("promote-temperature-flag-negative",
+         ("promote", "tiny", "1", "--env", "arithmetic", "-T", "-1"),
+         r"temperature must be >= 0, got -1.0; set a valid value with --temperature"),
     Case("promote-bad-run", ("promote", "tiny", "1", "--run", "arithmetic"),
          r"--run 'arithmetic' is not ENV=RUN_ID"),
     # ------------------------------------------------------------------ deploy
     Case("deploy-prefect-unreachable", ("deploy",),
          r"cannot reach Prefect's API at .*set PREFECT_API_URL to a running server",
          env={"PREFECT_API_URL": f"{CLOSED_PORT}/api"}),
+    # no server configured: not deployed to an ephemeral one that vanishes with the command
+    Case("deploy-no-prefect-api", ("deploy",),
+         r"vfops deploy needs a running Prefect server .*prefect server start.*"
+         r"vfops stack up.*set PREFECT_API_URL"),
     Case("deploy-nightly-not-utf8", ("deploy", "--nightly-config", "{tmp}/n.toml"),
          r"n\.toml: not UTF-8 text .*save it as UTF-8", write("n.toml", NOT_UTF8)),
     Case("deploy-nightly-negative-n", ("deploy", "--nightly-config", "{tmp}/n.toml"),

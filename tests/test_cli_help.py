@@ -71,3 +71,34 @@ def test_deploy_help_names_every_deployment() -> None:
     assert "nightly-eval" in names and len(names) >= 8
     for name in names:
         assert name in text, f"vfops deploy --help does not name {name}"
+
+
+def test_the_readme_flag_table_gives_the_cli_defaults() -> None:
+    # The README's `vfops eval` table states each flag's default; the CLI's are the
+    # truth (defined once, in the command), and the table must not drift from them.
+    from pathlib import Path
+
+    from vfops.clients import DEFAULT_API_KEY_VAR
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme[readme.index("| flag | meaning | default |") :].split("\n\n", 1)[0]
+    eval_command = next(command for path, command, _ in COMMANDS if path == "vfops eval")
+    defaults = {opt: param.default for param in eval_command.params for opt in param.opts}
+    defaults["-k"] = DEFAULT_API_KEY_VAR  # resolved when unset (vfops.clients)
+    words = {"none": None, "the endpoint's": None, "checked": True}
+    checked = 0
+    for row in table.splitlines()[2:]:
+        flags, _, default = (cell.strip() for cell in row.strip("|").rsplit("|", 2))
+        first = re.match(r"`(--?[\w-]+)", flags)
+        assert first is not None, row
+        flag = "-k" if "-k/" in flags else first.group(1).replace("--no-", "--")
+        stated = default.strip("`").split(" for ")[0].strip("`")
+        expected = defaults[flag]
+        if stated in words:
+            assert expected == words[stated], (row, expected)
+        elif isinstance(expected, int | float) and not isinstance(expected, bool):
+            assert float(stated) == expected, (row, expected)
+        else:
+            assert stated == str(expected), (row, expected)
+        checked += 1
+    assert checked >= 15

@@ -67,6 +67,29 @@ def _contents(record: RolloutRecord) -> list[str]:
     return [str(m.get("content") or "") for m in [*record.prompt, *record.completion]]
 
 
+def test_runs_list_is_whole_at_80_columns(run: dict[str, Any]) -> None:
+    # what a user copies or compares is never cut short (it was: `bcb368…`, `comple…`)
+    listed = subprocess.run(
+        [sys.executable, "-m", "vfops", "runs", "list"],
+        env={**run["env"], "COLUMNS": "80"}, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), listed.stdout
+    assert "…" not in listed.stdout, listed.stdout
+    (at,) = [i for i, line in enumerate(lines) if line.startswith(run["run_id"][:12])]
+    row = lines[at]
+    engine = get_engine()
+    with session_scope(engine, write=False) as session:
+        (stored,) = list_runs(session, env_name="guess_number")
+        version, status = stored.environment_version, stored.status
+    # the version is on the row's line or wraps, whole, onto the next
+    assert row.split()[1] == "guess_number", row
+    assert version in (row + "\n" + lines[at + 1]).split(), listed.stdout
+    assert "stub-model" in row and status in row.split() and " 6/6 " in row, row
+
+
 def test_rollout_0_prints_every_turn_and_each_score(run: dict[str, Any]) -> None:
     shown = _show(run, "--rollout", "0")
     assert shown.returncode == 0, shown.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -76,6 +75,23 @@ def _nightly_deployment(path: Path | None, cron: str | None) -> dict[str, Any]:
     }
 
 
+def _configured_api_url() -> str:
+    """The Prefect API the deployments go to (``PREFECT_API_URL``, from the environment or
+    the active Prefect profile). Without one, Prefect would deploy to an ephemeral server
+    that stops with this command, taking the deployments with it: refused in one line."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise VfopsError(
+            "vfops deploy needs a running Prefect server (deployments on Prefect's ephemeral "
+            "one vanish when this command exits); start one (prefect server start, or vfops "
+            "stack up) and set PREFECT_API_URL, e.g. export PREFECT_API_URL="
+            "http://127.0.0.1:4200/api"
+        )
+    return str(url)
+
+
 async def _check_api(api_url: str) -> None:
     """A Prefect API that does not answer fails in one line, before any deployment."""
     from prefect.client.orchestration import get_client
@@ -89,7 +105,7 @@ async def _check_api(api_url: str) -> None:
         reason = " ".join(str(problem).split()) or type(problem).__name__
         raise VfopsError(
             f"cannot reach Prefect's API at {api_url} ({reason}); start it (prefect server "
-            "start) or set PREFECT_API_URL to a running server (unset: an ephemeral one)"
+            "start, or vfops stack up) or set PREFECT_API_URL to a running server"
         )
 
 
@@ -133,10 +149,8 @@ def deploy_command(
             "the flows package is not importable; run vfops deploy from a checkout "
             "installed with: pip install -e ."
         ) from exc
-    api_url = os.environ.get("PREFECT_API_URL")
-    if api_url:
-        asyncio.run(_check_api(api_url))
-    api = api_url or "Prefect's ephemeral server"
+    api = _configured_api_url()
+    asyncio.run(_check_api(api))
     deployed = asyncio.run(
         deploy_all(
             work_pool=options.work_pool,

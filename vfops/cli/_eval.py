@@ -14,6 +14,12 @@ import typer
 from vfops._errors import VfopsError
 from vfops._jsonarg import parse_json_object
 from vfops.cli._eval_display import EvalDisplay, print_summary
+from vfops.cli._sampling import (
+    MaxTokensOption,
+    SamplingArgsOption,
+    TemperatureOption,
+    sampling_from_flags,
+)
 from vfops.evaluation import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_OUTPUT_ROOT,
@@ -48,20 +54,13 @@ def eval_command(
     max_concurrent: Annotated[
         int, typer.Option("--max-concurrent", "-c", help="Rollouts in flight at once.")
     ] = _DEFAULTS.max_concurrent,
-    sampling_args: Annotated[
-        str | None,
-        typer.Option("--sampling-args", "-S", help="JSON object of sampling arguments."),
-    ] = None,
+    sampling_args: SamplingArgsOption = None,
     env_args: Annotated[
         str | None,
         typer.Option("--env-args", "-a", help="JSON object passed to load_environment."),
     ] = None,
-    temperature: Annotated[
-        float | None, typer.Option("--temperature", "-T", help="Sampling temperature.")
-    ] = None,
-    max_tokens: Annotated[
-        int | None, typer.Option("--max-tokens", "-t", help="Max tokens per model turn.")
-    ] = None,
+    temperature: TemperatureOption = None,
+    max_tokens: MaxTokensOption = None,
     base_url: Annotated[
         str | None, typer.Option("--base-url", "-b", help="OpenAI-compatible base URL.")
     ] = None,
@@ -169,11 +168,7 @@ def eval_command(
         raise VfopsError(
             f"--max-error-rate must be between 0 and 1 (a share of rollouts), not {max_error_rate}"
         )
-    sampling = parse_json_object(sampling_args, "--sampling-args")
-    if temperature is not None:
-        sampling["temperature"] = temperature
-    if max_tokens is not None:
-        sampling["max_tokens"] = max_tokens
+    sampling = sampling_from_flags(sampling_args, temperature, max_tokens)
     request = EvalRequest(
         env_name=env,
         model=model,

@@ -22,7 +22,12 @@ from rich.console import Console
 from rich.table import Table
 
 from vfops._errors import VfopsError
-from vfops._jsonarg import parse_json_object
+from vfops.cli._sampling import (
+    MaxTokensOption,
+    SamplingArgsOption,
+    TemperatureOption,
+    sampling_from_flags,
+)
 
 HISTORY = "history"
 
@@ -73,10 +78,9 @@ def promote_command(
     metric: Annotated[
         str, typer.Option("--metric", help="reward_mean, or a rubric metric name.")
     ] = "reward_mean",
-    sampling_args: Annotated[
-        str | None,
-        typer.Option("--sampling-args", "-S", help="JSON object of sampling arguments."),
-    ] = None,
+    sampling_args: SamplingArgsOption = None,
+    temperature: TemperatureOption = None,
+    max_tokens: MaxTokensOption = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of sampling and the test.")] = 0,
     force: Annotated[
         bool, typer.Option("--force", help="Move the alias even if the gate fails (recorded).")
@@ -106,7 +110,7 @@ def promote_command(
         return
     from vfops.models import promote
 
-    args = parse_json_object(sampling_args, "--sampling-args")
+    args = sampling_from_flags(sampling_args, temperature, max_tokens)
     evidence = _evidence_runs(run or [])
     decision = promote(
         name,

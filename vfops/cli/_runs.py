@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Column, Table
 
@@ -35,21 +36,28 @@ def list_command(
     from vfops.registry import count_rollouts, list_runs
 
     engine = _engine()
-    table = Table(
-        "run", "environment", "version", "model", "status", "rollouts", "reward", "started"
-    )
+    # Readable at 80 columns: what a user copies or compares (the run id prefix that
+    # --resume and runs show take, the counts, the reward, when) is never cut; the
+    # environment, the model and a long status wrap onto more lines instead.
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0))
+    table.add_column("run", no_wrap=True, min_width=12)
+    table.add_column("environment", overflow="fold", min_width=11)
+    table.add_column("model", overflow="fold", min_width=10)
+    table.add_column("status", overflow="fold", min_width=9)
+    table.add_column("rollouts", no_wrap=True, justify="right")
+    table.add_column("reward", no_wrap=True, justify="right")
+    table.add_column("started", no_wrap=True)
     with Session(engine) as session:
         for run in list_runs(session, env_name=env, limit=limit):
             reward = run.summary.get("reward_mean") if run.summary else None
             table.add_row(
                 run.id[:12],
-                run.environment_name,
-                run.environment_version,
+                f"{run.environment_name} {run.environment_version}",
                 run.model,
                 run.status,
                 f"{count_rollouts(engine, run.id)}/{run.num_examples * run.rollouts_per_example}",
-                "-" if reward is None else f"{reward:.4f}",
-                run.started_at.strftime("%Y-%m-%d %H:%M"),
+                "-" if reward is None else f"{reward:.3f}",
+                run.started_at.strftime("%m-%d %H:%M"),
             )
     Console().print(table)
 
