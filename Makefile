@@ -2,11 +2,12 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ENV_PACKAGES := $(sort $(wildcard environments/*/pyproject.toml))
-# environments written for verifiers, the adapter's test material (tests/test_verifiers_adapter.py)
+# environments written for verifiers, the adapter's test material (tests/test_verifiers_adapter.py):
+# installed by the tests' set-up only, so they never show in a user's `vfops env list`
 VF_TEST_PACKAGES := $(sort $(wildcard tests/verifiers_envs/*/pyproject.toml))
 DEMO_DIR ?= .vfops-demo
 
-.PHONY: setup demo test lint
+.PHONY: setup test-setup demo test lint
 
 # Byte-compiled once here: with PYTHONDONTWRITEBYTECODE set, an editable install
 # would compile every module at every start (~0.4 s of each vfops command).
@@ -23,12 +24,19 @@ setup: $(VENV)/.installed
 # and byte-compiles on every core, where pip works on one: the set-up took 121-151 s
 # against pip's 245 s on 2 cores, the same 267 packages at the same versions.
 UV := $(VENV)/bin/uv
-$(VENV)/.installed: pyproject.toml $(ENV_PACKAGES) $(VF_TEST_PACKAGES)
+$(VENV)/.installed: pyproject.toml $(ENV_PACKAGES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0 'setuptools>=77' wheel uv==0.13.9
 	$(UV) pip install --python $(PY) --quiet --compile-bytecode --no-build-isolation \
-		-e '.[dev,train,verifiers]' $(foreach p,$(ENV_PACKAGES) $(VF_TEST_PACKAGES),-e $(dir $(p)))
+		-e '.[dev,train,verifiers]' $(foreach p,$(ENV_PACKAGES),-e $(dir $(p)))
+	touch $@
+
+# The test packages, on top of the set-up (the same backend, no isolated builds).
+test-setup: $(VENV)/.installed-tests
+$(VENV)/.installed-tests: $(VENV)/.installed $(VF_TEST_PACKAGES)
+	$(UV) pip install --python $(PY) --quiet --compile-bytecode --no-build-isolation \
+		$(foreach p,$(VF_TEST_PACKAGES),-e $(dir $(p)))
 	touch $@
 
 # The whole loop (publish, evaluate, train, register, promote, nightly) in a fresh folder.
@@ -36,7 +44,7 @@ demo: setup
 	rm -rf $(DEMO_DIR)
 	$(VENV)/bin/vfops demo --dir $(DEMO_DIR)
 
-test: setup
+test: setup test-setup
 	$(VENV)/bin/ruff check vfops flows tests environments bench
 	$(VENV)/bin/mypy
 	bash tests/run_passes.sh $(VENV)  # two pytest passes at once; see tests/conftest.py
