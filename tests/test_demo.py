@@ -153,3 +153,20 @@ def test_a_second_demo_in_the_same_folder_is_refused(demo: dict[str, Any]) -> No
     assert result.returncode != 0
     (line,) = result.stderr.strip().splitlines()
     assert "earlier demo" in line and "rm -r" in line
+
+
+def test_the_browse_commands_run_in_a_new_shell(demo: dict[str, Any]) -> None:
+    # What the summary says to type, typed into a shell that has none of this
+    # process's environment (no virtualenv on the PATH: `vfops: command not found` was
+    # what a user got), from the folder the demo ran in.
+    said = demo["stdout"].split("Browse it", 1)[1].splitlines()[1:]
+    commands = [line.split("#")[0].strip() for line in said if line.startswith("  ")]
+    typed = [c for c in commands if c.startswith(("source ", "export ", "vfops runs list"))]
+    assert any(c.startswith("source ") for c in typed), said  # the venv, activated
+    shell = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", "set -e\n" + "\n".join(typed)],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(demo["workdir"]), "COLUMNS": "100"},
+        cwd=os.getcwd(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert shell.returncode == 0, shell.stderr
+    assert DEMO_ENV in shell.stdout and "completed" in shell.stdout, shell.stdout

@@ -26,10 +26,12 @@ MLflow (not from printed text); ``summary.render()`` is what ``vfops demo`` prin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import importlib
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -125,7 +127,8 @@ class DemoSummary:
         lines += [
             f"  training: MLflow run {self.training_run or '-'}",
             "",
-            "Browse it:",
+            "Browse it (in a new shell too):",
+            *_activate_line(),
             f"  export VFOPS_HOME={home}",
             "  vfops runs list                      # every run, its status and reward",
             "  vfops runs show RUN                  # a run's rollouts and its MLflow run",
@@ -135,6 +138,18 @@ class DemoSummary:
             "# the nightly flow runs",
         ]
         return "\n".join(lines)
+
+
+def _activate_line() -> list[str]:
+    """The command that puts this virtualenv's ``vfops``, ``mlflow`` and ``prefect`` on a
+    new shell's PATH (``make demo`` runs them from ``.venv`` without activating it); none
+    outside a virtualenv (a ``pip install vfops`` on the PATH already)."""
+    if sys.prefix == sys.base_prefix:
+        return []
+    activate = Path(sys.prefix) / "bin" / "activate"
+    with contextlib.suppress(ValueError):
+        activate = activate.relative_to(Path.cwd())
+    return [f"  source {activate}"]
 
 
 @contextmanager
