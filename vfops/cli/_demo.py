@@ -28,11 +28,21 @@ def demo_command(
     nightly: Annotated[
         bool, typer.Option(help="Run the nightly flow on the champion (Prefect, ephemeral).")
     ] = True,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Keep the libraries' own output (Prefect's log lines, progress bars).",
+        ),
+    ] = False,
 ) -> None:
     """Publish, evaluate, train, register, promote on evidence, run the nightly on the
     champion: no API key, no GPU, no server to start."""
     from vfops.demo import DemoSettings, run_demo
 
-    settings = DemoSettings(steps=steps, eval_examples=eval_examples, nightly=nightly)
+    settings = DemoSettings(
+        steps=steps, eval_examples=eval_examples, nightly=nightly, verbose=verbose
+    )
     summary = run_demo(directory, settings, say=lambda line: print(line, flush=True))
     print(summary.render())

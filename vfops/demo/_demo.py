@@ -62,6 +62,9 @@ class DemoSettings:
     """Held-out examples each evaluation runs (64: the whole held-out split)."""
     nightly: bool = True
     """Run the two nights (Prefect, ephemeral mode)."""
+    verbose: bool = False
+    """Keep the libraries' own output (Prefect's INFO log lines, progress bars):
+    off, the demo prints its stages and its summary only."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,17 @@ class DemoSummary:
         return "\n".join(lines)
 
 
+_QUIET = {
+    # Prefect's flow-run INFO lines, its temporary server's start and stop, its docs link
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    # progress bars of model loading and downloads (tqdm honours TQDM_DISABLE)
+    "TQDM_DISABLE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+}
+"""What a quiet demo sets (the demo's own lines are its stages and summary)."""
+
+
 def _activate_line() -> list[str]:
     """The command that puts this virtualenv's ``vfops``, ``mlflow`` and ``prefect`` on a
     new shell's PATH (``make demo`` runs them from ``.venv`` without activating it); none
@@ -153,9 +167,11 @@ def _activate_line() -> list[str]:
 
 
 @contextmanager
-def demo_home(workdir: Path) -> Iterator[None]:
+def demo_home(workdir: Path, *, verbose: bool = False) -> Iterator[None]:
     """Point the registry, the artifact store, MLflow and Prefect at ``workdir`` for
-    the block: the demo never touches a user's own registry or tracking server."""
+    the block: the demo never touches a user's own registry or tracking server.
+    Not ``verbose``: the libraries' INFO lines and progress bars are left out (a user's
+    own settings of them win)."""
     home = workdir / "home"
     values = {
         "VFOPS_HOME": str(home),
@@ -171,6 +187,9 @@ def demo_home(workdir: Path) -> Iterator[None]:
     # 2-core machine that is also training; a user's own setting wins.
     startup = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
     values[startup] = os.environ.get(startup) or "120"
+    if not verbose:
+        for name, quiet in _QUIET.items():
+            values[name] = os.environ.get(name) or quiet
     cleared = ("VFOPS_DATABASE_URL", "VFOPS_ARTIFACTS", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
     saved = {name: os.environ.get(name) for name in (*values, *cleared)}
     os.environ.update(values)
@@ -196,7 +215,7 @@ def run_demo(workdir: Path, settings: DemoSettings | None = None, say: Say = pri
         )
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    with demo_home(workdir):
+    with demo_home(workdir, verbose=settings.verbose):
         summary = _run(workdir, settings, say)
     summary.wall_s = time.perf_counter() - started
     return summary
