@@ -44,7 +44,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     os.environ["VFOPS_HOME"] = str(home)
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
-        yield {"workdir": workdir, "stdout": result.stdout}
+        yield {"workdir": workdir, "stdout": result.stdout, "stderr": result.stderr}
     finally:
         for key, value in saved.items():
             if value is None:
@@ -170,3 +170,15 @@ def test_the_browse_commands_run_in_a_new_shell(demo: dict[str, Any]) -> None:
     )  # fmt: skip
     assert shell.returncode == 0, shell.stderr
     assert DEMO_ENV in shell.stdout and "completed" in shell.stdout, shell.stdout
+
+
+def test_the_demo_says_only_its_own_lines(demo: dict[str, Any]) -> None:
+    # Its stages and its summary, ending with the summary's last line: no library's INFO
+    # log line, warning, traceback or progress bar (they were: Prefect's flow-run lines,
+    # "Stopping temporary server" as the very last line, a "Loading weights" bar).
+    printed = demo["stdout"] + demo["stderr"]
+    for noise in ("Traceback", "WARNING", "Warning:", " | INFO ", "INFO |", "it/s]", "%|"):
+        assert noise not in printed, f"{noise!r} in:\n{printed[-3000:]}"
+    assert not demo["stderr"].strip(), demo["stderr"][-3000:]
+    last = demo["stdout"].rstrip().splitlines()[-1]
+    assert "prefect server start" in last, last  # the summary's last line is the last
