@@ -16,8 +16,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord, dumps_escaped
 
@@ -98,10 +96,7 @@ def _json_lines(rows: list[dict[str, Any]]) -> bytearray:
     rows, the tracker's largest transient)."""
     out = bytearray()
     for row in rows:
-        try:
-            out += orjson.dumps(row)
-        except orjson.JSONEncodeError:  # a lone surrogate in a text column: escaped
-            out += dumps_escaped(row)
+        out += dumps_escaped(row)  # a lone surrogate in a text column: escaped
         out += b"\n"
     return out
 
