@@ -60,6 +60,7 @@ TORCH_HEAVY_FILES = frozenset(
         "test_training.py",
         "test_local_model.py",
         "test_verifiers_training.py",
+        "test_readme.py",
     }
 )
 

@@ -90,6 +90,15 @@ def test_runs_list_is_whole_at_80_columns(run: dict[str, Any]) -> None:
     assert "stub-model" in row and status in row.split() and " 6/6 " in row, row
 
 
+def test_runs_list_quiet_prints_full_ids_for_a_shell_variable(run: dict[str, Any]) -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "vfops", "runs", "list", "--env", "guess_number", "-q"],
+        env=run["env"], capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout == run["run_id"] + "\n"  # RUN=$(vfops runs list -q --limit 1)
+
+
 def test_rollout_0_prints_every_turn_and_each_score(run: dict[str, Any]) -> None:
     shown = _show(run, "--rollout", "0")
     assert shown.returncode == 0, shown.stderr

@@ -76,6 +76,38 @@ def test_short_cpu_run_prints_baseline_and_final(tmp_path: Path) -> None:
 
 
 @pytest.mark.train
+def test_a_run_prints_only_its_own_lines_and_what_moves(tmp_path: Path) -> None:
+    """stderr is the run's own lines (no "Loading weights" bar, no library notice), and a
+    step's line shows what moves: reward, truncation, entropy, gradient norm, and the
+    loss in scientific notation (an on-policy GRPO loss is ~1e-9, which "+0.0000" hid);
+    no KL column when the loss has no KL term (the config's beta is 0)."""
+    import os
+    import re
+
+    config = _cpu_config_on_a_tiny_model(tmp_path)
+    quiet = ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")
+    env = {k: v for k, v in os.environ.items() if k not in quiet}
+    proc = subprocess.run(
+        [sys.executable, "-m", "vfops", "train", str(config), "--steps", "2", "--no-tracking",
+         "--output-dir", str(tmp_path / "out")],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert [line.split()[:2] for line in lines] == [
+        ["step", "0/2"],
+        ["step", "1/2"],
+        ["step", "2/2"],
+        ["step", "2/2"],
+    ], proc.stderr
+    step = lines[1]
+    for part in (r"reward -?\d\.\d{3}±\d\.\d{3}", r"truncated \d+%", r"entropy \d+\.\d{3}",
+                 r"grad \d+\.\d{3}", r"loss [+-]\d\.\d\de[+-]\d\d"):  # fmt: skip
+        assert re.search(part, step), (part, step)
+    assert " kl " not in step, step
+
+
+@pytest.mark.train
 def test_two_processes_train_as_one_process_group(tmp_path: Path) -> None:
     """--num-processes 2 goes through accelerate launch: 2 ranks (gloo on a CPU), one run."""
     pytest.importorskip("torch")

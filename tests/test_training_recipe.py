@@ -23,10 +23,11 @@ pytestmark = pytest.mark.train
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_CONFIG = REPO / "configs" / "train" / "cpu_lucky_digit.toml"
-PROMPT_BLIND_CAP = 0.5
+PROMPT_BLIND_CAP = 0.6
 """What a policy that ignores the prompt can score on the CPU config's task: it asks
-for each of its two digits equally often, and a reply scores the fraction of its
-characters that are the asked digit."""
+for each of its two digits equally often, and a constant reply earns 1.0 (the right
+digit and a stop) on half the prompts and at most 0.2 (the stop alone) on the others
+(lucky_digit's test_a_reply_that_ignores_the_prompt_scores_at_most_0_6)."""
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,9 @@ def _prompts_shuffled_in_the_loss(monkeypatch: pytest.MonkeyPatch, seed: int) ->
     monkeypatch.setattr(_recipe, "policy_loss", on_policy)
 
 
-@pytest.mark.timeout(600)  # the shipped CPU config at full size: ~2.5 min alone on 2 cores
+# the shipped CPU config at full size: ~2.5 min alone on 2 cores; the limit is a hang
+# catcher only (a CI run beside two other CIs and two CPU hogs took more than 600 s)
+@pytest.mark.timeout(1800)
 def test_with_prompts_shuffled_against_completions_it_does_not_learn(
     tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -99,7 +102,7 @@ def test_with_prompts_shuffled_against_completions_it_does_not_learn(
         recipe.setup()
         result = recipe.train()
     print(f"\nshuffled-prompt control: held-out reward {result['final_eval_reward']:.3f}")
-    assert result["final_eval_reward"] <= PROMPT_BLIND_CAP, result
+    assert result["final_eval_reward"] <= PROMPT_BLIND_CAP + 1e-9, result  # float sums
 
 
 def _small(tiny_dir: Path, out: Path, steps: int, **generation: Any) -> GRPOConfig:

@@ -29,6 +29,12 @@ def _engine() -> Engine:
 def list_command(
     env: Annotated[str | None, typer.Option("--env", help="Only runs of this environment.")] = None,
     limit: Annotated[int, typer.Option(help="How many runs, newest first.")] = 50,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="Only the runs' full ids, one per line (for RUN=$(...))."
+        ),
+    ] = False,
 ) -> None:
     """List eval runs, newest first."""
     from sqlalchemy.orm import Session
@@ -36,6 +42,11 @@ def list_command(
     from vfops.registry import count_rollouts, list_runs
 
     engine = _engine()
+    if quiet:
+        with Session(engine) as session:
+            for run in list_runs(session, env_name=env, limit=limit):
+                typer.echo(run.id)
+        return
     # Readable at 80 columns: what a user copies or compares (the run id prefix that
     # --resume and runs show take, the counts, the reward, when) is never cut; the
     # environment, the model and a long status wrap onto more lines instead.

@@ -14,10 +14,13 @@ Torch loads only once training starts.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from vfops._quiet import quiet_settings
 
 if TYPE_CHECKING:
     from vfops.training import Progress
@@ -59,8 +62,18 @@ def train_command(
         bool, typer.Option("--no-tracking", help="Do not log to MLflow.")
     ] = False,
     check: Annotated[bool, typer.Option("--check", help="Validate the config and exit.")] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Keep the libraries' own output (progress bars, transformers' notices).",
+        ),
+    ] = False,
 ) -> None:
     """Train a policy with GRPO on an environment (needs the [train] extra)."""
+    # before torch and transformers are imported: they read these once
+    os.environ.update(quiet_settings(verbose))
     import vfops.training as training  # looked up per call: tests replace the entry point
 
     cfg = training.resolve_config(
@@ -79,26 +92,35 @@ def train_command(
         cfg,
         resume=resume,
         num_processes=num_processes,
-        progress=_print_progress(cfg.run.steps),
+        progress=_print_progress(cfg.run.steps, kl=cfg.loss.beta > 0),
     )
     typer.echo(
-        f"baseline held-out reward {result.baseline_eval_reward:.4f} -> "
-        f"final {result.final_eval_reward:.4f} after {result.steps} steps"
+        f"baseline held-out reward {result.baseline_eval_reward:.3f} -> "
+        f"final {result.final_eval_reward:.3f} after {result.steps} steps"
     )
     typer.echo(json.dumps(result.summary(), default=str))
 
 
-def _print_progress(total: int) -> Progress:
-    """One line per step and eval on stderr (stdout ends with the JSON summary)."""
+def _print_progress(total: int, *, kl: bool) -> Progress:
+    """One line per step and eval on stderr (stdout ends with the JSON summary).
+
+    A step's line leads with what moves while a policy learns: its rollouts' reward and
+    how many ran into ``max_tokens``, the policy's entropy and the gradient's norm. The
+    GRPO loss of an on-policy step is about zero by construction (group-normalised
+    advantages average to zero), so it is printed in scientific notation rather than
+    rounded to a misleading ``0.0000``; KL only when the loss has a KL term (beta > 0).
+    """
 
     def show(kind: str, step: int, m: dict[str, float]) -> None:
         if kind == "eval":
-            typer.echo(f"step {step}/{total}  held-out reward {m['eval_reward']:.4f}", err=True)
+            typer.echo(f"step {step}/{total}  held-out reward {m['eval_reward']:.3f}", err=True)
             return
         typer.echo(
             f"step {step}/{total}  reward {m['reward_mean']:.3f}±{m['reward_std']:.3f}  "
-            f"loss {m['loss']:+.4f}  kl {m['kl']:.4f}  clip {m['clip_fraction']:.3f}  "
-            f"mismatch {m['mismatch_kl']:.1e}  "
+            f"truncated {m['truncated_fraction']:.0%}  entropy {m['entropy']:.3f}  "
+            f"grad {m['grad_norm']:.3f}  loss {m['loss']:+.2e}  "
+            + (f"kl {m['kl']:.2e}  " if kl else "")
+            + f"clip {m['clip_fraction']:.3f}  mismatch {m['mismatch_kl']:.1e}  "
             f"gen {m['generation_s']:.2f}s  train {m['training_s']:.2f}s  "
             f"sync {m['weight_sync_s']:.2f}s  {m['tokens_per_s']:.0f} tok/s",
             err=True,

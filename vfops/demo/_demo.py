@@ -7,8 +7,9 @@ with its home under ``DIR/prefect``. The stages, each one line of progress:
 
 1. a tiny base model is built locally (random weights: it knows nothing);
 2. the ``lucky_digit`` environment is published (wheel + content hash in the
-   registry and the artifact store); its prompts ask for one of two digits, so a
-   policy that ignores the prompt scores at most 0.5;
+   registry and the artifact store); its prompts ask for one of two digits, full
+   reward needs the right digit and a stop, and a policy that ignores the prompt
+   scores at most 0.6;
 3. the base model is registered (version 1) and made ``champion``: the gate's
    evaluation of it on the held-out split is the baseline (a registry run with
    its MLflow run);
@@ -40,9 +41,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vfops._errors import VfopsError
+from vfops._quiet import quiet_settings
 
 if TYPE_CHECKING:
     from vfops.models import PromotionDecision
+    from vfops.training import GRPOConfig
 
 DEMO_MODEL = "vfops-demo-policy"
 """The registered model name the demo's base and trained checkpoints get."""
@@ -93,6 +96,13 @@ class DemoSummary:
     nights: list[Night] = field(default_factory=list)
     champion_version: str | None = None
     wall_s: float = 0.0
+    max_tokens: int = 0
+    """The token cap of every held-out reply (the training config's)."""
+    baseline_truncated: float = 0.0
+    """Share of the base model's held-out replies that ran into ``max_tokens``."""
+    trained_truncated: float = 0.0
+    transcript: str = ""
+    """One of the trained model's held-out rollouts, as ``vfops runs show`` prints it."""
 
     def render(self) -> str:
         home = self.workdir / "home"
@@ -101,7 +111,8 @@ class DemoSummary:
             f"vfops demo: the whole loop in {self.wall_s:.0f} s ({self.environment}, "
             f"model {DEMO_MODEL})",
             f"  held-out reward: {self.baseline_reward:.3f} (base model) -> "
-            f"{self.trained_reward:.3f} (trained)",
+            f"{self.trained_reward:.3f} (trained); replies cut off at {self.max_tokens} "
+            f"tokens: {self.baseline_truncated:.0%} -> {self.trained_truncated:.0%}",
             f"  champion: version {self.champion_version}",
             "  promotions:",
         ]
@@ -127,8 +138,11 @@ class DemoSummary:
                 f"    {night.date}: run {night.run_id}, {night.model}, reward "
                 f"{night.reward:.3f}, {compared}"
             )
+        lines.append(f"  training: MLflow run {self.training_run or '-'}")
+        if self.transcript:
+            lines.append("  a held-out answer of the trained model:")
+            lines += ["    " + line for line in self.transcript.splitlines()]
         lines += [
-            f"  training: MLflow run {self.training_run or '-'}",
             "",
             "Browse it (in a new shell too):",
             *_activate_line(),
@@ -141,17 +155,6 @@ class DemoSummary:
             "# the nightly flow runs",
         ]
         return "\n".join(lines)
-
-
-_QUIET = {
-    # Prefect's flow-run INFO lines, its temporary server's start and stop, its docs link
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-    # progress bars of model loading and downloads (tqdm honours TQDM_DISABLE)
-    "TQDM_DISABLE": "1",
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-    "TRANSFORMERS_VERBOSITY": "error",
-}
-"""What a quiet demo sets (the demo's own lines are its stages and summary)."""
 
 
 def _activate_line() -> list[str]:
@@ -187,9 +190,7 @@ def demo_home(workdir: Path, *, verbose: bool = False) -> Iterator[None]:
     # 2-core machine that is also training; a user's own setting wins.
     startup = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
     values[startup] = os.environ.get(startup) or "120"
-    if not verbose:
-        for name, quiet in _QUIET.items():
-            values[name] = os.environ.get(name) or quiet
+    values.update(quiet_settings(verbose))
     cleared = ("VFOPS_DATABASE_URL", "VFOPS_ARTIFACTS", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
     saved = {name: os.environ.get(name) for name in (*values, *cleared)}
     os.environ.update(values)
@@ -241,9 +242,19 @@ def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
     _ensure_installed(published.env_name, published.version)
     environment = f"{published.env_name}@{published.version}"
 
+    config = demo_train_config(workdir)
+    # every held-out figure (the gate's, the trainer's, the nights') is one measurement:
+    # the same split, decoded as the trainer's own held-out eval decodes it
+    held_out = held_out_sampling(config)
     say(f"[3/{STAGES}] registering the base model and evaluating it on the held-out split")
     register_checkpoint(base, name=DEMO_MODEL, base_model="tiny-llama", description="base")
-    first = promote(DEMO_MODEL, "1", gate_envs=[DEMO_ENV], num_examples=settings.eval_examples)
+    first = promote(
+        DEMO_MODEL,
+        "1",
+        gate_envs=[DEMO_ENV],
+        num_examples=settings.eval_examples,
+        sampling_args=held_out,
+    )
     baseline = first.envs[0].candidate_mean
     say(f"        base model: held-out reward {baseline:.3f}; {first.reason}")
 
@@ -251,45 +262,71 @@ def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
     today = dt.datetime.now(dt.UTC).date()
     if settings.nightly:
         say(f"[4/{STAGES}] nightly-eval (Prefect) on models:/{DEMO_MODEL}@champion, last night")
-        nights.append(_night(today - dt.timedelta(days=1), settings))
+        nights.append(_night(today - dt.timedelta(days=1), settings, held_out))
     else:
         say(f"[4/{STAGES}] nightly-eval skipped")
 
     say(f"[5/{STAGES}] GRPO on the CPU, then register the checkpoint and promote it on evidence")
-    config = demo_train_config(workdir)
     loop = train_evaluate_promote(
         config,
         register_as=DEMO_MODEL,
         gate_envs=[DEMO_ENV],
         steps=settings.steps,
         gate_examples=settings.eval_examples,
+        gate_sampling_args=held_out,
         progress=_training_progress(say, settings.steps or config.run.steps),
     )
     say(f"        v{loop.version}: {loop.decision.outcome}: {loop.decision.reason}")
 
     say(f"[6/{STAGES}] asking the gate to give champion back to the base model (v1)")
-    refused = promote(DEMO_MODEL, "1", gate_envs=[DEMO_ENV], num_examples=settings.eval_examples)
+    refused = promote(
+        DEMO_MODEL,
+        "1",
+        gate_envs=[DEMO_ENV],
+        num_examples=settings.eval_examples,
+        sampling_args=held_out,
+    )
     say(f"        v1: {refused.outcome}: {refused.reason}")
 
     if settings.nightly:
         say(f"[7/{STAGES}] nightly-eval tonight on the new champion, compared with last night")
-        nights.append(_night(today, settings))
+        nights.append(_night(today, settings, held_out))
     else:
         say(f"[7/{STAGES}] nightly-eval skipped")
-    trained = next(
-        (env.candidate_mean for env in loop.decision.envs if env.env == DEMO_ENV),
-        loop.training.final_eval_reward,
-    )
+    (gate,) = (env for env in loop.decision.envs if env.env == DEMO_ENV)
     return DemoSummary(
         workdir=workdir,
         environment=environment,
         baseline_reward=baseline,
-        trained_reward=trained,
+        trained_reward=gate.candidate_mean,
         training_run=loop.training.mlflow_run_id,
         decisions=[first, loop.decision, refused],
         nights=nights,
         champion_version=_champion_version(),
+        max_tokens=int(held_out["max_tokens"]),
+        baseline_truncated=_truncated_share(first.envs[0].candidate_run_id),
+        trained_truncated=_truncated_share(gate.candidate_run_id),
+        transcript=_first_transcript(gate.candidate_run_id),
     )
+
+
+def held_out_sampling(config: GRPOConfig) -> dict[str, Any]:
+    """How the training config's held-out eval decodes (its temperature, its token cap)."""
+    return {"temperature": config.run.eval_temperature, "max_tokens": config.generation.max_tokens}
+
+
+def _truncated_share(run_id: str) -> float:
+    summary = _registry_run(run_id).summary
+    return float(summary.get("truncated") or 0) / max(int(summary.get("rollouts") or 0), 1)
+
+
+def _first_transcript(run_id: str) -> str:
+    """The run's first rollout (example 0), as ``vfops runs show`` prints it."""
+    from vfops.evaluation import format_transcript
+    from vfops.registry import get_engine, rollouts_for_example
+
+    records = rollouts_for_example(get_engine(), run_id, 0)
+    return format_transcript(records[0], width=76) if records else ""
 
 
 def _ensure_installed(name: str, version: str) -> None:
@@ -309,13 +346,17 @@ def _training_progress(say: Say, steps: int) -> Callable[[str, int, dict[str, fl
         if kind == "eval":
             say(f"        step {step}/{steps}: held-out reward {metrics['eval_reward']:.3f}")
         elif step % every == 0:
-            say(f"        step {step}/{steps}: reward {metrics['reward_mean']:.3f}")
+            say(
+                f"        step {step}/{steps}: reward {metrics['reward_mean']:.3f}, "
+                f"cut off at max_tokens {metrics['truncated_fraction']:.0%}"
+            )
 
     return progress
 
 
-def _night(day: dt.date, settings: DemoSettings) -> Night:
+def _night(day: dt.date, settings: DemoSettings, sampling: dict[str, Any]) -> Night:
     from vfops.nightly import NightlyConfig
+    from vfops.sweeps import SamplingConfig
 
     # the flow itself (the flows package ships with vfops); imported by name: flows/
     # is a thin Prefect layer outside vfops's strictly typed package
@@ -326,6 +367,7 @@ def _night(day: dt.date, settings: DemoSettings) -> Night:
         endpoints=[f"models:/{DEMO_MODEL}@champion"],
         num_examples=settings.eval_examples,
         rollouts_per_example=1,
+        sampling=[SamplingConfig(name="held-out", args=sampling)],
         date=day.isoformat(),
     )
     results: list[dict[str, Any]] = asyncio.run(nightly_eval(config))

@@ -1,14 +1,18 @@
-"""lucky_digit: reply with the asked digit, as many times as you like (a GRPO toy task).
+"""lucky_digit: reply with the asked digit and stop (a GRPO toy task).
 
 The right answer depends on the prompt: by default the prompts ask for 0 or 1 in
-turn, so a policy that ignores the prompt scores at most 0.5 on either split.
-Built so a tiny random-initialised model learns it in minutes on a CPU: the
-reward is dense (the fraction of the reply's visible characters that are the
-asked digit), so even random completions differ in reward within a group and
-group-relative advantages have a signal from the first step. Prompts are
-generated locally with a seeded RNG; the train and eval splits use different
-phrasings and different filler words, so the held-out eval measures prompts the
-policy never trained on.
+turn. Full reward needs the right answer *and* a stop: the reply is exactly the
+asked digit (spaces aside) and the model ended it itself, not ``max_tokens``
+(``answered``, 0.5). Two shaping terms make it learnable from random weights in
+minutes on a CPU: the reply starts with the asked digit (0.3), and the model
+stopped a non-empty reply (0.2, the format). So ``1`` and a stop scores 1.0,
+``1111`` cut off by ``max_tokens`` 0.3, ``10`` and a stop 0.5, ``0`` and a stop 0.2;
+a policy that ignores the prompt scores at most 0.6 (``0`` and a stop on every
+prompt: 1.0 and 0.2 in turn). Random completions already differ in the shaping
+terms within a group, so group-relative advantages have a signal from the first
+step. Prompts are generated locally with a seeded RNG; the train and eval splits
+use different phrasings and different filler words, so the held-out eval measures
+prompts the policy never trained on.
 """
 
 from __future__ import annotations
@@ -38,13 +42,34 @@ TRAIN_WORDS = ("apple", "river", "stone", "cloud", "green", "table", "light", "m
 EVAL_WORDS = ("ocean", "policy", "token", "batch", "score", "model")
 
 
-def digit_fraction(completion: list[dict[str, Any]], info: dict[str, Any]) -> float:
-    """Fraction of the reply's non-space characters that are the asked digit (0 when empty)."""
-    text = "".join(str(m.get("content") or "") for m in completion if m.get("role") == "assistant")
-    visible = [c for c in text if not c.isspace()]
-    if not visible:
-        return 0.0
-    return sum(1 for c in visible if c == str(info["digit"])) / len(visible)
+ANSWER_WEIGHT = 0.5
+"""The strict answer's share of the reward; the shaping terms share the rest."""
+FIRST_WEIGHT = 0.3
+STOP_WEIGHT = 0.2
+
+
+def _reply(completion: list[dict[str, Any]]) -> str:
+    return "".join(str(m.get("content") or "") for m in completion if m.get("role") == "assistant")
+
+
+def _stopped(state: dict[str, Any]) -> bool:
+    """The model ended its reply itself (cut off by ``max_tokens``: ``stop_reason`` "length")."""
+    return state.get("stop_reason", "completed") != "length"
+
+
+def answered(completion: list[dict[str, Any]], info: dict[str, Any], state: dict[str, Any]) -> float:
+    """1.0 when the reply is exactly the asked digit (spaces aside) and the model stopped."""
+    return float(_stopped(state) and "".join(_reply(completion).split()) == str(info["digit"]))
+
+
+def starts_with_the_digit(completion: list[dict[str, Any]], info: dict[str, Any]) -> float:
+    """1.0 when the reply's first non-space character is the asked digit."""
+    return float("".join(_reply(completion).split())[:1] == str(info["digit"]))
+
+
+def stopped(completion: list[dict[str, Any]], state: dict[str, Any]) -> float:
+    """1.0 when the model ended a non-empty reply itself: the format, whatever it says."""
+    return float(_stopped(state) and bool(_reply(completion).strip()))
 
 
 def build_dataset(num_examples: int, *, digits: str, seed: int, split: str) -> list[dict[str, Any]]:
@@ -73,7 +98,7 @@ def load_environment(
 
     Args:
         digits: Digits the prompts ask for, in turn (``"01"``: a prompt-blind policy
-            scores at most 0.5; ``"7"``: always 7, no need to read the prompt).
+            scores at most 0.6; ``"7"``: always 7, no need to read the prompt).
         num_train_examples: Rows of the train split.
         num_examples: Rows of the eval split (held-out phrasings and words).
         seed: Seed of the prompt generator.
@@ -84,7 +109,9 @@ def load_environment(
     if num_train_examples < 1 or num_examples < 1:
         raise ValueError("num_train_examples and num_examples must be positive")
     rubric = vfops.Rubric()
-    rubric.add_reward_func(digit_fraction, weight=1.0)
+    rubric.add_reward_func(answered, weight=ANSWER_WEIGHT)
+    rubric.add_reward_func(starts_with_the_digit, weight=FIRST_WEIGHT)
+    rubric.add_reward_func(stopped, weight=STOP_WEIGHT)
     return vfops.SingleTurnEnv(
         dataset=lambda: build_dataset(num_train_examples, digits=digits, seed=seed, split="train"),
         eval_dataset=lambda: build_dataset(num_examples, digits=digits, seed=seed, split="eval"),
