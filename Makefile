@@ -23,11 +23,14 @@ setup: $(VENV)/.installed
 # UV_INDEX_URL / UV_EXTRA_INDEX_URL, not pip's configuration): it downloads, unpacks
 # and byte-compiles on every core, where pip works on one: the set-up took 121-151 s
 # against pip's 245 s on 2 cores, the same 267 packages at the same versions.
+# pip runs with -qq: it still prints its errors, not its warnings about a machine's own
+# configuration (an extra index location that does not exist, one WARNING line per
+# package on the project's CI machines), which `make demo` would otherwise show.
 UV := $(VENV)/bin/uv
 $(VENV)/.installed: pyproject.toml $(ENV_PACKAGES)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0 'setuptools>=77' wheel uv==0.13.9
+	$(PY) -m pip install --quiet --quiet --upgrade pip
+	$(PY) -m pip install --quiet --quiet torch==2.13.0 'setuptools>=77' wheel uv==0.13.9
 	$(UV) pip install --python $(PY) --quiet --compile-bytecode --no-build-isolation \
 		-e '.[dev,train,verifiers]' $(foreach p,$(ENV_PACKAGES),-e $(dir $(p)))
 	touch $@
