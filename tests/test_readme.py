@@ -3,20 +3,25 @@ their docs).
 
 Every fenced block of README.md follows a marker saying what it is::
 
-    <!-- readme: run -->                      run it (bash or python)
-    <!-- readme: skip network (why) -->       needs the internet: a hosted API, a package index
+    <!-- readme: run -->                        run it (bash or python)
+    <!-- readme: file NAME -->                  a file the reader writes (endpoints.toml)
+    <!-- readme: service until "TEXT" (why) --> runs until stopped: ready once it prints TEXT
+    <!-- readme: skip network (why) -->         needs the internet: a hosted API, a package index
     <!-- readme: skip gpu (why) -->
-    <!-- readme: skip service (why) -->       starts a server or worker that runs until stopped
-                                              (the test that runs it is named)
-    <!-- readme: setup (why) -->              the set-up itself (``make demo``, ``make test``)
-    <!-- readme: text (why) -->               not commands: a config file, a diagram
+    <!-- readme: skip cluster (why) -->         a fleet of machines, a Kubernetes cluster
+    <!-- readme: setup (why) -->                the set-up itself (``make demo``, ``make test``)
+    <!-- readme: text (why) -->                 not commands: a diagram, a variant of a file
 
-The ``run`` blocks run in README order, each in a fresh shell (``bash -e``) with the
-set-up's virtualenv active, as the README says, in a fresh copy of the checkout (git's
-files only) with a home of its own (``HOME``: the registry, artifacts and MLflow
+The blocks run in README order, each in a fresh shell (``bash -e``) with the set-up's
+virtualenv active, as the README says, in a fresh copy of the checkout (git's files
+only) with a home of its own (``HOME``: the registry, artifacts, MLflow and Prefect
 default under it) and a virtualenv of its own that sees the test virtualenv's
-packages (what ``vfops env install`` pip-installs stays in it). A block that fails
-fails the test with its output.
+packages (what ``vfops env install`` pip-installs stays in it). A ``file`` block is
+written into the copy where it appears. A ``service`` block runs in a network
+namespace of its own (``unshare --net``: the README's fixed ports never meet the
+suite's other servers) until it prints its TEXT, then its process group is stopped; it
+fails if a command before it fails (``bash -e``) or the TEXT never comes. A block that
+fails fails the test with its output.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +40,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-KINDS = ("run", "skip network", "skip gpu", "skip service", "setup", "text")
-_MARKER = re.compile(r"<!-- readme: ([a-z ]+?)(?: \((.+)\))? -->$")
+_MARKER = re.compile(
+    r"<!-- readme: (?P<kind>run|setup|text|file [\w.-]+|service until \"[^\"]+\"|"
+    r"skip (?:network|gpu|cluster))(?: \((?P<why>.+)\))? -->$"
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,12 @@ class Block:
     language: str
     kind: str
     code: str
+    why: str = ""
+
+    @property
+    def ready_text(self) -> str:
+        """What a ``service`` block prints once it is up."""
+        return self.kind.split('"')[1]
 
 
 def readme_blocks(text: str) -> list[Block]:
@@ -58,8 +73,9 @@ def readme_blocks(text: str) -> list[Block]:
         start, language = i, lines[i][3:].strip()
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         marker = _MARKER.match(lines[start - 1].strip()) if start > 0 else None
-        kind = marker.group(1).strip() if marker else ""
-        blocks.append(Block(start + 1, language, kind, "\n".join(lines[start + 1 : end]) + "\n"))
+        kind, why = (marker.group("kind"), marker.group("why") or "") if marker else ("", "")
+        code = "\n".join(lines[start + 1 : end]) + "\n"
+        blocks.append(Block(start + 1, language, kind, code, why))
         i = end + 1
     return blocks
 
@@ -67,13 +83,12 @@ def readme_blocks(text: str) -> list[Block]:
 def test_every_block_says_what_it_is() -> None:
     blocks = readme_blocks(README.read_text())
     assert len(blocks) >= 10, blocks
-    unmarked = [b.line for b in blocks if b.kind not in KINDS]
+    unmarked = [b.line for b in blocks if not b.kind]
     assert not unmarked, f"README.md blocks at lines {unmarked} need a <!-- readme: ... --> marker"
-    # skips are for what this machine cannot do, and say why
+    # what is not run says why
     for block in blocks:
-        if block.kind.startswith("skip") or block.kind in ("setup", "text"):
-            marker = README.read_text().splitlines()[block.line - 2]
-            assert "(" in marker, f"README.md line {block.line - 1}: say why it is not run"
+        if block.kind.startswith(("skip", "setup", "text")):
+            assert block.why, f"README.md line {block.line - 1}: say why it is not run"
 
 
 def _copy_checkout(dest: Path) -> None:
@@ -133,6 +148,41 @@ def _fresh_shell_env(root: Path) -> dict[str, str]:
     return env
 
 
+def _serve(block: Block, root: Path) -> str:
+    """Run a service block until it prints its ready text; returns its output so far."""
+    log = root.parent / f"service-{block.line}.log"
+    ip = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin")
+    assert ip, "the service blocks need iproute2's ip (apt-get install iproute2)"
+    script = f"{ip} link set lo up\nsource .venv/bin/activate\n" + block.code
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            ["unshare", "--net", "bash", "-e", "-o", "pipefail", "-c", script],
+            cwd=root, env=_fresh_shell_env(root), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900  # a hang catcher: waited on the text, not a guess
+        while block.ready_text not in log.read_text(errors="replace"):
+            assert process.poll() is None, (
+                f"README.md line {block.line} exited {process.returncode} before printing "
+                f"{block.ready_text!r}:\n{block.code}\n--- output\n{log.read_text()[-4000:]}"
+            )
+            assert time.monotonic() < deadline, f"no {block.ready_text!r}:\n{log.read_text()}"
+            time.sleep(0.5)
+        return log.read_text(errors="replace")
+    finally:
+        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+
 def _run(block: Block, root: Path) -> subprocess.CompletedProcess[str]:
     if block.language == "python":
         # beside the checkout, not in it: a script's folder is the first place its
@@ -155,9 +205,18 @@ def _run(block: Block, root: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.timeout(1500)  # every block of the README in turn, on a busy machine
 def test_the_readme_blocks_run_as_written(checkout: Path) -> None:
-    blocks = [b for b in readme_blocks(README.read_text()) if b.kind == "run"]
-    assert len(blocks) >= 6, blocks
+    blocks = readme_blocks(README.read_text())
+    assert sum(b.kind == "run" for b in blocks) >= 6, blocks
+    served: dict[int, str] = {}
     for block in blocks:
+        if block.kind.startswith("file "):
+            (checkout / block.kind.split(" ", 1)[1]).write_text(block.code)
+            continue
+        if block.kind.startswith("service "):
+            served[block.line] = _serve(block, checkout)
+            continue
+        if block.kind != "run":
+            continue
         result = _run(block, checkout)
         assert result.returncode == 0, (
             f"README.md line {block.line} ({block.language}) exited {result.returncode}:\n"
@@ -169,3 +228,5 @@ def test_the_readme_blocks_run_as_written(checkout: Path) -> None:
     assert (checkout / "models" / "tiny" / "config.json").is_file()
     assert (checkout / "exported" / "metadata.json").is_file()
     assert (checkout / ".vfops-train" / "cpu_lucky_digit" / "final").is_dir()
+    assert len(served) == 2, served  # the model server and Prefect's server + worker
+    assert any("nightly-eval" in out for out in served.values()), served  # deployed
