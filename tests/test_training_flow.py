@@ -129,7 +129,8 @@ def test_flow_and_cli_are_layers_over_the_one_entry_point(
 
 
 STEP_METRICS = ("reward_mean", "reward_std", "loss", "kl", "clip_fraction", "generation_s",
-                "training_s", "weight_sync_s", "tokens_per_s", "mismatch_kl")  # fmt: skip
+                "training_s", "weight_sync_s", "tokens_per_s", "mismatch_kl",
+                "truncated_fraction", "entropy", "grad_norm")  # fmt: skip
 
 
 def test_train_evaluate_promote_flow_trains_registers_and_gates(

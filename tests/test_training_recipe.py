@@ -112,6 +112,9 @@ def _small(tiny_dir: Path, out: Path, steps: int, **generation: Any) -> GRPOConf
         {
             **{f"generation.{k}": v for k, v in small.items()},
             "optim.micro_batch_size": 4,  # 2 micro-batches
+            # the dense reward: a few random groups' rewards differ, so every step
+            # moves the weights (the strict one is 0 for nearly every random reply)
+            "environment.args": {"digits": "01", "max_tokens": 8, "reward": "dense"},
         }
     )
 

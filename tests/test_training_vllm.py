@@ -641,7 +641,12 @@ def test_real_cpu_vllm_trains_grpo_steps_with_the_sampler_matching_the_trainer(
     def config(out: str) -> GRPOConfig:
         return GRPOConfig(
             model={"path": str(model_dir)},
-            environment={"id": "lucky_digit", "args": {"digits": "01", "max_tokens": 8}},
+            # the dense reward: 8 random completions' rewards differ, so step 1 has a
+            # gradient (the strict one is 0 for nearly every random reply)
+            environment={
+                "id": "lucky_digit",
+                "args": {"digits": "01", "max_tokens": 8, "reward": "dense"},
+            },
             generation={
                 "backend": "vllm",
                 "base_url": url + "/v1",

@@ -67,6 +67,14 @@ def starts_with_the_digit(completion: list[dict[str, Any]], info: dict[str, Any]
     return float("".join(_reply(completion).split())[:1] == str(info["digit"]))
 
 
+def digit_fraction(completion: list[dict[str, Any]], info: dict[str, Any]) -> float:
+    """Fraction of the reply's non-space characters that are the asked digit (0 when empty)."""
+    visible = [c for c in _reply(completion) if not c.isspace()]
+    if not visible:
+        return 0.0
+    return sum(1 for c in visible if c == str(info["digit"])) / len(visible)
+
+
 def stopped(completion: list[dict[str, Any]], state: dict[str, Any]) -> float:
     """1.0 when the model ended a non-empty reply itself: the format, whatever it says."""
     return float(_stopped(state) and bool(_reply(completion).strip()))
@@ -93,6 +101,7 @@ def load_environment(
     num_examples: int = 64,
     seed: int = 0,
     max_tokens: int = 8,
+    reward: str = "strict",
 ) -> vfops.Environment:
     """Build the environment.
 
@@ -103,15 +112,40 @@ def load_environment(
         num_examples: Rows of the eval split (held-out phrasings and words).
         seed: Seed of the prompt generator.
         max_tokens: Default ``max_tokens`` per reply.
+        reward: ``"strict"``: the answer and a stop (``answered`` 0.5,
+            ``starts_with_the_digit`` 0.3, ``stopped`` 0.2). ``"dense"``: ``digit_fraction``
+            alone, stopped or not (1.0 for ``1111`` cut off): random completions' rewards
+            differ in every group, which a trainer test of a step or two needs.
     """
     if not digits or not all(c.isdigit() for c in digits):
         raise ValueError(f"digits must be a non-empty string of 0-9, got {digits!r}")
     if num_train_examples < 1 or num_examples < 1:
         raise ValueError("num_train_examples and num_examples must be positive")
+    if reward not in ("strict", "dense"):
+        raise ValueError(f"reward must be 'strict' or 'dense', got {reward!r}")
+    rubric = vfops.Rubric()
+    if reward == "dense":
+        rubric.add_reward_func(digit_fraction, weight=1.0)
+        return _environment(num_train_examples, num_examples, digits, seed, max_tokens, rubric)
+    return _environment(num_train_examples, num_examples, digits, seed, max_tokens, _strict())
+
+
+def _strict() -> vfops.Rubric:
     rubric = vfops.Rubric()
     rubric.add_reward_func(answered, weight=ANSWER_WEIGHT)
     rubric.add_reward_func(starts_with_the_digit, weight=FIRST_WEIGHT)
     rubric.add_reward_func(stopped, weight=STOP_WEIGHT)
+    return rubric
+
+
+def _environment(
+    num_train_examples: int,
+    num_examples: int,
+    digits: str,
+    seed: int,
+    max_tokens: int,
+    rubric: vfops.Rubric,
+) -> vfops.Environment:
     return vfops.SingleTurnEnv(
         dataset=lambda: build_dataset(num_train_examples, digits=digits, seed=seed, split="train"),
         eval_dataset=lambda: build_dataset(num_examples, digits=digits, seed=seed, split="eval"),

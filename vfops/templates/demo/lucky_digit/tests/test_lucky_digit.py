@@ -110,3 +110,16 @@ def test_a_reply_that_ignores_the_prompt_scores_at_most_0_6(split: str) -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="digits"):
         lucky_digit.load_environment(digits="x")
+
+
+def test_the_dense_reward_pays_any_share_of_the_digit_stopped_or_not() -> None:
+    env = lucky_digit.load_environment(digits="7", reward="dense")
+    states = [
+        {"prompt": [], "completion": [{"role": "assistant", "content": c}],
+         "info": {"digit": "7"}, "stop_reason": "length"}
+        for c in ("7777", "7a", "x")
+    ]  # fmt: skip
+    scores = asyncio.run(env.rubric.score_group(states))
+    assert [s.reward for s in scores] == [1.0, 0.5, 0.0]
+    with pytest.raises(ValueError, match="reward must be"):
+        lucky_digit.load_environment(reward="lenient")
