@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import importlib
 import os
 import shutil
@@ -248,13 +249,16 @@ def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
     held_out = held_out_sampling(config)
     say(f"[3/{STAGES}] registering the base model and evaluating it on the held-out split")
     register_checkpoint(base, name=DEMO_MODEL, base_model="tiny-llama", description="base")
-    first = promote(
+    # the base model (v1) through the gate: made champion now, refused it back at stage 6
+    gate_base = functools.partial(
+        promote,
         DEMO_MODEL,
         "1",
         gate_envs=[DEMO_ENV],
         num_examples=settings.eval_examples,
         sampling_args=held_out,
     )
+    first = gate_base()
     baseline = first.envs[0].candidate_mean
     say(f"        base model: held-out reward {baseline:.3f}; {first.reason}")
 
@@ -279,13 +283,7 @@ def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
     say(f"        v{loop.version}: {loop.decision.outcome}: {loop.decision.reason}")
 
     say(f"[6/{STAGES}] asking the gate to give champion back to the base model (v1)")
-    refused = promote(
-        DEMO_MODEL,
-        "1",
-        gate_envs=[DEMO_ENV],
-        num_examples=settings.eval_examples,
-        sampling_args=held_out,
-    )
+    refused = gate_base()
     say(f"        v1: {refused.outcome}: {refused.reason}")
 
     if settings.nightly:

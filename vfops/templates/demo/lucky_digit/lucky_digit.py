@@ -123,11 +123,14 @@ def load_environment(
         raise ValueError("num_train_examples and num_examples must be positive")
     if reward not in ("strict", "dense"):
         raise ValueError(f"reward must be 'strict' or 'dense', got {reward!r}")
+    rubric = _dense() if reward == "dense" else _strict()
+    return _environment(num_train_examples, num_examples, digits, seed, max_tokens, rubric)
+
+
+def _dense() -> vfops.Rubric:
     rubric = vfops.Rubric()
-    if reward == "dense":
-        rubric.add_reward_func(digit_fraction, weight=1.0)
-        return _environment(num_train_examples, num_examples, digits, seed, max_tokens, rubric)
-    return _environment(num_train_examples, num_examples, digits, seed, max_tokens, _strict())
+    rubric.add_reward_func(digit_fraction, weight=1.0)
+    return rubric
 
 
 def _strict() -> vfops.Rubric:
