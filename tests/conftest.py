@@ -63,10 +63,11 @@ TORCH_HEAVY_FILES = frozenset(
         "test_readme.py",
     }
 )
-# And files that mostly wait (a lost worker is found by 30 s heartbeats missed for 50 s),
-# to balance the passes: the first pass was the critical path (quiet clean clone of
-# 0f736b9: 998 s against the second pass's 724 s, beside it), and these wait-bound
-# ~100 s cost the second pass little CPU.
+# And files that mostly wait (a lost worker is found by 30 s heartbeats missed for 50 s):
+# the first pass was the critical path (quiet clean clone of 0f736b9: 998 s against the
+# second pass's 724 s beside it). Measured after the move (d8287af): 1,127 s whole
+# against 1,119 s, no gain: both runs kept the cores ~90 % busy, so what is left to cut
+# is CPU, not the passes' balance (bench/README.md, "2026-12-05").
 WAIT_BOUND_FILES = frozenset({"test_prefect_fanout.py"})
 SECOND_PASS_FILES = TORCH_HEAVY_FILES | WAIT_BOUND_FILES
 
