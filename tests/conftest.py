@@ -50,7 +50,7 @@ pytest_plugins = [
 # and two at once would double their memory. Their results do not depend on the
 # machine's load (each batch's policy version is fixed, not timed:
 # test_resume_is_exact), and their timeouts are sized for a busy machine.
-TORCH_HEAVY_FILES = frozenset(
+SECOND_PASS_FILES = frozenset(
     {
         "test_demo.py",
         "test_training_recipe.py",
@@ -61,15 +61,14 @@ TORCH_HEAVY_FILES = frozenset(
         "test_local_model.py",
         "test_verifiers_training.py",
         "test_readme.py",
+        # Not torch: it mostly waits (a lost worker is found by 30 s heartbeats missed
+        # for 50 s). Moved here from the first pass, the critical path (quiet clean clone
+        # of 0f736b9: 998 s against 724 s beside it); measured after (d8287af): 1,127 s
+        # whole against 1,119 s, no gain, both runs ~90 % CPU busy: what is left to cut
+        # is CPU, not the passes' balance (bench/README.md, "2026-12-05").
+        "test_prefect_fanout.py",
     }
 )
-# And files that mostly wait (a lost worker is found by 30 s heartbeats missed for 50 s):
-# the first pass was the critical path (quiet clean clone of 0f736b9: 998 s against the
-# second pass's 724 s beside it). Measured after the move (d8287af): 1,127 s whole
-# against 1,119 s, no gain: both runs kept the cores ~90 % busy, so what is left to cut
-# is CPU, not the passes' balance (bench/README.md, "2026-12-05").
-WAIT_BOUND_FILES = frozenset({"test_prefect_fanout.py"})
-SECOND_PASS_FILES = TORCH_HEAVY_FILES | WAIT_BOUND_FILES
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -13,9 +13,7 @@ process group it started afterwards. The server gets the fake AWS credentials of
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.processes import stop_process_group
 from tests.s3_fixtures import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN, REGION
 
 MLFLOW = str(Path(sys.executable).parent / "mlflow")
@@ -121,19 +120,11 @@ def mlflow_server(
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"mlflow server not healthy in 60 s:\n{log.read_text()[-3000:]}")
+                pytest.fail(f"mlflow server not healthy in 240 s:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
         yield MlflowServer(url, bucket, moto_endpoint, log)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):  # workers that outlived the main process
-            os.killpg(process.pid, signal.SIGKILL)
+        stop_process_group(process, grace_s=10)
 
 
 @dataclass

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -37,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.processes import stop_process_group
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -171,16 +172,7 @@ def _serve(block: Block, root: Path) -> str:
             time.sleep(0.5)
         return log.read_text(errors="replace")
     finally:
-        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                process.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_process_group(process, grace_s=30)
 
 
 def _run(block: Block, root: Path) -> subprocess.CompletedProcess[str]:

@@ -18,6 +18,7 @@ prompts the policy never trained on.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import vfops
@@ -57,7 +58,9 @@ def _stopped(state: dict[str, Any]) -> bool:
     return state.get("stop_reason", "completed") != "length"
 
 
-def answered(completion: list[dict[str, Any]], info: dict[str, Any], state: dict[str, Any]) -> float:
+def answered(
+    completion: list[dict[str, Any]], info: dict[str, Any], state: dict[str, Any]
+) -> float:
     """1.0 when the reply is exactly the asked digit (spaces aside) and the model stopped."""
     return float(_stopped(state) and "".join(_reply(completion).split()) == str(info["digit"]))
 
@@ -95,6 +98,17 @@ def build_dataset(num_examples: int, *, digits: str, seed: int, split: str) -> l
     return rows
 
 
+# The reward kinds load_environment offers: (function, weight) each.
+REWARDS: dict[str, list[tuple[Callable[..., float], float]]] = {
+    "strict": [
+        (answered, ANSWER_WEIGHT),
+        (starts_with_the_digit, FIRST_WEIGHT),
+        (stopped, STOP_WEIGHT),
+    ],
+    "dense": [(digit_fraction, 1.0)],
+}
+
+
 def load_environment(
     digits: str = "01",
     num_train_examples: int = 256,
@@ -121,39 +135,14 @@ def load_environment(
         raise ValueError(f"digits must be a non-empty string of 0-9, got {digits!r}")
     if num_train_examples < 1 or num_examples < 1:
         raise ValueError("num_train_examples and num_examples must be positive")
-    if reward not in ("strict", "dense"):
-        raise ValueError(f"reward must be 'strict' or 'dense', got {reward!r}")
-    rubric = _dense() if reward == "dense" else _strict()
-    return _environment(num_train_examples, num_examples, digits, seed, max_tokens, rubric)
-
-
-def _dense() -> vfops.Rubric:
-    rubric = vfops.Rubric()
-    rubric.add_reward_func(digit_fraction, weight=1.0)
-    return rubric
-
-
-def _strict() -> vfops.Rubric:
-    rubric = vfops.Rubric()
-    rubric.add_reward_func(answered, weight=ANSWER_WEIGHT)
-    rubric.add_reward_func(starts_with_the_digit, weight=FIRST_WEIGHT)
-    rubric.add_reward_func(stopped, weight=STOP_WEIGHT)
-    return rubric
-
-
-def _environment(
-    num_train_examples: int,
-    num_examples: int,
-    digits: str,
-    seed: int,
-    max_tokens: int,
-    rubric: vfops.Rubric,
-) -> vfops.Environment:
+    if reward not in REWARDS:
+        raise ValueError(f"reward must be one of {sorted(REWARDS)}, got {reward!r}")
+    funcs, weights = zip(*REWARDS[reward], strict=True)
     return vfops.SingleTurnEnv(
         dataset=lambda: build_dataset(num_train_examples, digits=digits, seed=seed, split="train"),
         eval_dataset=lambda: build_dataset(num_examples, digits=digits, seed=seed, split="eval"),
         system_prompt=SYSTEM_PROMPT,
-        rubric=rubric,
+        rubric=vfops.Rubric(funcs=funcs, weights=weights),
         sampling_args={"max_tokens": max_tokens},
         name="lucky_digit",
     )
