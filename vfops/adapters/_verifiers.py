@@ -37,7 +37,7 @@ import orjson
 from vfops._errors import MissingExtraError, VfopsError
 from vfops._rollout import ErrorStage, RolloutError, StopReason, TokenUsage
 from vfops._types import Message, Messages, SamplingArgs, State
-from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
+from vfops.clients._base import TOKENS_KEY, ChatResponse, ModelClient, PromptTooLongError
 from vfops.costs import BudgetExhausted
 from vfops.envs._dataset import Example
 from vfops.envs._environment import Environment
@@ -469,8 +469,6 @@ def _completion_json(response: ChatResponse, model: str) -> dict[str, Any]:
             "total_tokens": response.prompt_tokens + response.completion_tokens,
         },
     }
-    from vfops.training import TOKENS_KEY
-
     tokens = raw.get(TOKENS_KEY)
     if isinstance(tokens, Mapping) and tokens.get("completion_ids") is not None:
         body["prompt_token_ids"] = list(tokens.get("prompt_ids") or [])

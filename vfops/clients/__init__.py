@@ -3,7 +3,7 @@
 from typing import TYPE_CHECKING
 
 from vfops._lazy import lazy_exports
-from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
+from vfops.clients._base import TOKENS_KEY, ChatResponse, ModelClient, PromptTooLongError
 from vfops.clients._endpoints import (
     DEFAULT_API_KEY_VAR,
     Endpoint,
@@ -38,6 +38,7 @@ from vfops.clients._retry import (
 from vfops.clients._scripted import ScriptedClient
 
 __all__ = [
+    "TOKENS_KEY",
     "DEFAULT_API_KEY_VAR",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_MAX_RETRY_WAIT_S",

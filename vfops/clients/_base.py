@@ -12,6 +12,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from vfops._types import Message, Messages, SamplingArgs
 
+TOKENS_KEY = "vfops_tokens"
+"""Key under which a generation backend puts a turn's token ids and log-probabilities in
+``ChatResponse.raw`` (:class:`vfops.training.TurnTokens`); here, with the response, so that
+adapters below training can pass them on."""
+
 
 @dataclass(slots=True)
 class ChatResponse:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from vfops.evaluation._runner import EvalRequest
     from vfops.evaluation._sinks import SinkError
     from vfops.evaluation._store import iter_records, load_results, read_metadata
-    from vfops.evaluation._summary import EvalSummary, pass_at_k
+    from vfops.stats._summary import EvalSummary, pass_at_k
     from vfops.evaluation._transcript import format_transcript, rollout_failed
 
 __all__ = [
@@ -92,8 +92,8 @@ _LAZY = {
     "iter_records": "vfops.evaluation._store",
     "load_results": "vfops.evaluation._store",
     "read_metadata": "vfops.evaluation._store",
-    "EvalSummary": "vfops.evaluation._summary",
-    "pass_at_k": "vfops.evaluation._summary",
+    "EvalSummary": "vfops.stats._summary",
+    "pass_at_k": "vfops.stats._summary",
     "format_transcript": "vfops.evaluation._transcript",
     "rollout_failed": "vfops.evaluation._transcript",
 }

@@ -75,7 +75,7 @@ from vfops.evaluation._store import (
     read_metadata,
     write_metadata,
 )
-from vfops.evaluation._summary import EvalSummary
+from vfops.stats._summary import EvalSummary
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

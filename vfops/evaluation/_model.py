@@ -224,7 +224,7 @@ async def _connect_registry(uri: str, seed: int | None) -> ModelConnection:
     The run records the pinned ``models:/NAME/VERSION``, so it can later serve as
     promotion evidence for that version.
     """
-    from vfops.models._inprocess import open_model_version_async
+    from vfops.checkpoints import open_model_version_async
 
     opened = await open_model_version_async(uri, seed=0 if seed is None else seed)
     return ModelConnection(client=opened.client, model=opened.uri, base_url=None)

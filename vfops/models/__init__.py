@@ -1,13 +1,11 @@
-"""Checkpoints in the MLflow model registry, and evidence-gated alias promotion.
+"""Evidence-gated alias promotion, and the train-evaluate-promote loop.
 
 Importing this package is cheap: mlflow, torch and transformers load only when a
 name below is first used.
 
-- :func:`register_checkpoint`: log a Hugging Face model directory (weights,
-  tokenizer, config, generation config) as a new version of a registered model,
-  tagged with its training run, base model and environment versions.
-- :func:`load_model_dir`: download ``models:/NAME@alias`` or ``models:/NAME/VERSION``
-  to a local directory that :class:`vfops.local.LocalModelClient` can load.
+- :func:`register_checkpoint`, :func:`load_model_dir` (re-exported from
+  :mod:`vfops.checkpoints`, the layer below evaluation and training): a checkpoint as
+  an MLflow model version, and back to a local directory.
 - :func:`train_evaluate_promote`: the loop in one call: train with GRPO, register
   the checkpoint, promote it through the evidence gate (a refusal is returned).
 - :func:`promote`: evaluate a candidate version (and the current alias holder) on
@@ -28,8 +26,8 @@ from typing import TYPE_CHECKING
 from vfops._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from vfops.models._checkpoints import ModelVersionInfo, load_model_dir, register_checkpoint
-    from vfops.models._inprocess import is_model_uri, open_model_version_async, pin_model_uri
+    from vfops.checkpoints import ModelVersionInfo, load_model_dir, register_checkpoint
+    from vfops.checkpoints import is_model_uri, open_model_version_async, pin_model_uri
     from vfops.models._loop import (
         LoopResult,
         train_evaluate_promote,
@@ -65,12 +63,12 @@ __all__ = [
 ]
 
 _LAZY = {
-    "is_model_uri": "vfops.models._inprocess",
-    "open_model_version_async": "vfops.models._inprocess",
-    "pin_model_uri": "vfops.models._inprocess",
-    "ModelVersionInfo": "vfops.models._checkpoints",
-    "load_model_dir": "vfops.models._checkpoints",
-    "register_checkpoint": "vfops.models._checkpoints",
+    "is_model_uri": "vfops.checkpoints",
+    "open_model_version_async": "vfops.checkpoints",
+    "pin_model_uri": "vfops.checkpoints",
+    "ModelVersionInfo": "vfops.checkpoints",
+    "load_model_dir": "vfops.checkpoints",
+    "register_checkpoint": "vfops.checkpoints",
     "AliasEventInfo": "vfops.models._promotion",
     "EnvGateResult": "vfops.models._promotion",
     "PromotionDecision": "vfops.models._promotion",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 from vfops._errors import VfopsError
 from vfops._settings import vfops_home
 from vfops._twins import blocking_twin
-from vfops.models._checkpoints import ModelVersionInfo, resolve_version
+from vfops.checkpoints import ModelVersionInfo, resolve_version
 from vfops.tracking import mlflow_client
 
 if TYPE_CHECKING:

@@ -100,7 +100,7 @@ def _target_hash(known: dict[str, str], kind: str, version: str | None) -> str:
 def _check_endpoints(spec: SweepSpec) -> None:
     from vfops.clients import load_endpoints
     from vfops.clients._endpoints import DEFAULT_API_KEY_VAR, is_loopback
-    from vfops.models._inprocess import is_model_uri
+    from vfops.checkpoints import is_model_uri
 
     aliases = [alias for alias in spec.endpoints if not is_model_uri(alias)]
     if not aliases:
@@ -137,7 +137,7 @@ def pin_registry_models(spec: SweepSpec) -> dict[str, str]:
     Called once when a sweep starts: a nightly sweep evaluates whoever holds
     ``champion`` at its start, even if the alias moves while it runs.
     """
-    from vfops.models._inprocess import is_model_uri, pin_model_uri
+    from vfops.checkpoints import is_model_uri, pin_model_uri
 
     pinned: dict[str, str] = {}
     for ref in spec.endpoints:

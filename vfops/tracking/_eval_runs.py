@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from sqlalchemy.engine import Engine
 
-    from vfops.evaluation import EvalSummary
+    from vfops.stats import EvalSummary
 
 RUN_ID_TAG: Final = "vfops.run_id"
 SWEEP_TAG: Final = "vfops.sweep"
@@ -158,7 +158,7 @@ def _write_parquet(engine: Engine, run_id: str, path: Path, pass_threshold: floa
     import pyarrow.parquet as pq
 
     from vfops._rollout import rollout_arrow_schema
-    from vfops.evaluation import EvalSummary
+    from vfops.stats import EvalSummary
     from vfops.registry import iter_rollouts
 
     schema = rollout_arrow_schema()

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, TypedDict, runtime_checkable
 
+from vfops.clients import TOKENS_KEY
+
+__all__ = ["TOKENS_KEY", "GenerationBackend", "TurnTokens"]
+
 if TYPE_CHECKING:
     import torch
 
     from vfops.clients import ModelClient
-
-TOKENS_KEY = "vfops_tokens"
-"""Key of :class:`TurnTokens` in ``ChatResponse.raw``."""
 
 
 class TurnTokens(TypedDict):

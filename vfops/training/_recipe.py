@@ -673,7 +673,7 @@ class GRPORecipe:
 
     def register(self, model_dir: Path, name: str) -> str:
         """Register an exported model folder in MLflow; returns ``models:/name/version``."""
-        from vfops.models import register_checkpoint
+        from vfops.checkpoints import register_checkpoint
 
         info = register_checkpoint(
             model_dir,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vfops.models._checkpoints import ModelVersionInfo, load_model_dir, resolve_version
+from vfops.checkpoints._registered import ModelVersionInfo, load_model_dir, resolve_version
 
 if TYPE_CHECKING:
     from vfops.local import LocalModelClient
