@@ -4,9 +4,9 @@ Writes N rollout rows (default 100,000; ~1 KB of prompt/completion JSON each) in
 batches (default 1,000) to two fresh SQLite databases with the registry schema,
 interleaving the two writers batch by batch so both see the same machine noise:
 
-- ``insert_rollouts(engine, run_id, records)``: what the eval runner calls; it
-  takes ``RolloutRecord`` objects, so its time includes turning them into rows
-  and serialising their JSON;
+- ``insert_rollouts(session, run_id, records)``, one transaction per batch: what
+  the eval runner calls; it takes ``RolloutRecord`` objects, so its time includes
+  turning them into rows and serialising their JSON;
 - raw ``sqlite3``: the same columns and the same pre-serialised values (built
   before the clock starts), ``executemany`` of the same INSERT ... ON CONFLICT DO
   NOTHING, one transaction per batch, same pragmas (WAL, synchronous=NORMAL).
@@ -39,6 +39,7 @@ from sqlalchemy.pool import NullPool
 
 from vfops._rollout import RolloutRecord, Timing, TokenUsage
 from vfops.registry import (
+    NewRun,
     count_rollouts,
     create_run,
     dispose_engines,
@@ -47,6 +48,18 @@ from vfops.registry import (
     session_scope,
 )
 from vfops.registry._rollouts import _INSERT_COLUMNS
+
+
+def _insert(engine: Engine, run_id: str, records: list[RolloutRecord]) -> int:
+    # what the eval runner's sink does per batch: one write transaction
+    with session_scope(engine) as session:
+        return insert_rollouts(session, run_id, records)
+
+
+def _count(engine: Engine, run_id: str) -> int:
+    with session_scope(engine, write=False) as session:
+        return count_rollouts(session, run_id)
+
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # The same columns, in the same order, as the registry's insert (so the raw baseline
@@ -130,13 +143,15 @@ def new_run(engine: Engine) -> str:
     with session_scope(engine) as session:
         run = create_run(
             session,
-            environment_name="bench",
-            environment_version="0.0.0",
-            environment_content_hash="0" * 64,
-            model="bench-model",
-            num_examples=0,
-            rollouts_per_example=0,
-            config_fingerprint=uuid.uuid4().hex,
+            NewRun(
+                environment_name="bench",
+                environment_version="0.0.0",
+                environment_content_hash="0" * 64,
+                model="bench-model",
+                num_examples=0,
+                rollouts_per_example=0,
+                config_fingerprint=uuid.uuid4().hex,
+            ),
         )
     return run.id
 
@@ -176,13 +191,13 @@ def bench_sqlite(rows: int, batch: int, workdir: Path) -> tuple[float, float, in
         # alternate which writer goes first, so neither always meets a fresh checkpoint
         if (start // batch) % 2:
             raw_s += timed(raw_write)
-            vfops_s += timed(lambda r=records: insert_rollouts(vfops_engine, vfops_run, r))
+            vfops_s += timed(lambda r=records: _insert(vfops_engine, vfops_run, r))
         else:
-            vfops_s += timed(lambda r=records: insert_rollouts(vfops_engine, vfops_run, r))
+            vfops_s += timed(lambda r=records: _insert(vfops_engine, vfops_run, r))
             raw_s += timed(raw_write)
     raw.close()
-    assert count_rollouts(vfops_engine, vfops_run) == rows
-    assert count_rollouts(raw_engine, raw_run) == rows
+    assert _count(vfops_engine, vfops_run) == rows
+    assert _count(raw_engine, raw_run) == rows
     return vfops_s, raw_s, json_bytes // rows
 
 
@@ -222,11 +237,11 @@ def bench_postgres(url: str, rows: int, batch: int) -> tuple[float, float] | Non
                 with raw.transaction(), raw.cursor() as cursor:
                     cursor.executemany(insert_sql, values)
 
-            vfops_s += timed(lambda r=records: insert_rollouts(engine, vfops_run, r))
+            vfops_s += timed(lambda r=records: _insert(engine, vfops_run, r))
             raw_s += timed(raw_write)
         raw.close()
-        assert count_rollouts(engine, vfops_run) == rows
-        assert count_rollouts(engine, raw_run) == rows
+        assert _count(engine, vfops_run) == rows
+        assert _count(engine, raw_run) == rows
         return vfops_s, raw_s
     finally:
         dispose_engines()

@@ -18,7 +18,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from vfops._net import free_port
 from vfops._rollout import RolloutRecord, Timing, TokenUsage
 
 
@@ -61,21 +61,21 @@ def _record(example_id: int, rollout_index: int) -> RolloutRecord:
 
 
 def _registry_run(engine: Any, examples: int, rollouts: int) -> str:
-    from vfops.registry import create_run, finish_run, insert_rollouts, session_scope
+    from vfops.registry import NewRun, create_run, finish_run, insert_rollouts, session_scope
 
     with session_scope(engine) as session:
-        run = create_run(
-            session, environment_name="calculator", environment_version="0.1.0",
+        new = NewRun(
+            environment_name="calculator", environment_version="0.1.0",
             environment_content_hash="ab" * 32, model="bench-model",
             base_url="http://127.0.0.1:9/v1", sampling_args={}, env_args={},
             num_examples=examples, rollouts_per_example=rollouts,
             config_fingerprint=os.urandom(32).hex(),
         )  # fmt: skip
+        run = create_run(session, new)
         run_id = run.id
-    insert_rollouts(
-        engine, run_id, [_record(e, r) for e in range(examples) for r in range(rollouts)]
-    )
     with session_scope(engine) as session:
+        records = [_record(e, r) for e in range(examples) for r in range(rollouts)]
+        insert_rollouts(session, run_id, records)
         finish_run(session, run_id, "completed", {"pass_threshold": 1.0, "wall_s": 10.0})
     return run_id
 
@@ -100,14 +100,8 @@ def _measure(engine: Any, examples: int, rollouts: int, share: str | None) -> di
     return {"run_s": run_s, "traces_s": time.perf_counter() - started, "traces": logged}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start_server(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     env.pop("MLFLOW_TRACKING_URI", None)
     process = subprocess.Popen(

@@ -12,7 +12,7 @@ With the sweep's ``distribute`` on, each cell is instead its own flow run of the
 ``eval-sweep-cell`` deployment (the same cell code), taken by any worker of the
 pool; the sweep waits for them and builds the same artifacts from the cells'
 registry runs. A cell whose worker dies stops heartbeating: the automations of
-``vfops deploy`` (flows/deployments.py) crash it and schedule it again, and the
+``vfops deploy`` (vfops.orchestration) crash it and schedule it again, and the
 next worker resumes its registry run.
 """
 
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from typing import TYPE_CHECKING, Any, cast
-from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -33,6 +31,7 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
 from vfops._errors import VfopsError
+from vfops.orchestration import FanOut, fan_out, flow_run_link
 from vfops.sweeps import (
     Cell,
     SweepSpec,
@@ -82,7 +81,8 @@ async def _evaluate_cell(
 
     from prefect.runtime import flow_run
 
-    from vfops.budget import budget_for, limit_name, prefect_limiter
+    from vfops.budget import budget_for, limit_name
+    from vfops.orchestration import prefect_limiter
     from vfops.tracking import mlflow_run_link
 
     # The endpoint's budget (budgets.toml / $VFOPS_BUDGETS) is shared through Prefect
@@ -237,22 +237,11 @@ def _cell_parameters(cell: Cell, output_dir: str, parent: str | None) -> dict[st
     }
 
 
-def _flow_run_link(flow_run: FlowRun) -> str:
-    """The cell flow run's UI address, or its id when no UI address is configured."""
-    from prefect.utilities.urls import url_for
-
-    try:
-        url = url_for(flow_run)
-    except Exception:  # an address is a convenience, never a reason to fail the sweep
-        url = None
-    return url or str(flow_run.id)
-
-
 def _distributed_outcome(cell: Cell, flow_run: FlowRun) -> dict[str, Any]:
     """A finished cell flow run's row, read from the registry (the source of truth on
     every machine; Prefect's result storage is local to the worker that ran it)."""
     state = flow_run.state
-    base = {"flow_run_id": str(flow_run.id), "flow_run": _flow_run_link(flow_run)}
+    base = {"flow_run_id": str(flow_run.id), "flow_run": flow_run_link(flow_run)}
     if state is None or not state.is_completed():
         name = "no state" if state is None else state.name or state.type.value
         return {**_failed_row(cell, f"{name}: {(state and state.message) or name}"), **base}
@@ -274,63 +263,32 @@ def _run_cells_distributed(
     cells: list[Cell], output_dir: str, parallel: int, parents: dict[str, str] | None = None
 ) -> list[dict[str, Any]]:
     """One ``eval-sweep-cell`` flow run per cell, at most ``parallel`` at a time, taken by
-    any worker of the pool; failed cells become error rows.
-
-    A cell run that reads Crashed (its worker was lost) is not final here for
-    :data:`CRASHED_GRACE_S`: the reschedule automation puts it back to Scheduled and
-    another worker resumes it.
-    """
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.deployments import run_deployment
+    any worker of the pool (:func:`vfops.orchestration.fan_out`: a crashed cell run gets
+    :data:`CRASHED_GRACE_S` to be rescheduled); failed cells become error rows."""
     from prefect.runtime import flow_run as this_run
 
     logger = get_run_logger()
     # a retried sweep submits new cell runs (they resume or reuse the registry runs);
     # within one attempt the key makes a repeated submission return the same run
-    attempt_key = f"{this_run.get_id()}:{this_run.get_run_count()}"
-    outcomes: dict[int, dict[str, Any]] = {}
-    running: dict[UUID, int] = {}
-    crashed_since: dict[UUID, float] = {}
-    queue = list(enumerate(cells))
-    with get_client(sync_client=True) as client:
-        while queue or running:
-            while queue and len(running) < parallel:
-                index, cell = queue.pop(0)
-                # called from a sync flow: the sync variant, which returns the flow run
-                submitted = cast(
-                    "FlowRun",  # imported for type checking only
-                    run_deployment(
-                        CELL_DEPLOYMENT,
-                        parameters=_cell_parameters(
-                            cell, output_dir, (parents or {}).get(cell.env_name)
-                        ),
-                        flow_run_name=cell.label,
-                        timeout=0,  # submit; this loop waits for every cell at once
-                        idempotency_key=f"{attempt_key}:{index}",
-                        as_subflow=True,
-                    ),
-                )
-                logger.info("%s: flow run %s", cell.label, _flow_run_link(submitted))
-                running[submitted.id] = index
-            time.sleep(POLL_S)
-            runs = client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(running)))
-            )
-            for run in runs:
-                state = run.state
-                if state is None or run.id not in running:
-                    continue
-                if state.is_crashed():
-                    first = crashed_since.setdefault(run.id, time.monotonic())
-                    if time.monotonic() - first < CRASHED_GRACE_S:
-                        continue  # the reschedule automation may still take it back
-                else:
-                    crashed_since.pop(run.id, None)
-                if not state.is_final():
-                    continue
-                index = running.pop(run.id)
-                outcomes[index] = _distributed_outcome(cells[index], run)
+    plan = FanOut(
+        CELL_DEPLOYMENT,
+        key=f"{this_run.get_id()}:{this_run.get_run_count()}",
+        parallel=parallel,
+        crashed_grace_s=CRASHED_GRACE_S,
+        poll_s=POLL_S,
+    )
+    runs = [
+        (cell.label, _cell_parameters(cell, output_dir, (parents or {}).get(cell.env_name)))
+        for cell in cells
+    ]
+
+    def submitted(index: int, run: FlowRun) -> None:
+        logger.info("%s: flow run %s", cells[index].label, flow_run_link(run))
+
+    outcomes = {
+        index: _distributed_outcome(cells[index], run)
+        for index, run in fan_out(plan, runs, submitted=submitted)
+    }
     return [outcomes[index] for index in range(len(cells))]
 
 

@@ -1,6 +1,6 @@
 """``judge-score``: re-score a registry run's rollouts with a judge, under a shared budget.
 
-A thin layer over :mod:`vfops.judging` and :mod:`vfops.budget`: the flow checks
+A thin layer over :mod:`vfops.judging` and :mod:`vfops.orchestration`: the flow checks
 its parameters before any model call (unknown run, unknown endpoint alias, unset
 key variable, bad template: one clear line on the failed flow run), makes sure
 the Prefect global limits named after the judge model exist (``vfops-judge-<model>``
@@ -18,7 +18,6 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from vfops._errors import VfopsError
-from vfops.budget import prefect_limiter
 from vfops.judging import (
     JudgeScorePlan,
     JudgeScoreSpec,
@@ -29,6 +28,7 @@ from vfops.judging import (
     plan_judge_score,
     run_judge_score,
 )
+from vfops.orchestration import prefect_limiter
 from vfops.registry import get_engine
 
 

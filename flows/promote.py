@@ -9,13 +9,13 @@ reason (which environment regressed and by how much).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from prefect import flow
 from prefect.artifacts import acreate_markdown_artifact
 
-from vfops.models import PromotionDecision, promote_async
+from vfops.models import PromotionRequest, promote_async
+from vfops.reports import promotion_markdown, report_key
 
 REPORT_KEY = "promote-checkpoint"
 
@@ -52,7 +52,7 @@ async def promote_checkpoint_flow(
             candidate to use instead of evaluating it.
         reuse: Use completed runs that answer the gate's exact request.
     """
-    decision = await promote_async(
+    request = PromotionRequest(
         name,
         version,
         alias=alias,
@@ -66,40 +66,11 @@ async def promote_checkpoint_flow(
         evidence_runs=evidence_runs,
         reuse=reuse,
     )
-    lines = [
-        f"# {decision.outcome.upper()}{' (forced)' if decision.forced else ''}: "
-        f"`{name}` v{decision.to_version} -> @{alias}",
-        "",
-        f"Previous holder: {('v' + decision.from_version) if decision.from_version else 'none'}",
-        "",
-    ]
-    lines += gate_table(decision)
-    lines += ["", decision.reason]
+    decision = await promote_async(request)
     await acreate_markdown_artifact(
-        markdown="\n".join(lines) + "\n",
+        markdown=promotion_markdown(name, decision),
         key=report_key(REPORT_KEY, name),
         description=f"{name} v{decision.to_version} -> @{alias}: {decision.outcome}",
     )
     decision.raise_if_refused()
     return decision.to_dict()
-
-
-def gate_table(decision: PromotionDecision) -> list[str]:
-    """The gate's evidence as markdown table lines (ids in code spans: Prefect's
-    markdown would make ``name@version`` a mailto: link)."""
-    lines = [
-        "| environment | candidate run | holder run | delta | verdict |",
-        "|---|---|---|---|---|",
-    ]
-    for r in decision.envs:
-        delta = "-" if r.delta is None else f"{r.delta:+.3f}"
-        lines.append(
-            f"| `{r.env}` | `{r.candidate_run_id}` | `{r.holder_run_id or '-'}` | {delta} "
-            f"| {r.verdict or '-'} |"
-        )
-    return lines
-
-
-def report_key(prefix: str, model_name: str) -> str:
-    """A Prefect artifact key per model (keys allow lowercase letters, digits, dashes)."""
-    return f"{prefix}-{re.sub('[^a-z0-9]+', '-', model_name.lower()).strip('-')}"

@@ -14,21 +14,16 @@ the reward curve (train reward per step, held-out reward at each eval) as a char
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_markdown_artifact
 
-from vfops.reports import RewardCurve, training_markdown
+from vfops.orchestration import gpu_slots
+from vfops.reports import RewardCurve, training_markdown, training_progress_log
 from vfops.training import resolve_config, train_async
 
-if TYPE_CHECKING:
-    from vfops.training import Progress
-
 REPORT_KEY = "train-grpo"
-LEASE_S = 600.0
 
 
 @flow(name="train-grpo", validate_parameters=True)
@@ -64,9 +59,9 @@ async def train_grpo(
     )
     logger = get_run_logger()
     curve = RewardCurve()
-    async with _gpu_slots(gpu_limit, gpus):
+    async with gpu_slots(gpu_limit, gpus):
         result = await train_async(
-            config, num_processes=num_processes, progress=_log_progress(logger, curve)
+            config, num_processes=num_processes, progress=training_progress_log(logger, curve)
         )
     summary = result.summary()
     logger.info(
@@ -80,51 +75,3 @@ async def train_grpo(
         description="GRPO training: held-out reward before and after, reward curve",
     )
     return summary
-
-
-@contextlib.asynccontextmanager
-async def _gpu_slots(name: str, gpus: int) -> AsyncIterator[None]:
-    if gpus <= 0:
-        yield
-        return
-    from prefect.concurrency.asyncio import concurrency
-
-    await _ensure_limit(name, gpus)
-    async with concurrency(name, occupy=gpus, lease_duration=LEASE_S, strict=True):
-        yield
-
-
-async def _ensure_limit(name: str, gpus: int) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-
-    async with get_client() as client:
-        try:
-            await client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            with contextlib.suppress(ObjectAlreadyExists):
-                await client.create_global_concurrency_limit(
-                    GlobalConcurrencyLimitCreate(name=name, limit=gpus)
-                )
-
-
-def _log_progress(logger: Any, curve: RewardCurve | None = None) -> Progress:
-    """The flow run's log in the UI shows the run advancing, step by step; ``curve``
-    (when given) keeps the points of the report's reward chart."""
-
-    def progress(kind: str, step: int, metrics: dict[str, float]) -> None:
-        if curve is not None:
-            curve(kind, step, metrics)
-        if kind == "eval":
-            logger.info("step %d: held-out reward %.4f", step, metrics["eval_reward"])
-        else:
-            logger.info(
-                "step %d: reward %.3f, loss %+.4f, %.0f tok/s",
-                step,
-                metrics["reward_mean"],
-                metrics["loss"],
-                metrics["tokens_per_s"],
-            )
-
-    return progress

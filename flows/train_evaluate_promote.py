@@ -16,9 +16,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_markdown_artifact
 
-from flows.promote import gate_table, report_key
-from flows.train import _gpu_slots, _log_progress
-from vfops.models import LoopResult, train_evaluate_promote_async
+from vfops.models import LoopRequest, train_evaluate_promote_async
+from vfops.orchestration import gpu_slots
+from vfops.reports import loop_markdown, report_key, training_progress_log
+from vfops.tracking import mlflow_run_link
 
 REPORT_KEY = "train-evaluate-promote"
 
@@ -53,8 +54,8 @@ async def train_evaluate_promote_flow(
         gpu_limit: Name of the Prefect global concurrency limit that counts GPUs.
     """
     logger = get_run_logger()
-    async with _gpu_slots(gpu_limit, gpus):
-        result = await train_evaluate_promote_async(
+    async with gpu_slots(gpu_limit, gpus):
+        request = LoopRequest(
             config_path,
             register_as=register_as,
             gate_envs=gate_envs,
@@ -64,35 +65,16 @@ async def train_evaluate_promote_flow(
             gate_examples=gate_examples,
             gate_rollouts=gate_rollouts,
             gate_sampling_args=gate_sampling_args,
-            progress=_log_progress(logger),
         )
+        result = await train_evaluate_promote_async(request, progress=training_progress_log(logger))
     logger.info("%s: %s", result.model_uri, result.decision.reason)
     await acreate_markdown_artifact(
         key=report_key(REPORT_KEY, register_as),
-        markdown=report_markdown(result),
+        markdown=loop_markdown(result, _mlflow_run(result.training.mlflow_run_id)),
         description=f"{result.model_uri} -> @{alias}: {result.decision.outcome}",
     )
     return result.to_dict()
 
 
-def report_markdown(result: LoopResult) -> str:
-    training, decision = result.training, result.decision
-    # `name@alias` and versions go in code spans: Prefect's markdown would make them mailto: links
-    lines = [
-        f"# `{result.model_uri}`: {decision.outcome}"
-        f"{' (forced)' if decision.forced else ''} for `@{decision.alias}`",
-        "",
-        f"Held-out reward during training: {training.baseline_eval_reward:.4f} -> "
-        f"{training.final_eval_reward:.4f} after {training.steps} steps "
-        f"(MLflow run {_mlflow_run(training.mlflow_run_id)}).",
-        "",
-    ]
-    lines += gate_table(decision)
-    lines += ["", decision.reason]
-    return "\n".join(lines) + "\n"
-
-
 def _mlflow_run(mlflow_run_id: str | None) -> str:
-    from vfops.tracking import mlflow_run_link
-
     return "`-`" if mlflow_run_id is None else mlflow_run_link(mlflow_run_id, markdown=True)

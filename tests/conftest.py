@@ -40,6 +40,7 @@ pytest_plugins = [
     "tests.mlflow_fixtures",
     "tests.prefect_fixtures",
     "tests.env_fixtures",
+    "tests.model_fixtures",
 ]
 
 # `make test` runs the suite in two passes, started together (tests/run_passes.sh):

@@ -14,7 +14,6 @@ process group it started afterwards. The server gets the fake AWS credentials of
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,14 +27,9 @@ import pytest
 
 from tests.processes import stop_process_group
 from tests.s3_fixtures import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN, REGION
+from vfops._net import free_port
 
 MLFLOW = str(Path(sys.executable).parent / "mlflow")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def fake_aws_env(endpoint: str) -> dict[str, str]:
@@ -80,7 +74,7 @@ def mlflow_server(
     folder = tmp_path_factory.mktemp("mlflow-server")
     bucket = f"vfops-mlflow-{uuid.uuid4().hex[:10]}"
     _create_bucket(moto_endpoint, bucket)
-    port = _free_port()
+    port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))},
         **fake_aws_env(moto_endpoint),

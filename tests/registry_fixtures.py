@@ -10,18 +10,25 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
 from tests.strict_skips import STRICT_VAR, strict
 from vfops._rollout import RolloutError, RolloutRecord, Timing, TokenUsage
-from vfops.registry import dispose_engines
+from vfops.registry import (
+    count_rollouts,
+    dispose_engines,
+    insert_rollouts,
+    iter_rollouts,
+    rollouts_for_example,
+    session_scope,
+)
 
 PG_URL = os.environ.get("VFOPS_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 DIALECTS = ["sqlite", "postgresql"]
@@ -93,3 +100,31 @@ def make_error_record(example_id: int, rollout_index: int) -> RolloutRecord:
         stop_reason="error",
         error=RolloutError(type="TimeoutError", message="judge timed out", stage="scoring"),
     )
+
+
+# The registry's rollout functions take a Session (the caller's transaction); the tests
+# that only check what a run stored read and write through these one-transaction twins.
+
+
+def store_rollouts(engine: Engine, run_id: str, records: Sequence[RolloutRecord]) -> int:
+    """:func:`vfops.registry.insert_rollouts` in one write transaction."""
+    with session_scope(engine) as session:
+        return insert_rollouts(session, run_id, records)
+
+
+def stored_rollouts(engine: Engine, run_id: str, batch_size: int = 1000) -> list[RolloutRecord]:
+    """Every stored rollout of a run (:func:`vfops.registry.iter_rollouts`), in key order."""
+    with session_scope(engine, write=False) as session:
+        return list(iter_rollouts(session, run_id, batch_size=batch_size))
+
+
+def stored_count(engine: Engine, run_id: str) -> int:
+    """:func:`vfops.registry.count_rollouts` in one read transaction."""
+    with session_scope(engine, write=False) as session:
+        return count_rollouts(session, run_id)
+
+
+def stored_for_example(engine: Engine, run_id: str, example_id: int) -> list[RolloutRecord]:
+    """:func:`vfops.registry.rollouts_for_example` in one read transaction."""
+    with session_scope(engine, write=False) as session:
+        return rollouts_for_example(session, run_id, example_id)

@@ -75,20 +75,22 @@ def package_with(pyproject: bytes | str) -> Setup:
 
 def recorded_run(tmp: Path) -> None:
     """A completed run with no rollouts in the case's registry (for runs/export cases)."""
-    from vfops.registry import create_run, dispose_engines, get_engine, session_scope
+    from vfops.registry import NewRun, create_run, dispose_engines, get_engine, session_scope
 
     with session_scope(get_engine(registry_url(tmp))) as session:
         create_run(
             session,
-            run_id="feedc0de" * 4,
-            environment_name="arithmetic",
-            environment_version="0.1.0",
-            environment_content_hash="0" * 64,
-            model="stub-model",
-            num_examples=1,
-            rollouts_per_example=1,
-            config_fingerprint="f" * 64,
-            status="completed",
+            NewRun(
+                run_id="feedc0de" * 4,
+                environment_name="arithmetic",
+                environment_version="0.1.0",
+                environment_content_hash="0" * 64,
+                model="stub-model",
+                num_examples=1,
+                rollouts_per_example=1,
+                config_fingerprint="f" * 64,
+                status="completed",
+            ),
         )
     dispose_engines()
 

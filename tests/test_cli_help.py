@@ -63,7 +63,7 @@ def test_the_walk_reaches_every_command() -> None:
 
 
 def test_deploy_help_names_every_deployment() -> None:
-    from flows.deployments import deployment_specs
+    from vfops.orchestration import deployment_specs
 
     deploy = next(c for p, c, _ in COMMANDS if p == "vfops deploy")
     text = " ".join((deploy.help or "").split())

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import pickle
 import random
-import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -21,6 +20,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 import vfops.clients as clients
+from tests.http_fixtures import Handler, free_port, loopback_server
 from vfops._errors import EndpointError
 from vfops.clients import (
     APIConnectionError,
@@ -68,12 +68,6 @@ FAST = RetryPolicy(max_retries=3, base_delay_s=0.001, max_delay_s=5.0)
 
 def _user(text: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": text}]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- client
@@ -414,7 +408,7 @@ async def test_openai_rate_limit_reset_headers_name_the_wait() -> None:
 
 
 async def test_connection_refused_retried_then_raises() -> None:
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     policy = RetryPolicy(max_retries=2, base_delay_s=0.001)
     async with OpenAIClient(url, backoff=policy) as client:
         with pytest.raises(APIConnectionError) as info:
@@ -522,25 +516,11 @@ def test_error_body_shapes(content: bytes, expected: str) -> None:
 
 # --------------------------------------------------------------------------- errors over HTTP
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-
-@asynccontextmanager
-async def _http_server(handler: Handler) -> AsyncIterator[str]:
+def _http_server(handler: Handler) -> AbstractAsyncContextManager[str]:
     """A real HTTP server on loopback (in this event loop) answering chat
     completions with ``handler``; yields its base URL."""
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    site = web.SockSite(runner, sock)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        await runner.cleanup()
+    return loopback_server({("POST", "/v1/chat/completions"): handler})
 
 
 def _replying(
@@ -1023,7 +1003,7 @@ def test_read_api_key_only_from_environment(monkeypatch: pytest.MonkeyPatch) -> 
 async def test_check_reachable() -> None:
     with StubServer() as server:
         await check_reachable(server.base_url)
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(EndpointError) as info:
         await check_reachable(url, timeout_s=2)
     message = str(info.value)

@@ -354,7 +354,8 @@ def test_an_unpriced_run_has_no_cost_never_zero() -> None:
 
 def test_reserve_waits_for_room_held_in_flight_then_gets_it(tmp_path: Path) -> None:
     """A request that does not fit only because others are in flight waits for them."""
-    from vfops.costs import BudgetExhausted, RegistryLedger
+    from vfops.budget import RegistryLedger
+    from vfops.costs import BudgetExhausted
     from vfops.evaluation._registry_calls import ThreadCalls
 
     engine = get_engine(f"sqlite:///{tmp_path / 'registry.db'}")

@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from tests.registry_fixtures import stored_for_example
 from vfops.demo import DEMO_ENV, DEMO_MODEL
 
 # the module fixture runs the whole demo (~4-5 min on 2 cores, more when the machine is
@@ -55,10 +56,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def _runs() -> list[Any]:
-    from vfops.registry import get_engine, list_runs, session_scope
+    from vfops.registry import RunFilter, get_engine, list_runs, session_scope
 
     with session_scope(get_engine(), write=False) as session:
-        runs = list_runs(session, env_name=DEMO_ENV, limit=None)
+        runs = list_runs(session, RunFilter(env_name=DEMO_ENV, limit=None))
         for run in runs:
             session.expunge(run)
         return runs
@@ -220,11 +221,11 @@ def test_the_trained_policy_answers_and_stops(demo: dict[str, Any]) -> None:
     assert gate, "no gate run of the trained model"
     for run in gate:
         assert run.summary["truncated"] <= 0.1 * run.summary["rollouts"], run.summary
-    from vfops.registry import get_engine, rollouts_for_example
+    from vfops.registry import get_engine
 
     said = demo["stdout"].split("a held-out answer of the trained model:", 1)[1]
     transcript = said.split("\n\n", 1)[0]
-    (record,) = rollouts_for_example(get_engine(), gate[0].id, 0)
+    (record,) = stored_for_example(get_engine(), gate[0].id, 0)
     assert f"== example 0, rollout 0: reward {record.reward:.4f}, stop {record.stop_reason}" in (
         transcript
     ), transcript

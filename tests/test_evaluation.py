@@ -18,6 +18,7 @@ from vfops.evaluation import (
     EvalRequest,
     EvalResult,
     EvalSummary,
+    RunOptions,
     evaluate_async,
     iter_records,
     load_results,
@@ -63,11 +64,11 @@ async def run(
     """The one entry point, on the run folder alone (no registry, no MLflow)."""
     return await evaluate_async(
         req,
+        RunOptions(
+            output_root=root, registry=False, resume=None if resume is None else str(resume)
+        ),
         environment=env,
         client=client,
-        output_root=root,
-        registry=False,
-        resume=None if resume is None else str(resume),
     )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.registry_fixtures import DIALECTS, database_url
+from tests.registry_fixtures import DIALECTS, database_url, stored_rollouts
 from tests.test_bad_input import ARITHMETIC, Case, package_with, vfops
 from tests.test_bad_input import test_bad_input_is_one_line_and_leaves_nothing as check_case
 from vfops.testing import StubConfig, StubServer
@@ -249,11 +249,11 @@ def test_unencodable_text_is_recorded_escaped_in_every_store(
         expected
     )
 
-    from vfops.registry import dispose_engines, get_engine, get_run, iter_rollouts, session_scope
+    from vfops.registry import dispose_engines, get_engine, get_run, session_scope
 
     engine = get_engine(db_url)
     metadata = orjson.loads((run_dir / "metadata.json").read_bytes())
-    (stored,) = iter_rollouts(engine, metadata["run_id"])
+    (stored,) = stored_rollouts(engine, metadata["run_id"])
     assert seen(stored.prompt, stored.task, stored.info, stored.reward) == expected
     with session_scope(engine, write=False) as session:
         run = get_run(session, metadata["run_id"])
@@ -284,21 +284,30 @@ def test_a_verifiers_env_gets_the_fix_of_its_own_signature(
 
 def test_a_json_column_of_the_registry_keeps_unencodable_text_escaped(db_url: str) -> None:
     """A run's JSON columns (env args, sampling args) go through the same escaping."""
-    from vfops.registry import create_run, dispose_engines, get_engine, get_run, session_scope
+    from vfops.registry import (
+        NewRun,
+        create_run,
+        dispose_engines,
+        get_engine,
+        get_run,
+        session_scope,
+    )
 
     engine = get_engine(db_url)
     with session_scope(engine) as session:
         run_id = create_run(
             session,
-            environment_name="arithmetic",
-            environment_version="0.1.0",
-            environment_content_hash="0" * 64,
-            model="stub-model",
-            num_examples=1,
-            rollouts_per_example=1,
-            config_fingerprint="f" * 64,
-            sampling_args={"stop": ["\ud800"]},
-            env_args={"topic": "t\udcff"},
+            NewRun(
+                environment_name="arithmetic",
+                environment_version="0.1.0",
+                environment_content_hash="0" * 64,
+                model="stub-model",
+                num_examples=1,
+                rollouts_per_example=1,
+                config_fingerprint="f" * 64,
+                sampling_args={"stop": ["\ud800"]},
+                env_args={"topic": "t\udcff"},
+            ),
         ).id
     with session_scope(engine, write=False) as session:
         run = get_run(session, run_id)

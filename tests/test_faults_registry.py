@@ -22,10 +22,11 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.pool import NullPool
 
+from tests.registry_fixtures import stored_count, stored_rollouts
 from tests.strict_skips import STRICT_VAR, strict
 from tests.test_bad_input import registry_url, vfops
 from vfops._errors import VfopsError
-from vfops.registry import _integrity, count_rollouts, dispose_engines, get_engine, iter_rollouts
+from vfops.registry import _integrity, dispose_engines, get_engine
 from vfops.testing import StubConfig, StubServer
 
 DAMAGED = (
@@ -168,12 +169,12 @@ def test_damage_after_the_check_is_one_line_too(tmp_path: Path, stub: StubServer
     database = make_registry(tmp_path, stub)
     engine = get_engine(registry_url(tmp_path))
     run_id = get_run_id(database)
-    assert count_rollouts(engine, run_id) == 60
+    assert stored_count(engine, run_id) == 60
     damage_a_rollouts_page(database)
     engine.dispose()  # no page of the file stays cached
     try:
         with pytest.raises(VfopsError, match=r"is damaged \(database disk image is malformed\)"):
-            list(iter_rollouts(engine, run_id))
+            list(stored_rollouts(engine, run_id))
     finally:
         dispose_engines()
 

@@ -26,7 +26,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tests.prefect_fixtures import flow_run_artifacts
-from vfops.registry import EvalRunRow, count_rollouts, dispose_engines, get_engine
+from tests.registry_fixtures import stored_count
+from vfops.registry import EvalRunRow, dispose_engines, get_engine
 from vfops.sweeps import SweepSpec
 from vfops.testing import StubConfig, StubServer
 
@@ -97,7 +98,7 @@ def test_sweep_runs_every_cell_and_attaches_artifacts(
     engine = get_engine(registry)
     for result in results:
         assert result["action"] == "created" and result["status"] == "completed"
-        assert result["rollouts"] == N * R == count_rollouts(engine, result["run_id"])
+        assert result["rollouts"] == N * R == stored_count(engine, result["run_id"])
     assert run_count(registry) == 4
     json.dumps(results)  # plain JSON all the way
 

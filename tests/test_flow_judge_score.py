@@ -25,8 +25,8 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 
 import pytest
 
-from tests.registry_fixtures import make_record
-from vfops.registry import create_run, dispose_engines, get_engine, insert_rollouts, session_scope
+from tests.registry_fixtures import make_record, store_rollouts
+from vfops.registry import NewRun, create_run, dispose_engines, get_engine, session_scope
 from vfops.testing import StubConfig, StubServer
 
 RATE = 20  # judge requests per second allowed by the stub, and the flow's budget
@@ -71,14 +71,16 @@ def make_run(url: str, rollouts: int, run_id: str) -> str:
     with session_scope(engine) as session:
         create_run(
             session,
-            environment_name="arith",
-            environment_version="1.0.0",
-            environment_content_hash="c" * 64,
-            model="policy-model",
-            num_examples=rollouts // 2,
-            rollouts_per_example=2,
-            config_fingerprint=f"fp-{run_id}",
-            run_id=run_id,
+            NewRun(
+                environment_name="arith",
+                environment_version="1.0.0",
+                environment_content_hash="c" * 64,
+                model="policy-model",
+                num_examples=rollouts // 2,
+                rollouts_per_example=2,
+                config_fingerprint=f"fp-{run_id}",
+                run_id=run_id,
+            ),
         )
     # the run id in the question: every run's judge requests are distinct
     records = [
@@ -89,7 +91,7 @@ def make_run(url: str, rollouts: int, run_id: str) -> str:
         )
         for i in range(rollouts)
     ]
-    assert insert_rollouts(engine, run_id, records) == rollouts
+    assert store_rollouts(engine, run_id, records) == rollouts
     return run_id
 
 
@@ -263,7 +265,8 @@ def test_out_of_range_parameters_are_rejected_by_the_form(
 
 def test_ensure_limits_is_idempotent_and_the_per_request_concurrency_mode(harness: None) -> None:
     from vfops._errors import VfopsError
-    from vfops.budget import PrefectRequestLimiter, ensure_limits, limit_name
+    from vfops.budget import limit_name
+    from vfops.orchestration import PrefectRequestLimiter, ensure_limits
 
     name = limit_name("endpoint", "Shared/Endpoint")
     assert name == "vfops-endpoint-shared-endpoint"

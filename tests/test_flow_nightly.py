@@ -150,11 +150,14 @@ async def test_three_nights(harness: None, published_env: str) -> None:
 
     # every night's run went through the one evaluation path: each is an MLflow run
     # that names its registry run
-    from vfops.registry import get_engine, list_runs, session_scope
+    from vfops.registry import RunFilter, get_engine, list_runs, session_scope
     from vfops.tracking import RUN_ID_TAG, mlflow_client
 
     with session_scope(get_engine(), write=False) as session:
-        links = [(run.id, run.mlflow_run_id) for run in list_runs(session, "nightly_env")]
+        links = [
+            (run.id, run.mlflow_run_id)
+            for run in list_runs(session, RunFilter(env_name="nightly_env"))
+        ]
     assert len(links) == 3 and all(mlflow_id for _, mlflow_id in links)
     tracking = mlflow_client()
     for run_id, mlflow_id in links:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,7 +114,9 @@ def import_statements(
                 yield from import_statements(case.body, in_functions=in_functions)
 
 
-def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
+def _targets(
+    module: str, is_package: bool, node: ast.Import | ast.ImportFrom, modules: Collection[str]
+) -> Iterator[str]:
     if isinstance(node, ast.Import):
         for alias in node.names:
             yield alias.name
@@ -125,9 +127,11 @@ def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) -
         source = ".".join([*base, node.module] if node.module else base)
     else:
         source = node.module or ""
-    yield source
-    for alias in node.names:  # ``from pkg import submodule`` imports the submodule too
-        yield f"{source}.{alias.name}"
+    submodules = [f"{source}.{alias.name}" for alias in node.names]
+    yield from submodules  # ``from pkg import submodule`` imports the submodule
+    if not all(name in modules for name in submodules):
+        yield source  # a name defined in ``source`` itself (a submodule's parent package
+        # is loaded first anyway: that implicit import is no arrow of the importer's)
 
 
 @dataclass(frozen=True)
@@ -148,17 +152,17 @@ def arrows(root: Path = ROOT, *, in_functions: bool) -> list[Arrow]:
         tree = ast.parse(path.read_text(), filename=str(path))
         where = f"{path.relative_to(root.parent)}"
         for node in import_statements(tree.body, in_functions=in_functions):
-            for target in _targets(module, path.name == "__init__.py", node):
+            for target in _targets(module, path.name == "__init__.py", node, modules):
                 head = target.split(".")[0]
                 if (target in modules and target != module) or head in ("flows", "prefect"):
                     found.append(Arrow(module, target, f"{where}:{node.lineno}"))
     return found
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """``module -> the vfops modules its import-time imports load``."""
+def import_graph(root: Path = ROOT, *, in_functions: bool = True) -> dict[str, set[str]]:
+    """``module -> the vfops modules it imports`` (at import time only, or all)."""
     graph: dict[str, set[str]] = {module: set() for module in module_names(root)}
-    for arrow in arrows(root, in_functions=False):
+    for arrow in arrows(root, in_functions=in_functions):
         if arrow.target in graph:
             graph[arrow.source].add(arrow.target)
     return graph
@@ -231,7 +235,9 @@ def test_no_arrow_runs_against_the_layers() -> None:
     assert not wrong, "arrows against the layer order:\n" + "\n".join(wrong)
 
 
-def test_vfops_modules_import_time_imports_form_a_dag() -> None:
+def test_vfops_modules_form_a_dag() -> None:
+    """Module by module too, function-local imports included: inside a package, a lazy
+    import that closes a cycle is the same tangle as one between packages."""
     graph = import_graph()
     assert "vfops.artifacts._open" in graph
     cycle = find_cycle(graph)
@@ -251,20 +257,23 @@ def test_vfops_never_imports_flows_and_prefect_only_in_its_home() -> None:
         and package_of(arrow.source) not in ("orchestration", "cli")
     ]
     assert not prefect, "Prefect imported outside vfops.orchestration:\n" + "\n".join(prefect)
-    assert any(package_of(arrow.source) == "orchestration" for arrow in found if
-               arrow.target.startswith("prefect")), "the walk saw Prefect's home"
+    assert any(
+        package_of(arrow.source) == "orchestration"
+        for arrow in found
+        if arrow.target.startswith("prefect")
+    ), "the walk saw Prefect's home"
 
 
 def readme_layers(text: str) -> tuple[tuple[str, ...], ...]:
-    """The README's layer table: the lines of the ``<!-- layers -->`` block, top first,
-    ``NN. name, name`` each."""
+    """The README's layer table, bottom first: the rows of the ``<!-- layers -->`` block,
+    ``N. name · name    what they do`` each (the names end at the first run of spaces)."""
     block = text.split("<!-- layers -->", 1)[1].split("<!-- /layers -->", 1)[0]
     rows = re.findall(r"^\s*(\d+)\.\s+(.+?)\s*$", block, flags=re.MULTILINE)
     assert rows, "the README's layers block has no rows"
-    by_number = {int(number): names for number, names in rows}
+    by_number = {int(number): re.split(r"\s{2,}", rest)[0] for number, rest in rows}
     return tuple(
         tuple(
-            CORE if name.strip(" `") == "vfops/_*.py" else name.strip(" `").split("/")[-1]
+            CORE if name.strip() == "vfops/_*.py" else name.strip()
             for name in re.split(r"[,·]", by_number[number])
             if name.strip()
         )
@@ -301,15 +310,28 @@ def test_the_detector_names_a_module_cycle_it_is_given(tmp_path: Path) -> None:
             ),
         },
     )
-    cycle = find_cycle(import_graph(root))
+    cycle = find_cycle(import_graph(root, in_functions=False))
     assert cycle == ["vfops.sub", "vfops.sub._a", "vfops.sub._b", "vfops.sub"]
-    # at import time, neither TYPE_CHECKING nor function-level imports are edges
+    # at import time, neither TYPE_CHECKING nor function-level imports are edges; counting
+    # every import, the function-level one is
     (root / "sub" / "_b.py").write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from vfops.sub._a import A\n"
         "def later():\n    from vfops.sub import A\n"
         "class B: ...\n"
     )
+    assert find_cycle(import_graph(root, in_functions=False)) is None
+    assert find_cycle(import_graph(root)) == [
+        "vfops.sub",
+        "vfops.sub._a",
+        "vfops.sub._b",
+        "vfops.sub",
+    ]
+    # ``from package import submodule`` is an arrow to the submodule, not its parent
+    (root / "sub" / "_b.py").write_text(
+        "def later():\n    from vfops.sub import _c\nclass B: ...\n"
+    )
+    (root / "sub" / "_c.py").write_text("")
     assert find_cycle(import_graph(root)) is None
 
 
@@ -341,5 +363,8 @@ def test_a_function_local_import_is_a_package_arrow(tmp_path: Path) -> None:
 
 
 def test_readme_layers_are_read_top_first() -> None:
-    text = "x\n<!-- layers -->\n```\n 2. cli\n 1. envs, `evaluation`\n 0. vfops/_*.py\n```\n<!-- /layers -->\n"
+    text = (
+        "x\n<!-- layers -->\n```\n 3. cli    the commands\n 2. envs · evaluation  two, two\n"
+        " 1. vfops/_*.py\n```\n<!-- /layers -->\n"
+    )
     assert readme_layers(text) == ((CORE,), ("envs", "evaluation"), ("cli",))

@@ -73,7 +73,7 @@ def test_eval_of_plain_rows_imports_no_datasets(env_name: str, size: int, tmp_pa
         "from pathlib import Path\n"
         "from vfops.clients import ScriptedClient\n"
         "from vfops.envs import load_environment\n"
-        "from vfops.evaluation import EvalRequest, evaluate_async\n"
+        "from vfops.evaluation import EvalRequest, RunOptions, evaluate_async\n"
         f"env = load_environment({env_name!r})\n"
         "examples = list(env.iter_eval_examples(3))\n"
         "assert len(examples) == 3 and examples[0].answer, examples\n"
@@ -81,8 +81,8 @@ def test_eval_of_plain_rows_imports_no_datasets(env_name: str, size: int, tmp_pa
         f"request = EvalRequest(env_name={env_name!r}, model='m', num_examples=3,"
         " rollouts_per_example=2)\n"
         "client = ScriptedClient(['<answer>1</answer>'], cycle=True)\n"
-        "result = asyncio.run(evaluate_async(request, environment=env, client=client,"
-        f" output_root=Path({str(tmp_path)!r}), registry=False))\n"
+        "result = asyncio.run(evaluate_async(request, RunOptions("
+        f"output_root=Path({str(tmp_path)!r}), registry=False), environment=env, client=client))\n"
         "assert result.status == 'completed' and result.summary.rollouts == 6, result\n"
     )
     assert {env_name, "pyarrow"} <= loaded  # not vacuous: the environment ran and exported
@@ -151,7 +151,8 @@ def test_the_registry_side_loads_no_http_client() -> None:
     # aiohttp (the whole client stack: ~9 MB of the tracker, bar 3a's process tree).
     loaded = loaded_after(
         "import vfops.evaluation._registry_calls, vfops.evaluation._sinks, "
-        "vfops.evaluation._evaluate, vfops.costs._ledger, vfops.budget._peer, "
+        "vfops.evaluation._evaluate, vfops.evaluation._open_run, vfops.evaluation._loop, "
+        "vfops.evaluation._finish, vfops.costs._ledger, vfops.budget._ledger, vfops.budget._peer, "
         "vfops.tracking._eval_runs"
     )
     assert "vfops" in loaded

@@ -22,7 +22,14 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from tests.registry_fixtures import DIALECTS, database_url, make_error_record, make_record
+from tests.registry_fixtures import (
+    DIALECTS,
+    database_url,
+    make_error_record,
+    make_record,
+    store_rollouts,
+    stored_rollouts,
+)
 from vfops._errors import EndpointError, VfopsError
 from vfops._rollout import RolloutError
 from vfops._types import Messages
@@ -49,10 +56,10 @@ from vfops.judging import (
 )
 from vfops.registry import (
     JudgeCacheRow,
+    NewRun,
     RegistryJudgeCache,
     create_run,
     get_engine,
-    insert_rollouts,
     session_scope,
     transaction,
 )
@@ -70,17 +77,19 @@ def _make_run(engine: Engine, records: list[Any], run_id: str | None = None) -> 
     with session_scope(engine) as session:
         run = create_run(
             session,
-            environment_name="arith",
-            environment_version="1.0.0",
-            environment_content_hash="c" * 64,
-            model="test-model",
-            num_examples=10,
-            rollouts_per_example=2,
-            config_fingerprint="fp",
-            run_id=run_id,
+            NewRun(
+                environment_name="arith",
+                environment_version="1.0.0",
+                environment_content_hash="c" * 64,
+                model="test-model",
+                num_examples=10,
+                rollouts_per_example=2,
+                config_fingerprint="fp",
+                run_id=run_id,
+            ),
         )
         run_id = run.id
-    insert_rollouts(engine, run_id, records)
+    store_rollouts(engine, run_id, records)
     return run_id
 
 
@@ -516,7 +525,7 @@ async def test_a_priced_judge_adds_each_call_cost_to_the_rollout_it_scored(
     """Re-scoring a stored run with a priced judge (real HTTP, the stub): each new
     request's cost lands on its rollout's stored cost; a rerun (all cached) adds none."""
     from vfops.costs import Pricing
-    from vfops.registry import iter_rollouts, run_cost
+    from vfops.registry import run_cost
 
     run_id = _make_run(engine, _records(4, 2))
     with Session(engine) as session:
@@ -531,7 +540,7 @@ async def test_a_priced_judge_adds_each_call_cost_to_the_rollout_it_scored(
             await rubric.aclose()
     assert first.n_judged == 8 and first.cost_usd is not None and first.cost_usd > 0
     assert again.n_cached == 8 and again.cost_usd is None  # no request: no cost
-    costs = [r.usage.cost_usd for r in iter_rollouts(engine, run_id)]
+    costs = [r.usage.cost_usd for r in stored_rollouts(engine, run_id)]
     assert all(c is not None and c > 0 for c in costs)
     with Session(engine) as session:
         after = run_cost(session, run_id)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ pytest.importorskip("transformers")
 from typer.testing import CliRunner
 
 from vfops._errors import VfopsError
+from vfops._net import free_port
 from vfops.cli._model import app, serve_command, serve_env
 from vfops.clients._base import ModelClient, PromptTooLongError
 from vfops.local import LocalModelClient, TinyModelConfig, build_tiny_model
@@ -389,12 +389,6 @@ def test_cli_serve_rejects_non_model_dir(tmp_path: Path) -> None:
     assert isinstance(result.exception, VfopsError)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
@@ -420,7 +414,7 @@ async def test_transformers_serve_smoke(tiny_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("uvicorn")
     from openai import AsyncOpenAI
 
-    port = _free_port()
+    port = free_port()
     cmd = serve_command(tiny_dir, host="127.0.0.1", port=port, device="cpu")
     model_name = cmd[cmd.index("serve") + 1]  # requests must name the served path exactly
     log_path = tmp_path / "serve.log"
@@ -540,7 +534,7 @@ def test_vfops_model_serve_stops_its_server_on_sigterm(tiny_dir: Path, tmp_path:
     import psutil
 
     pytest.importorskip("fastapi")
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "vfops", "model", "serve", str(tiny_dir), "--port", str(port)]
     with (tmp_path / "serve.log").open("wb") as log:
         proc = subprocess.Popen(cmd, env=serve_env(), stdout=log, stderr=subprocess.STDOUT)

@@ -4,15 +4,14 @@ and the retry options reaching the client, over real HTTP."""
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import orjson
 import pytest
 from aiohttp import web
 
+from tests.http_fixtures import Handler, loopback_server
 from vfops._errors import EndpointError
 from vfops.clients import MalformedResponseError, NotFoundError, OpenAIClient
 from vfops.evaluation import ModelOptions, _model
@@ -156,9 +155,6 @@ async def test_list_models_raises_on_a_body_that_is_not_a_model_list() -> None:
 # --------------------------------------------------------------------------- helpers
 
 
-Handler = Callable[[web.Request], Awaitable[web.Response]]
-
-
 def _models_server(models: list[str]) -> AbstractAsyncContextManager[str]:
     async def handler(request: web.Request) -> web.Response:
         data = [{"id": name, "object": "model"} for name in models]
@@ -169,18 +165,6 @@ def _models_server(models: list[str]) -> AbstractAsyncContextManager[str]:
     return _server(handler)
 
 
-@asynccontextmanager
-async def _server(models_handler: Handler) -> AsyncIterator[str]:
+def _server(models_handler: Handler) -> AbstractAsyncContextManager[str]:
     """A real HTTP server on loopback answering ``GET /v1/models``; yields its base URL."""
-    app = web.Application()
-    app.router.add_get("/v1/models", models_handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    site = web.SockSite(runner, sock)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        await runner.cleanup()
+    return loopback_server({("GET", "/v1/models"): models_handler})

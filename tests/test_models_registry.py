@@ -13,7 +13,6 @@ registered artifacts themselves (downloaded from MLflow, loaded in-process).
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from tests.mlflow_fixtures import MlflowServer, fake_aws_env
+from tests.model_fixtures import checkpoint
 from vfops.registry import dispose_engines, get_engine
 
 # MLflow's SQLAlchemy store still uses the ``noload`` strategy (deprecated in SQLAlchemy 2.1)
@@ -77,22 +77,6 @@ def gate_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield ENV_NAME
     sys.path.remove(str(site))
     sys.modules.pop("brevity_gate_env", None)
-
-
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vfops.local import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "base", seed=3)
-
-
-def checkpoint(base: Path, dst: Path, max_new_tokens: int) -> Path:
-    shutil.copytree(base, dst)
-    config_path = dst / "generation_config.json"
-    config = json.loads(config_path.read_text())
-    config["max_new_tokens"] = max_new_tokens
-    config_path.write_text(json.dumps(config, indent=2))
-    return dst
 
 
 def _stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -174,6 +158,7 @@ def test_promotion_gate_records_every_decision(
     from vfops.local import LocalModelClient
     from vfops.models import (
         PromotionRefusedError,
+        PromotionRequest,
         load_model_dir,
         promote,
         promotion_history,
@@ -188,13 +173,13 @@ def test_promotion_gate_records_every_decision(
     }
     v1 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v1", 8), name="tiny")
     capfd.readouterr()
-    first = promote("tiny", v1.version, **gate)  # type: ignore[arg-type]
+    first = promote(PromotionRequest("tiny", v1.version, **gate))
     assert first.promoted and first.from_version is None and not first.forced
     # the gate downloaded v1 to evaluate it, without MLflow's progress bars
     assert "Downloading artifacts" not in capfd.readouterr().err
 
     v2 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v2", 32), name="tiny")
-    second = promote("tiny", v2.version, **gate)  # type: ignore[arg-type]
+    second = promote(PromotionRequest("tiny", v2.version, **gate))
     assert second.outcome == "refused"
     assert second.from_version == "1"
     assert f"{gate_env} regressed" in second.reason and "delta -" in second.reason
@@ -239,9 +224,12 @@ def test_promotion_gate_records_every_decision(
 
     with pytest.raises(VfopsError, match="evaluated models:/tiny/2, not models:/tiny/3"):
         promote(  # a run of another version is not evidence for v3
-            "tiny", v3.version, evidence_runs={gate_env: result.candidate_run_id}, **gate
+            PromotionRequest(
+                "tiny", v3.version, evidence_runs={gate_env: result.candidate_run_id}, **gate
+            )
         )
-    third = promote("tiny", v3.version, evidence_runs={gate_env: evidence_run}, **gate)  # type: ignore[arg-type]
+    evidence = {gate_env: evidence_run}
+    third = promote(PromotionRequest("tiny", v3.version, evidence_runs=evidence, **gate))
     assert third.promoted, third.reason
     (result,) = third.envs
     assert result.candidate_run_id == evidence_run and result.candidate_reused
@@ -293,7 +281,7 @@ def test_promotion_gate_records_every_decision(
     shown = app_runner.invoke(app, ["history", "tiny"], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     assert shown.output.count("promoted") == 2 and shown.output.count("refused") == 1
-    forced = promote("tiny", "2", force=True, **gate)  # type: ignore[arg-type]
+    forced = promote(PromotionRequest("tiny", "2", force=True, **gate))
     assert forced.promoted and forced.forced and "FORCED" in forced.reason
     assert promotion_history("tiny")[-1].forced
     assert load_model_dir("models:/tiny@champion").name == "2"
@@ -328,7 +316,7 @@ def test_a_gate_run_with_errored_rollouts_decides_nothing(
 ) -> None:
     """Errored rollouts count as 0.0 in the comparison: a crashed scorer on the
     holder's run would promote any candidate. Such a gate refuses, naming the run."""
-    from vfops.models import promote, promotion_history, register_checkpoint
+    from vfops.models import PromotionRequest, promote, promotion_history, register_checkpoint
 
     gate: dict[str, Any] = {
         "gate_envs": [gate_env], "num_examples": 6, "rollouts_per_example": 1,
@@ -336,7 +324,7 @@ def test_a_gate_run_with_errored_rollouts_decides_nothing(
     }  # fmt: skip
     v1 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v1", 8), name="errs")
     broken = {"env_args": {gate_env: {"fail_on": "item 3."}}}
-    refused = promote("errs", v1.version, **gate, **broken)
+    refused = promote(PromotionRequest("errs", v1.version, **gate, **broken))
     assert refused.outcome == "refused"
     (result,) = refused.envs
     assert result.inconclusive and result.candidate_errors == 1
@@ -345,11 +333,11 @@ def test_a_gate_run_with_errored_rollouts_decides_nothing(
     )
     assert "vfops runs show RUN --failed" in refused.reason
     # the errored run is not reused as evidence later; a clean gate decides
-    promoted = promote("errs", v1.version, **gate)
+    promoted = promote(PromotionRequest("errs", v1.version, **gate))
     assert promoted.promoted and promoted.envs[0].candidate_errors == 0
     v2 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v2", 2), name="errs")
-    again = promote("errs", v2.version, **gate, **broken)
+    again = promote(PromotionRequest("errs", v2.version, **gate, **broken))
     assert again.outcome == "refused" and again.envs[0].holder_errors == 1
     assert [e.outcome for e in promotion_history("errs")] == ["refused", "promoted", "refused"]
-    forced = promote("errs", v2.version, **gate, **broken, force=True)
+    forced = promote(PromotionRequest("errs", v2.version, **gate, **broken, force=True))
     assert forced.promoted and forced.forced and "inconclusive" in forced.reason

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.registry_fixtures import DIALECTS, database_url, make_record
+from tests.registry_fixtures import DIALECTS, database_url, make_record, store_rollouts
 from vfops._config import ConfigError
 from vfops._errors import VfopsError
 from vfops.nightly import (
@@ -23,7 +23,7 @@ from vfops.nightly import (
     nightly_history,
     nightly_tags,
 )
-from vfops.registry import create_run, finish_run, get_engine, insert_rollouts, session_scope
+from vfops.registry import NewRun, create_run, finish_run, get_engine, session_scope
 
 EXAMPLES, ROLLOUTS = 150, 4
 REPO = Path(__file__).resolve().parent.parent
@@ -47,14 +47,16 @@ def nightly_run(
     with session_scope(engine) as session:
         run = create_run(
             session,
-            environment_name="arithmetic",
-            environment_version="1.0.0",
-            environment_content_hash="c" * 64,
-            model=model,
-            num_examples=EXAMPLES,
-            rollouts_per_example=ROLLOUTS,
-            config_fingerprint=f"fp-{day}-{model}",
-            tags=nightly_tags(day),
+            NewRun(
+                environment_name="arithmetic",
+                environment_version="1.0.0",
+                environment_content_hash="c" * 64,
+                model=model,
+                num_examples=EXAMPLES,
+                rollouts_per_example=ROLLOUTS,
+                config_fingerprint=f"fp-{day}-{model}",
+                tags=nightly_tags(day),
+            ),
         )
         run.started_at = started or dt.datetime.combine(day, dt.time(3), tzinfo=dt.UTC)
         run_id = run.id
@@ -63,7 +65,7 @@ def nightly_run(
         for e in range(EXAMPLES)
         for i in range(ROLLOUTS)
     ]
-    insert_rollouts(engine, run_id, records)
+    store_rollouts(engine, run_id, records)
     mean = sum(r.reward or 0.0 for r in records) / len(records)
     with session_scope(engine) as session:
         finish_run(session, run_id, "completed", {"reward_mean": mean, "reward_stderr": 0.01})

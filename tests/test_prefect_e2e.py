@@ -26,8 +26,9 @@ import psutil
 import pytest
 from sqlalchemy import text
 
+from tests.registry_fixtures import stored_count, stored_rollouts
 from tests.request_gate import RequestGate, by_temperature
-from vfops.registry import count_rollouts, dispose_engines, get_engine, iter_rollouts
+from vfops.registry import dispose_engines, get_engine
 from vfops.testing import StubConfig, StubServer
 
 BIN = Path(sys.executable).parent
@@ -217,7 +218,7 @@ def cell_runs(stack: dict[str, Any]) -> dict[str, int]:
     engine = get_engine(stack["env"]["VFOPS_DATABASE_URL"])
     with engine.connect() as connection:
         ids = connection.execute(text("SELECT id FROM eval_runs")).scalars().all()
-    return {run_id: count_rollouts(engine, run_id) for run_id in ids}
+    return {run_id: stored_count(engine, run_id) for run_id in ids}
 
 
 def test_deploy_worker_and_trigger_through_the_api(stack: dict[str, Any]) -> None:
@@ -317,5 +318,5 @@ def test_killed_worker_then_rerun_gives_exactly_n_times_r(stack: dict[str, Any])
     assert sorted(runs.values()) == [n * r, n * r]  # resumed, not restarted: one run per cell
     engine = get_engine(stack["env"]["VFOPS_DATABASE_URL"])
     for run_id in runs:
-        keys = [(rec.example_id, rec.rollout_index) for rec in iter_rollouts(engine, run_id)]
+        keys = [(rec.example_id, rec.rollout_index) for rec in stored_rollouts(engine, run_id)]
         assert len(keys) == len(set(keys)) == n * r

@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tests.registry_fixtures import stored_rollouts
 from tests.request_gate import RequestGate, by_temperature
 from tests.test_prefect_e2e import (
     BIN,
@@ -33,7 +34,7 @@ from tests.test_prefect_e2e import (
     trigger,
     wait_for,
 )
-from vfops.registry import EvalRunRow, get_engine, iter_rollouts
+from vfops.registry import EvalRunRow, get_engine
 
 HEARTBEAT_S = 30
 HEARTBEAT_TIMEOUT_S = 50
@@ -286,7 +287,7 @@ def test_lost_worker_cell_is_rescheduled_and_finished_elsewhere(fanout: dict[str
     assert len(runs) == 3  # one registry run per cell: the lost one was resumed
     engine = get_engine(fanout["env"]["VFOPS_DATABASE_URL"])
     for run in runs:
-        keys = [(rec.example_id, rec.rollout_index) for rec in iter_rollouts(engine, run.id)]
+        keys = [(rec.example_id, rec.rollout_index) for rec in stored_rollouts(engine, run.id)]
         assert len(keys) == len(set(keys)) == n * r
     resumed = next(run for run in runs if f"prefect.flow_run_id:{lost}" in (run.tags or []))
     assert "worker:cells-b2" in (resumed.tags or [])

@@ -19,6 +19,7 @@ from tests.test_publish_and_provenance import artifact_files, cli, count_version
 from vfops._errors import VfopsError
 from vfops.registry import (
     EnvironmentVersionRow,
+    NewEnvironmentVersion,
     add_environment_version,
     find_version,
     get_engine,
@@ -42,14 +43,16 @@ def publish_row(engine: Engine, version: str, content: str) -> EnvironmentVersio
     with session_scope(engine) as session:
         return add_environment_version(
             session,
-            "arith",
-            version,
-            content_hash=content,
-            code_hash=f"code-{content}",
-            wheel_sha256="w" * 64,
-            sdist_sha256="s" * 64,
-            wheel_uri=f"file:///artifacts/{content}.whl",
-            sdist_uri=f"file:///artifacts/{content}.tar.gz",
+            NewEnvironmentVersion(
+                "arith",
+                version,
+                content_hash=content,
+                code_hash=f"code-{content}",
+                wheel_sha256="w" * 64,
+                sdist_sha256="s" * 64,
+                wheel_uri=f"file:///artifacts/{content}.whl",
+                sdist_uri=f"file:///artifacts/{content}.tar.gz",
+            ),
         )
 
 

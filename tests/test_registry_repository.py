@@ -12,13 +12,26 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from tests.registry_fixtures import DIALECTS, database_url, make_error_record, make_record
+from tests.registry_fixtures import (
+    DIALECTS,
+    database_url,
+    make_error_record,
+    make_record,
+    store_rollouts,
+    stored_count,
+    stored_for_example,
+    stored_rollouts,
+)
 from vfops._errors import VfopsError
 from vfops._rollout import ROLLOUT_COLUMNS, RolloutError, RolloutRecord
 from vfops.registry import (
+    AliasEvent,
     EvalRunRow,
+    NewEnvironmentVersion,
+    NewRun,
     RegistryJudgeCache,
     RolloutRow,
+    RunFilter,
     add_environment_version,
     completed_keys,
     count_rollouts,
@@ -30,14 +43,12 @@ from vfops.registry import (
     get_engine,
     get_or_create_environment,
     get_run,
-    insert_rollouts,
     iter_rollouts,
     list_alias_events,
     list_environments,
     list_runs,
     list_versions,
     record_alias_event,
-    rollouts_for_example,
     session_scope,
     set_run_status,
 )
@@ -52,8 +63,7 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
 
 def _publish(engine: Engine, name: str, version: str, content: str = "") -> None:
     with session_scope(engine) as session:
-        add_environment_version(
-            session,
+        new = NewEnvironmentVersion(
             name,
             version,
             content_hash=content or f"content-{version}",
@@ -65,6 +75,7 @@ def _publish(engine: Engine, name: str, version: str, content: str = "") -> None
             datasets={"eval": {"rows": 3}},
             dependencies=["math-verify>=0.7"],
         )
+        add_environment_version(session, new)
 
 
 def _run(
@@ -76,8 +87,7 @@ def _run(
         **kwargs,
     }
     with session_scope(engine) as session:
-        return create_run(
-            session,
+        new = NewRun(
             environment_name=env,
             environment_version="1.0.0",
             environment_content_hash="c" * 64,
@@ -86,6 +96,7 @@ def _run(
             config_fingerprint=fingerprint,
             **fields,  # type: ignore[arg-type]
         )
+        return create_run(session, new)
 
 
 # --- environments -----------------------------------------------------------------------
@@ -224,8 +235,11 @@ def test_finish_run_and_list_runs(engine: Engine) -> None:
     with session_scope(engine, write=False) as session:
         runs = list_runs(session)
         assert [run.id for run in runs] == ids[::-1]  # newest first
-        assert {run.id for run in list_runs(session, env_name="arith")} == {ids[1], ids[3]}
-        assert len(list_runs(session, limit=2)) == 2
+        assert {run.id for run in list_runs(session, RunFilter(env_name="arith"))} == {
+            ids[1],
+            ids[3],
+        }
+        assert len(list_runs(session, RunFilter(limit=2))) == 2
         first = get_run(session, ids[0])
         assert first is not None and first.summary == {"avg_reward": 0.5}
         assert first.status == "completed"
@@ -253,7 +267,7 @@ def test_list_runs_filters(engine: Engine) -> None:
         assert started is not None
 
         def ids(**filters: object) -> list[str]:
-            return [run.id for run in list_runs(session, **filters)]  # type: ignore[arg-type]
+            return [run.id for run in list_runs(session, RunFilter(**filters))]  # type: ignore[arg-type]
 
         assert ids(status="completed") == [new.id, old.id]
         assert ids(model="other") == [other_model.id]
@@ -271,50 +285,53 @@ def test_list_runs_filters(engine: Engine) -> None:
 def test_rollout_round_trip(engine: Engine) -> None:
     run = _run(engine)
     records = [make_record(1, 0), make_record(1, 1), make_error_record(0, 0)]
-    assert insert_rollouts(engine, run.id, records) == 3
+    assert store_rollouts(engine, run.id, records) == 3
     # model and sampling_args are the run's; the records above carry the same values
-    stored = list(iter_rollouts(engine, run.id))
+    stored = list(stored_rollouts(engine, run.id))
     assert stored == [records[2], records[0], records[1]]
     assert stored[0].error is not None and stored[0].reward is None
-    assert rollouts_for_example(engine, run.id, 1) == records[:2]
-    assert rollouts_for_example(engine, run.id, 7) == []
+    assert stored_for_example(engine, run.id, 1) == records[:2]
+    assert stored_for_example(engine, run.id, 7) == []
 
 
 def test_insert_rollouts_is_idempotent(engine: Engine) -> None:
     run = _run(engine)
     batch = [make_record(example, index) for example in range(5) for index in range(2)]
-    assert insert_rollouts(engine, run.id, batch) == 10
-    before = list(iter_rollouts(engine, run.id))
-    assert insert_rollouts(engine, run.id, batch) == 0
+    assert store_rollouts(engine, run.id, batch) == 10
+    before = list(stored_rollouts(engine, run.id))
+    assert store_rollouts(engine, run.id, batch) == 0
     # a retried key never overwrites what was stored first
     changed = [make_record(0, 0, answer="other", reward=0.0)]
-    assert insert_rollouts(engine, run.id, changed) == 0
-    assert list(iter_rollouts(engine, run.id)) == before
-    assert count_rollouts(engine, run.id) == 10
-    assert insert_rollouts(engine, run.id, []) == 0
+    assert store_rollouts(engine, run.id, changed) == 0
+    assert list(stored_rollouts(engine, run.id)) == before
+    assert stored_count(engine, run.id) == 10
+    assert store_rollouts(engine, run.id, []) == 0
     # partly new batch: only the new keys count
-    assert insert_rollouts(engine, run.id, [make_record(0, 0), make_record(9, 0)]) == 1
+    assert store_rollouts(engine, run.id, [make_record(0, 0), make_record(9, 0)]) == 1
 
 
 def test_completed_keys_and_counts_are_per_run(engine: Engine) -> None:
     first, second = _run(engine), _run(engine)
-    insert_rollouts(engine, first.id, [make_record(3, 0), make_record(3, 1)])
-    insert_rollouts(engine, second.id, [make_record(3, 0)])
-    assert completed_keys(engine, first.id) == {(3, 0), (3, 1)}
-    assert completed_keys(engine, second.id) == {(3, 0)}
-    assert count_rollouts(engine, first.id) == 2
-    assert completed_keys(engine, "0" * 32) == set()
+    store_rollouts(engine, first.id, [make_record(3, 0), make_record(3, 1)])
+    store_rollouts(engine, second.id, [make_record(3, 0)])
+    with session_scope(engine, write=False) as session:  # one transaction, several reads
+        assert completed_keys(session, first.id) == {(3, 0), (3, 1)}
+        assert completed_keys(session, second.id) == {(3, 0)}
+        assert count_rollouts(session, first.id) == 2
+        assert completed_keys(session, "0" * 32) == set()
 
 
 def test_iter_rollouts_streams_in_key_order_across_pages(engine: Engine) -> None:
     run = _run(engine)
     keys = [(example, index) for example in (10, 2, 33, 7, 1000) for index in (1, 0)]
-    insert_rollouts(engine, run.id, [make_record(e, i) for e, i in keys])
+    store_rollouts(engine, run.id, [make_record(e, i) for e, i in keys])
     for batch_size in (1, 3, 10, 1000):
-        stored = [r.key for r in iter_rollouts(engine, run.id, batch_size=batch_size)]
+        with session_scope(engine, write=False) as session:
+            pages = iter_rollouts(session, run.id, batch_size=batch_size)
+            stored = [r.key for r in pages]
         assert stored == sorted(keys)
-    with pytest.raises(VfopsError, match="no eval run"):
-        next(iter_rollouts(engine, "0" * 32))
+    with session_scope(engine, write=False) as session, pytest.raises(VfopsError, match="no eval"):
+        next(iter_rollouts(session, "0" * 32))
 
 
 def test_concurrent_writers_never_duplicate(engine: Engine) -> None:
@@ -331,7 +348,7 @@ def test_concurrent_writers_never_duplicate(engine: Engine) -> None:
                 # overlapping windows: each key is offered by up to three writers
                 start = (round_ * 20 + writer * 10) % 100
                 batch = [make_record(e, i) for e in range(start, start + 30) for i in (0, 1)]
-                inserted[writer] += insert_rollouts(engine, run.id, batch)
+                inserted[writer] += store_rollouts(engine, run.id, batch)
         except BaseException as exc:  # surfaced in the main thread below
             errors.append(exc)
 
@@ -341,10 +358,11 @@ def test_concurrent_writers_never_duplicate(engine: Engine) -> None:
     for thread in threads:
         thread.join()
     assert not errors, errors
-    keys = completed_keys(engine, run.id)
-    assert count_rollouts(engine, run.id) == len(keys)
+    with session_scope(engine, write=False) as session:
+        keys = completed_keys(session, run.id)
+    assert stored_count(engine, run.id) == len(keys)
     assert sum(inserted) == len(keys)
-    assert len(list(iter_rollouts(engine, run.id))) == len(keys)
+    assert len(list(stored_rollouts(engine, run.id))) == len(keys)
 
 
 def test_nul_characters_do_not_fail_a_batch(engine: Engine) -> None:
@@ -356,8 +374,8 @@ def test_nul_characters_do_not_fail_a_batch(engine: Engine) -> None:
         completion=[{"role": "assistant", "content": "x\x00y"}],
         info={"k\x00": "v"},
     )
-    assert insert_rollouts(engine, run.id, [record]) == 1
-    (stored,) = iter_rollouts(engine, run.id)
+    assert store_rollouts(engine, run.id, [record]) == 1
+    (stored,) = stored_rollouts(engine, run.id)
     if engine.dialect.name == "postgresql":  # PostgreSQL cannot store NUL in text or jsonb
         assert stored.answer == "a\ufffdb"
         assert stored.completion[0]["content"] == "x\ufffdy"
@@ -383,8 +401,8 @@ def test_nul_in_error_text_does_not_fail_a_batch(engine: Engine) -> None:
     error = RolloutError(type="ValueError", message="bad \x00 byte", stage="scoring")
     record = make_error_record(0, 0)
     record.error = error
-    assert insert_rollouts(engine, run.id, [record, make_record(1, 0)]) == 2
-    stored, clean = iter_rollouts(engine, run.id)
+    assert store_rollouts(engine, run.id, [record, make_record(1, 0)]) == 2
+    stored, clean = stored_rollouts(engine, run.id)
     assert stored.error is not None
     expected = "bad \ufffd byte" if engine.dialect.name == "postgresql" else "bad \x00 byte"
     assert stored.error.message == expected
@@ -395,7 +413,7 @@ def test_rollouts_need_an_existing_run(engine: Engine) -> None:
     from sqlalchemy.exc import IntegrityError
 
     with pytest.raises(IntegrityError):
-        insert_rollouts(engine, "0" * 32, [make_record(0, 0)])
+        store_rollouts(engine, "0" * 32, [make_record(0, 0)])
 
 
 # --- judge cache -------------------------------------------------------------------------
@@ -426,8 +444,7 @@ async def test_judge_cache_get_set(engine: Engine) -> None:
 
 def _decide(engine: Engine, alias: str, to_version: str, outcome: str) -> int:
     with session_scope(engine) as session:
-        row = record_alias_event(
-            session,
+        event = AliasEvent(
             actor="ci",
             model_name="policy",
             alias=alias,
@@ -439,7 +456,7 @@ def _decide(engine: Engine, alias: str, to_version: str, outcome: str) -> int:
             evidence={"envs": {"arith": {"delta": 0.1}}},
             reason=f"{outcome} v{to_version}",
         )
-        return int(row.id)
+        return int(record_alias_event(session, event).id)
 
 
 def test_alias_events_append_and_list_oldest_first(engine: Engine) -> None:
@@ -491,7 +508,8 @@ def test_a_run_lease_is_held_by_one_owner_until_released_or_expired(engine: Engi
     busy = rf"run {run_id} is being worked on by pid \d+"
     with pytest.raises(RunBusyError, match=busy), session_scope(engine) as session:
         take_run_lease(session, run_id, second)
-    assert renew_run_lease(engine, run_id, first)
+    with session_scope(engine) as session:
+        assert renew_run_lease(session, run_id, first)
     with session_scope(engine) as session:
         take_run_lease(session, run_id, first)  # its own lease: taken again (renewed)
         release_run_lease(session, run_id, second)  # not its lease: nothing happens
@@ -502,7 +520,8 @@ def test_a_run_lease_is_held_by_one_owner_until_released_or_expired(engine: Engi
         take_run_lease(session, run_id, first, ttl_s=-1)
         take_run_lease(session, run_id, second)
     assert _lease_of(engine, run_id) == str(second)
-    assert not renew_run_lease(engine, run_id, first)
+    with session_scope(engine) as session:
+        assert not renew_run_lease(session, run_id, first)
 
     # a dead process of this host holds it: taken over before it expires
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],

@@ -310,7 +310,7 @@ def test_deployment_forms_have_no_autolinked_versions() -> None:
     UI they are plain text, where an escape would show), so they must not have one."""
     import importlib
 
-    from flows.deployments import deployment_specs
+    from vfops.orchestration import deployment_specs
 
     specs = deployment_specs(nightly_parameters={"config": {"environments": ["a"]}})
     assert "nightly-eval" in {spec.name for spec in specs}

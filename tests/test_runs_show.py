@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
+from tests.registry_fixtures import stored_rollouts
 from vfops._rollout import RolloutError, RolloutRecord, TokenUsage
 from vfops.evaluation import format_transcript
-from vfops.registry import dispose_engines, get_engine, iter_rollouts, list_runs, session_scope
+from vfops.registry import RunFilter, dispose_engines, get_engine, list_runs, session_scope
 from vfops.testing import StubConfig, StubServer
 
 
@@ -44,9 +45,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         engine = get_engine()
         with session_scope(engine, write=False) as session:
-            (row,) = list_runs(session, env_name="guess_number")
+            (row,) = list_runs(session, RunFilter(env_name="guess_number"))
             run_id = row.id
-        records = list(iter_rollouts(engine, run_id))
+        records = list(stored_rollouts(engine, run_id))
         yield {"env": env, "run_id": run_id, "records": records}
     finally:
         dispose_engines()
@@ -82,7 +83,7 @@ def test_runs_list_is_whole_at_80_columns(run: dict[str, Any]) -> None:
     row = lines[at]
     engine = get_engine()
     with session_scope(engine, write=False) as session:
-        (stored,) = list_runs(session, env_name="guess_number")
+        (stored,) = list_runs(session, RunFilter(env_name="guess_number"))
         version, status = stored.environment_version, stored.status
     # the version is on the row's line or wraps, whole, onto the next
     assert row.split()[1] == "guess_number", row

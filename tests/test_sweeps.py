@@ -22,11 +22,11 @@ from pydantic import ValidationError
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from tests.registry_fixtures import DIALECTS, database_url
+from tests.registry_fixtures import DIALECTS, database_url, stored_count, stored_rollouts
 from tests.request_gate import RequestGate
 from vfops._config import ConfigError
 from vfops._errors import VfopsError
-from vfops.registry import EvalRunRow, RunBusyError, count_rollouts, get_engine, iter_rollouts
+from vfops.registry import EvalRunRow, RunBusyError, get_engine
 from vfops.sweeps import (
     WORKER_NAME_ENV_VAR,
     Cell,
@@ -411,13 +411,13 @@ async def test_interrupted_cell_is_resumed_to_exactly_n_times_r(
                 await asyncio.sleep(0.025)
                 with engine.connect() as connection:
                     run_id = connection.execute(text("SELECT id FROM eval_runs")).scalar()
-                if run_id is not None and count_rollouts(engine, run_id) > 0:
+                if run_id is not None and stored_count(engine, run_id) > 0:
                     break
-            assert run_id is not None and count_rollouts(engine, run_id) > 0
+            assert run_id is not None and stored_count(engine, run_id) > 0
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-        stored = count_rollouts(engine, run_id)
+        stored = stored_count(engine, run_id)
         assert 0 < stored < n * r
         with engine.connect() as connection:
             status = connection.execute(text("SELECT status FROM eval_runs")).scalar_one()
@@ -436,7 +436,7 @@ async def test_interrupted_cell_is_resumed_to_exactly_n_times_r(
             )
         with pytest.raises(RunBusyError, match=rf"pid {os.getpid()} on host .*wait for it"):
             await run_cell_async(cell, output_root=tmp_path)
-        assert count_rollouts(engine, run_id) == stored
+        assert stored_count(engine, run_id) == stored
         # an expired lease (its holder died on another machine) is taken over
         with engine.begin() as connection:
             connection.execute(
@@ -448,8 +448,8 @@ async def test_interrupted_cell_is_resumed_to_exactly_n_times_r(
     assert resumed.status == "completed"
     assert resumed.rollouts == n * r
     assert resumed.new_rollouts == n * r - stored
-    keys = [(rec.example_id, rec.rollout_index) for rec in iter_rollouts(engine, run_id)]
-    assert len(keys) == len(set(keys)) == n * r == count_rollouts(engine, run_id)
+    keys = [(rec.example_id, rec.rollout_index) for rec in stored_rollouts(engine, run_id)]
+    assert len(keys) == len(set(keys)) == n * r == stored_count(engine, run_id)
     assert run_rows(db_url) == 1
 
 

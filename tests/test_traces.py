@@ -15,15 +15,14 @@ import pytest
 
 from tests.browser import render, visible_text
 from tests.mlflow_fixtures import Backend, MlflowServer, fake_aws_env
-from tests.registry_fixtures import make_error_record, make_record
+from tests.registry_fixtures import make_error_record, make_record, store_rollouts, stored_rollouts
 from vfops.registry import (
+    NewRun,
     create_run,
     dispose_engines,
     finish_run,
     get_engine,
     get_run,
-    insert_rollouts,
-    iter_rollouts,
     session_scope,
 )
 from vfops.testing import StubConfig, StubServer
@@ -78,19 +77,19 @@ def test_an_evaluation_logs_each_rollout_as_a_trace_of_its_run(
 ) -> None:
     """The sweep/nightly path (evaluate, tracker waited for): N x R traces on the run, each
     with the prompt as request, a span per turn and per tool call, and every score."""
-    from vfops.evaluation import EvalRequest, ModelOptions, evaluate
+    from vfops.evaluation import EvalRequest, ModelOptions, RunOptions, evaluate
 
     with StubServer(StubConfig(reply_mode=_calculator_reply)) as stub:
         result = evaluate(
             EvalRequest(
                 env_name="calculator", model="stub-model", num_examples=3, rollouts_per_example=2
             ),
+            RunOptions(output_root=tmp_path / "out"),
             model_options=ModelOptions(base_url=stub.base_url),
-            output_root=tmp_path / "out",
         )
     assert result.status == "completed", result.error
     assert result.mlflow_run_id is not None and result.run_id is not None
-    records = {r.trace_id: r for r in iter_rollouts(get_engine(), result.run_id)}
+    records = {r.trace_id: r for r in stored_rollouts(get_engine(), result.run_id)}
     assert len(records) == 6
 
     traces = _traces(result.mlflow_run_id)
@@ -125,21 +124,23 @@ def _registry_run(engine: Any, *, examples: int, rollouts: int) -> str:
     with session_scope(engine) as session:
         run = create_run(
             session,
-            environment_name="arithmetic",
-            environment_version="1.2.0",
-            environment_content_hash="ab" * 32,
-            model="test-model",
-            base_url="http://127.0.0.1:9/v1",
-            sampling_args={},
-            env_args={},
-            num_examples=examples,
-            rollouts_per_example=rollouts,
-            config_fingerprint="e" * 64,
+            NewRun(
+                environment_name="arithmetic",
+                environment_version="1.2.0",
+                environment_content_hash="ab" * 32,
+                model="test-model",
+                base_url="http://127.0.0.1:9/v1",
+                sampling_args={},
+                env_args={},
+                num_examples=examples,
+                rollouts_per_example=rollouts,
+                config_fingerprint="e" * 64,
+            ),
         )
         run_id = run.id
     records = [make_record(e, r) for e in range(examples) for r in range(rollouts)]
     records.append(make_error_record(examples, 0))
-    insert_rollouts(engine, run_id, records)
+    store_rollouts(engine, run_id, records)
     with session_scope(engine) as session:
         finish_run(session, run_id, "completed", {"pass_threshold": 1.0})
     return run_id

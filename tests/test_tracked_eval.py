@@ -19,10 +19,10 @@ import pytest
 from datasets import load_from_disk
 from sqlalchemy import make_url, text
 
-from tests.registry_fixtures import DIALECTS, database_url
+from tests.registry_fixtures import DIALECTS, database_url, stored_count, stored_rollouts
 from tests.request_gate import RequestGate
 from tests.tcp_proxy import TcpProxy
-from vfops.registry import count_rollouts, get_engine, iter_rollouts
+from vfops.registry import get_engine
 from vfops.testing import StubConfig, StubServer
 from vfops.tracking import mlflow_client
 
@@ -115,8 +115,8 @@ def _kill_args(base_url: str, tmp_path: Path) -> list[str]:
 
 def _assert_exactly_once(db_url: str, run_id: str) -> None:
     engine = get_engine(db_url)
-    keys = [(r.example_id, r.rollout_index) for r in iter_rollouts(engine, run_id)]
-    assert len(keys) == len(set(keys)) == 300 == count_rollouts(engine, run_id)
+    keys = [(r.example_id, r.rollout_index) for r in stored_rollouts(engine, run_id)]
+    assert len(keys) == len(set(keys)) == 300 == stored_count(engine, run_id)
     with engine.connect() as connection:
         status = connection.execute(text("SELECT status FROM eval_runs")).scalar_one()
     assert status == "completed"
@@ -132,7 +132,7 @@ def test_kill_9_then_resume_gives_exactly_n_times_r(
         args = _kill_args(stub.base_url, tmp_path)
         results = _kill_9_mid_run(args, env, tmp_path, db_url, rows_in_registry=True)
         run_id = only_run_id(db_url)
-        assert 0 < count_rollouts(get_engine(db_url), run_id) < 300
+        assert 0 < stored_count(get_engine(db_url), run_id) < 300
         lines = results.read_bytes().splitlines()
         on_disk = len(lines) - (not lines[-1].endswith(b"}"))  # a torn last line is redone
         asked = stub.stats["requests"]
@@ -311,7 +311,7 @@ def test_signals_mid_run_are_interrupted_flushed_and_resumable(
         run_id = only_run_id(db_url)
         on_disk = len(results.read_bytes().splitlines())
         assert 0 < on_disk < 300
-        assert count_rollouts(get_engine(db_url), run_id) == on_disk  # every row flushed
+        assert stored_count(get_engine(db_url), run_id) == on_disk  # every row flushed
         with get_engine(db_url).connect() as connection:
             status = connection.execute(text("SELECT status FROM eval_runs")).scalar_one()
         assert status == "interrupted"
@@ -478,7 +478,7 @@ def test_a_failing_registry_write_fails_the_run_and_resume_completes_it(
         with engine.connect() as connection:
             status = connection.execute(text("SELECT status FROM eval_runs")).scalar_one()
         assert status == "failed"
-        stored = count_rollouts(engine, run_id)
+        stored = stored_count(engine, run_id)
         (results,) = tmp_path.glob("evals/*/*/results.jsonl")
         on_disk = len(results.read_bytes().splitlines())
         assert stored < on_disk < 200  # stopped early; the folder kept what the registry refused
@@ -489,8 +489,8 @@ def test_a_failing_registry_write_fails_the_run_and_resume_completes_it(
         assert resumed.returncode == 0, resumed.stderr
         # only the rollouts the folder did not hold were generated again
         assert stub.stats["ok"] - asked_before == 200 - on_disk
-    keys = [(r.example_id, r.rollout_index) for r in iter_rollouts(engine, run_id)]
-    assert len(keys) == len(set(keys)) == 200 == count_rollouts(engine, run_id)
+    keys = [(r.example_id, r.rollout_index) for r in stored_rollouts(engine, run_id)]
+    assert len(keys) == len(set(keys)) == 200 == stored_count(engine, run_id)
     assert len(results.read_bytes().splitlines()) == 200
     with engine.connect() as connection:
         assert connection.execute(text("SELECT status FROM eval_runs")).scalar_one() == "completed"
@@ -552,7 +552,7 @@ def test_a_failing_mlflow_sink_fails_the_run_and_resume_logs_it(
         run_id = only_run_id(db_url)
         assert _mlflow_link(db_url) == ("failed", None)
         asked = stub.stats["ok"]
-        assert asked == 10 == count_rollouts(get_engine(db_url), run_id)
+        assert asked == 10 == stored_count(get_engine(db_url), run_id)
 
         working = cli_env(db_url, env_site, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db")
         resumed = run(*args, "--resume", run_id, env=working)

@@ -17,15 +17,16 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 import pyarrow.parquet as pq
 import pytest
 
-from tests.mlflow_fixtures import Backend, _free_port, fake_aws_env
-from tests.registry_fixtures import make_error_record, make_record
+from tests.mlflow_fixtures import Backend, fake_aws_env
+from tests.registry_fixtures import make_error_record, make_record, store_rollouts
 from tests.s3_fixtures import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, FAKE_SESSION_TOKEN
+from vfops._net import free_port
 from vfops.registry import (
+    NewRun,
     create_run,
     finish_run,
     get_engine,
     get_run,
-    insert_rollouts,
     session_scope,
 )
 from vfops.testing import StubConfig, StubServer
@@ -49,21 +50,23 @@ def _registry_run(engine: Any, *, examples: int = 3, rollouts: int = 2) -> str:
     with session_scope(engine) as session:
         run = create_run(
             session,
-            environment_name="arithmetic",
-            environment_version="1.2.0",
-            environment_content_hash="ab" * 32,
-            model="test-model",
-            base_url="http://127.0.0.1:9/v1",
-            sampling_args={"temperature": 0.7, "max_tokens": 64, "extra_body": {"top_k": 5}},
-            env_args={"difficulty": "hard"},
-            num_examples=examples,
-            rollouts_per_example=rollouts,
-            config_fingerprint="f" * 64,
+            NewRun(
+                environment_name="arithmetic",
+                environment_version="1.2.0",
+                environment_content_hash="ab" * 32,
+                model="test-model",
+                base_url="http://127.0.0.1:9/v1",
+                sampling_args={"temperature": 0.7, "max_tokens": 64, "extra_body": {"top_k": 5}},
+                env_args={"difficulty": "hard"},
+                num_examples=examples,
+                rollouts_per_example=rollouts,
+                config_fingerprint="f" * 64,
+            ),
         )
         run_id = run.id
     records = [make_record(e, r) for e in range(examples) for r in range(rollouts)]
     records.append(make_error_record(examples, 0))
-    insert_rollouts(engine, run_id, records)
+    store_rollouts(engine, run_id, records)
     with session_scope(engine) as session:
         finish_run(
             session,
@@ -232,9 +235,9 @@ def test_vfops_eval_logs_to_mlflow_and_never_logs_secrets(backend: Backend, tmp_
 
     engine = get_engine()
     with session_scope(engine, write=False) as session:
-        from vfops.registry import list_runs
+        from vfops.registry import RunFilter, list_runs
 
-        (row,) = list_runs(session, "arithmetic")
+        (row,) = list_runs(session, RunFilter(env_name="arithmetic"))
         run_id, mlflow_id = row.id, row.mlflow_run_id
     assert mlflow_id is not None
     client = mlflow_client()
@@ -264,7 +267,7 @@ def test_unreachable_tracking_server_fails_before_the_eval(tmp_path: Path) -> No
     env = {
         **os.environ,
         "VFOPS_HOME": str(tmp_path / "home"),
-        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{_free_port()}",
+        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}",
     }
     with StubServer(StubConfig(reply_mode="arithmetic")) as server:
         result = _cli("eval", "arithmetic", "-m", "stub-model", "-b", server.base_url, "-n", "2",

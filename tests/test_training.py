@@ -16,9 +16,16 @@ pytest.importorskip("torch")
 import torch
 
 from vfops.training import TOKENS_KEY, HFBackend, prefix_breaks, rollout_sequences
+from vfops.training._batch import pad as _pad
+from vfops.training._config import LossConfig
 from vfops.training._continuation import Turn
-from vfops.training._loss import LossNorm, group_advantages, policy_loss, token_logprobs
-from vfops.training._recipe import _pad
+from vfops.training._loss import (
+    LossInputs,
+    LossNorm,
+    group_advantages,
+    policy_loss,
+    token_logprobs,
+)
 from vfops.training._tokens import Sequence, encode, prompt_ids, render
 
 pytestmark = pytest.mark.train
@@ -70,14 +77,9 @@ def test_group_advantages_mean_centred_with_optional_std_scaling() -> None:
 
 def _loss(loss_type: str, logp: torch.Tensor, mask: torch.Tensor, norm: LossNorm) -> float:
     loss, _ = policy_loss(
-        logp,
-        logp.detach(),
-        torch.tensor([1.0, 1.0]),
-        mask,
-        loss_type=loss_type,
-        norm=norm,
-        clip_low=0.2,
-        clip_high=0.2,
+        LossInputs(logp, logp.detach(), torch.tensor([1.0, 1.0]), mask),
+        LossConfig(type=loss_type, clip_low=0.2, clip_high=0.2, importance_correction="none"),
+        norm,
     )
     return float(loss)
 
@@ -96,14 +98,9 @@ def test_clipping_stops_the_gradient_outside_the_trust_region() -> None:
     old = torch.zeros(1, 2)
     logp = torch.tensor([[0.5, 0.05]], requires_grad=True)  # ratios e^0.5 (clipped), e^0.05
     loss, sums = policy_loss(
-        logp,
-        old,
-        torch.tensor([1.0]),
-        torch.ones(1, 2),
-        loss_type="bnpo",
-        norm=LossNorm(1, 1, 2, 2),
-        clip_low=0.2,
-        clip_high=0.2,
+        LossInputs(logp, old, torch.tensor([1.0]), torch.ones(1, 2)),
+        LossConfig(type="bnpo", clip_low=0.2, clip_high=0.2, importance_correction="none"),
+        LossNorm(1, 1, 2, 2),
     )
     loss.backward()
     assert logp.grad is not None
@@ -113,12 +110,17 @@ def test_clipping_stops_the_gradient_outside_the_trust_region() -> None:
 
 def test_kl_term_is_zero_at_the_reference_and_positive_away_from_it() -> None:
     logp = torch.tensor([[-1.0, -2.0]])
-    args: dict[str, Any] = dict(
-        loss_type="bnpo", norm=LossNorm(1, 1, 2, 2), clip_low=0.2, clip_high=0.2, beta=0.1
+    args: tuple[LossConfig, LossNorm] = (
+        LossConfig(
+            type="bnpo", clip_low=0.2, clip_high=0.2, beta=0.1, importance_correction="none"
+        ),
+        LossNorm(1, 1, 2, 2),
     )
-    _, at_ref = policy_loss(logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logprobs=logp, **args)
+    _, at_ref = policy_loss(
+        LossInputs(logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logprobs=logp), *args
+    )
     _, away = policy_loss(
-        logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logprobs=logp - 1.0, **args
+        LossInputs(logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logprobs=logp - 1.0), *args
     )
     assert at_ref["kl_sum"] == 0.0 and away["kl_sum"] > 0.0
 
@@ -131,16 +133,15 @@ def _gradient(
     behaviour = torch.full((rows, len(ratios)), -1.0)
     logp = (behaviour + torch.log(torch.tensor(ratios))).requires_grad_()
     loss, sums = policy_loss(
-        logp,
-        behaviour,
-        torch.tensor(advantages),
-        torch.ones(rows, len(ratios)),
-        loss_type="bnpo",
-        norm=LossNorm(rows, rows, rows * len(ratios), len(ratios)),
-        clip_low=0.2,
-        clip_high=0.2,
-        correction=correction,
-        importance_cap=cap,
+        LossInputs(logp, behaviour, torch.tensor(advantages), torch.ones(rows, len(ratios))),
+        LossConfig(
+            type="bnpo",
+            clip_low=0.2,
+            clip_high=0.2,
+            importance_correction=correction,
+            importance_cap=cap,
+        ),
+        LossNorm(rows, rows, rows * len(ratios), len(ratios)),
     )
     loss.backward()
     assert logp.grad is not None
@@ -183,15 +184,9 @@ def test_mismatch_is_measured_on_trained_tokens_only() -> None:
     behaviour = torch.tensor([[0.0, -1.0, -1.0]])  # the prompt position carries no behaviour
     logp = torch.tensor([[-9.0, -1.0, -1.2]])
     _, sums = policy_loss(
-        logp,
-        behaviour,
-        torch.tensor([1.0]),
-        torch.tensor([[0.0, 1.0, 1.0]]),
-        loss_type="bnpo",
-        norm=LossNorm(1, 1, 2, 3),
-        clip_low=0.2,
-        clip_high=0.2,
-        correction="tis",
+        LossInputs(logp, behaviour, torch.tensor([1.0]), torch.tensor([[0.0, 1.0, 1.0]])),
+        LossConfig(type="bnpo", clip_low=0.2, clip_high=0.2, importance_correction="tis"),
+        LossNorm(1, 1, 2, 3),
     )
     assert sums["mismatch_ratio_max"] == pytest.approx(1.0)
     assert sums["mismatch_ratio_min"] == pytest.approx(math.exp(-0.2))
@@ -210,13 +205,15 @@ def test_micro_batches_add_up_to_the_full_batch_loss() -> None:
         max_tokens=5,
     )
     for kind in ("grpo", "dr_grpo", "bnpo"):
-        kw: dict[str, Any] = dict(loss_type=kind, norm=norm, clip_low=0.2, clip_high=0.28)
-        full, _ = policy_loss(logp, old, adv, mask, **kw)
+        cfg = LossConfig(type=kind, clip_low=0.2, clip_high=0.28, importance_correction="none")
+        full, _ = policy_loss(LossInputs(logp, old, adv, mask), cfg, norm)
         parts = sum(
             float(
-                policy_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], **kw)[
-                    0
-                ]
+                policy_loss(
+                    LossInputs(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2]),
+                    cfg,
+                    norm,
+                )[0]
             )
             for i in range(0, 6, 2)
         )
@@ -232,14 +229,10 @@ def _grads(model: Any, seq: Sequence, advantage: float = 1.0) -> torch.Tensor:
     ids, attention, mask, _old = _pad([seq], _Tok(), "cpu")
     logp, _ = token_logprobs(model, ids, attention, 1.0)
     loss, _ = policy_loss(
-        logp,
-        logp.detach() - 0.05,  # slightly off-policy, within the clip range
-        torch.tensor([advantage]),
-        mask,
-        loss_type="grpo",
-        norm=LossNorm(1, 1, int(mask.sum()), 8),
-        clip_low=0.2,
-        clip_high=0.2,
+        # slightly off-policy, within the clip range
+        LossInputs(logp, logp.detach() - 0.05, torch.tensor([advantage]), mask),
+        LossConfig(type="grpo", clip_low=0.2, clip_high=0.2, importance_correction="none"),
+        LossNorm(1, 1, int(mask.sum()), 8),
     )
     loss.backward()
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from flows.deployments import deployment_specs
 from flows.train import train_grpo
+from vfops.orchestration import deployment_specs
 
 # Prefect's clients (lease renewal, events) leave sockets to the test server for the
 # garbage collector; that is Prefect's, not ours (as in test_flow_nightly.py).

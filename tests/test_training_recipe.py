@@ -48,12 +48,13 @@ def _prompts_shuffled_in_the_loss(monkeypatch: pytest.MonkeyPatch, seed: int) ->
     """Each step, pair every group's completions with another group's prompt (a seeded
     permutation) before the loss; the behaviour log-probs become the current policy's
     under that pairing (ratio 1: still on-policy, so nothing is clipped away)."""
+    import dataclasses
     import random
 
-    from vfops.training import _recipe
+    from vfops.training import _optimizer_step, _recipe
     from vfops.training._tokens import Sequence
 
-    to_batch, loss = _recipe.GRPORecipe._to_batch, _recipe.policy_loss
+    to_batch, loss = _recipe.GRPORecipe._to_batch, _optimizer_step.policy_loss
     rng = random.Random(seed)
 
     def shuffled(self: GRPORecipe, *args: Any, **kwargs: Any) -> Any:
@@ -79,11 +80,12 @@ def _prompts_shuffled_in_the_loss(monkeypatch: pytest.MonkeyPatch, seed: int) ->
             )
         return batch
 
-    def on_policy(logprobs: Any, old_logprobs: Any, *args: Any, **kwargs: Any) -> Any:
-        return loss(logprobs, logprobs.detach(), *args, **kwargs)
+    def on_policy(inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        on = dataclasses.replace(inputs, behaviour_logprobs=inputs.logprobs.detach())
+        return loss(on, *args, **kwargs)
 
     monkeypatch.setattr(_recipe.GRPORecipe, "_to_batch", shuffled)
-    monkeypatch.setattr(_recipe, "policy_loss", on_policy)
+    monkeypatch.setattr(_optimizer_step, "policy_loss", on_policy)
 
 
 # the shipped CPU config at full size: ~2.5 min alone on 2 cores; the limit is a hang

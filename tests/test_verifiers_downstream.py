@@ -45,16 +45,15 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from tests.mlflow_fixtures import MlflowServer, fake_aws_env
+from tests.model_fixtures import checkpoint
 from tests.prefect_fixtures import flow_run_artifacts
-from tests.registry_fixtures import DIALECTS, database_url
+from tests.registry_fixtures import DIALECTS, database_url, stored_count, stored_rollouts
 from tests.verifiers_stub import reply
 from vfops.registry import (
     EvalRunRow,
-    count_rollouts,
     dispose_engines,
     get_engine,
     get_run,
-    iter_rollouts,
     session_scope,
 )
 from vfops.sweeps import SweepSpec
@@ -91,14 +90,14 @@ def registry_run(url: str, run_id: str) -> EvalRunRow:
 
 def rewards_by_example(url: str, run_id: str) -> dict[int, list[float | None]]:
     out: dict[int, list[float | None]] = {}
-    for record in iter_rollouts(get_engine(url), run_id):
+    for record in stored_rollouts(get_engine(url), run_id):
         out.setdefault(record.example_id, []).append(record.reward)
     return out
 
 
 def error_types_by_example(url: str, run_id: str) -> dict[int, set[str]]:
     out: dict[int, set[str]] = {}
-    for record in iter_rollouts(get_engine(url), run_id):
+    for record in stored_rollouts(get_engine(url), run_id):
         if record.error is not None:
             out.setdefault(record.example_id, set()).add(record.error.type)
     return out
@@ -186,7 +185,7 @@ def test_verifiers_environments_are_cells_of_an_eval_sweep_flow(
     for result in results:
         env = result["env"]
         assert result["action"] == "created" and result["status"] == "completed", result
-        assert result["rollouts"] == N * R == count_rollouts(engine, result["run_id"])
+        assert result["rollouts"] == N * R == stored_count(engine, result["run_id"])
         assert result["version"].startswith("local+") and not result["published"]
         assert result["errors"] == (len(XML_MATH_EMPTY) * R if env == "vf_xml_math" else 0)
         run = registry_run(url, result["run_id"])
@@ -268,7 +267,7 @@ async def test_a_verifiers_cell_runs_and_is_reused_on_both_dialects(
         first.rollouts
         == first.new_rollouts
         == N * R
-        == count_rollouts(get_engine(db_url), first.run_id)
+        == stored_count(get_engine(db_url), first.run_id)
     )
     assert first.version.startswith("local+") and not first.published
     assert first.errors == len(XML_MATH_EMPTY) * R
@@ -344,22 +343,6 @@ def brevity_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     sys.modules.pop(BREVITY_ENV, None)
 
 
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vfops.local import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "base", seed=3)
-
-
-def checkpoint(base: Path, dst: Path, max_new_tokens: int) -> Path:
-    shutil.copytree(base, dst)
-    config_path = dst / "generation_config.json"
-    config = json.loads(config_path.read_text())
-    config["max_new_tokens"] = max_new_tokens
-    config_path.write_text(json.dumps(config, indent=2))
-    return dst
-
-
 @pytest.fixture(params=["embedded", "server"])
 def mlflow_backend(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -387,7 +370,13 @@ def test_verifiers_environments_gate_a_promotion(
 ) -> None:
     from vfops.cli._app import app as vfops_app
     from vfops.envs import find_environment
-    from vfops.models import PromotionRefusedError, promote, promotion_history, register_checkpoint
+    from vfops.models import (
+        PromotionRefusedError,
+        PromotionRequest,
+        promote,
+        promotion_history,
+        register_checkpoint,
+    )
     from vfops.tracking import mlflow_client
 
     url = mlflow_backend
@@ -401,7 +390,7 @@ def test_verifiers_environments_gate_a_promotion(
 
     # v1: no holder yet, promoted on its evaluation
     v1 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v1", 8), name="tiny")
-    first = promote("tiny", v1.version, **gate)
+    first = promote(PromotionRequest("tiny", v1.version, **gate))
     assert first.promoted and first.from_version is None, first.reason
     assert [r.env for r in first.envs] == GATE_ENVS
     assert all(r.candidate_errors == 0 and not r.candidate_reused for r in first.envs)
@@ -430,7 +419,7 @@ def test_verifiers_environments_gate_a_promotion(
 
     # v3 (shorter replies): the gate passes and the alias moves
     v3 = register_checkpoint(checkpoint(tiny_base, tmp_path / "v3", 2), name="tiny")
-    third = promote("tiny", v3.version, **gate)
+    third = promote(PromotionRequest("tiny", v3.version, **gate))
     assert third.promoted and third.from_version == "1", third.reason
     brevity, xml_math = third.envs
     assert brevity.verdict == "improvement" and brevity.delta is not None and brevity.delta > 0
@@ -465,11 +454,11 @@ def test_verifiers_environments_gate_a_promotion(
         assert (run.num_examples, run.rollouts_per_example) == (GATE_N, GATE_R)
         assert run.sampling_args == SAMPLING
         assert (run.summary or {}).get("errors", 0) == 0
-        assert count_rollouts(get_engine(url), run_id) == GATE_N * GATE_R
+        assert stored_count(get_engine(url), run_id) == GATE_N * GATE_R
         models[run.environment_name].add(run.model)
         assert_mlflow_run_names(run_id, run.mlflow_run_id)
         if run.environment_name == BREVITY_ENV:  # verifiers' rubric wrote each reward
-            for record in iter_rollouts(get_engine(url), run_id):
+            for record in stored_rollouts(get_engine(url), run_id):
                 reply_text = record.completion[-1]["content"] or ""
                 assert record.reward == pytest.approx(1.0 / (1.0 + len(reply_text)))
                 assert record.metrics["brevity"] == pytest.approx(record.reward)

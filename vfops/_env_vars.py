@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from vfops._errors import InvalidArgumentError
+
 __all__ = ["check_env_var_name"]
 
 _ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -17,7 +19,7 @@ def check_env_var_name(value: str) -> str:
     """``value`` unless it is not an environment variable name (never echoed: it may be
     a key pasted into the wrong field); ``""`` passes (no variable)."""
     if value and not _ENV_VAR_NAME.fullmatch(value):
-        raise ValueError(
+        raise InvalidArgumentError(
             "must be the NAME of an environment variable (letters, digits, _), not the key "
             'itself; e.g. api_key_var = "OPENAI_API_KEY"'
         )

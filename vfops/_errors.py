@@ -13,6 +13,14 @@ class VfopsError(Exception):
     exit_code: int = 2
 
 
+class InvalidArgumentError(VfopsError, ValueError):
+    """A value given to a vfops function or class is out of its range.
+
+    A ``ValueError`` too, so code written against Python's convention catches it; a
+    ``VfopsError``, so the CLI prints its one line instead of a traceback.
+    """
+
+
 class EnvironmentNotFoundError(VfopsError):
     """No installed environment package has that name."""
 

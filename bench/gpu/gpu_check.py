@@ -36,7 +36,6 @@ import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -317,19 +316,14 @@ def _tail(log: Path, chars: int = 1500) -> str:
 # ---------------------------------------------------------------- vLLM server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
     """A vLLM server started with ``vfops vllm serve``'s command line."""
 
     def __init__(self, python: str, model_dir: Path, sync: str, cpu: bool, work: Path) -> None:
+        from vfops._net import free_port
         from vfops.cli._vllm import serve_command, serve_env
 
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = work / f"vllm-{sync}.log"
         cmd = serve_command(

@@ -23,7 +23,7 @@ COPY flows ./flows
 COPY environments ./environments
 COPY configs ./configs
 # Editable: `vfops deploy` registers deployments whose source is this checkout
-# (flows/deployments.py REPO_ROOT), so /opt/vfops must be where flows/ lives.
+# (the folder holding the vfops.flows entry points), so /opt/vfops must be where flows/ lives.
 # [train]: promotion gates evaluate registered checkpoints in-process (transformers).
 # Byte-compiled once here, like `make setup`.
 RUN pip install --no-cache-dir -e '.[train,k8s]' \

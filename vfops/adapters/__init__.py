@@ -5,6 +5,9 @@
   gated and trained on by vfops; :func:`load_verifiers_environment` builds one and
   :func:`verifiers_client` is the ``verifiers`` ``Client`` over a vfops client.
   Needs the ``[verifiers]`` extra.
+- :data:`VERIFIERS`: ``verifiers`` as an environment library (the plug-in protocol of
+  :mod:`vfops.envs`), registered in the ``vfops.environment_libraries`` entry points:
+  how the loader, publishing and ``vfops env list`` find and load those packages.
 
 Importing this package imports no ``verifiers``: the names are resolved on first use.
 """
@@ -22,10 +25,13 @@ if TYPE_CHECKING:
         verifiers_client,
         verifiers_version,
     )
+    from vfops.adapters._verifiers_library import VERIFIERS, VerifiersLibrary
 
 __all__ = [
     "SUPPORTED_VERIFIERS",
+    "VERIFIERS",
     "VerifiersEnvironment",
+    "VerifiersLibrary",
     "build_verifiers_environment",
     "load_verifiers_environment",
     "verifiers_client",
@@ -33,5 +39,6 @@ __all__ = [
 ]
 
 _LAZY = {name: "vfops.adapters._verifiers" for name in __all__}
+_LAZY.update(dict.fromkeys(("VERIFIERS", "VerifiersLibrary"), "vfops.adapters._verifiers_library"))
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

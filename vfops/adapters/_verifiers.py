@@ -44,7 +44,7 @@ from vfops.envs._environment import Environment
 from vfops.rubrics import RolloutScore
 
 if TYPE_CHECKING:
-    from vfops.envs._loading import EnvironmentEntry
+    from vfops.envs import EnvironmentEntry
 
 SUPPORTED_VERIFIERS = ">=0.3.1,<0.4"
 """The ``verifiers`` releases whose classic environment API this adapter runs

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from vfops._errors import InvalidArgumentError
 from vfops._settings import s3_endpoint_url
 from vfops.artifacts._errors import (
     ArtifactError,
@@ -93,7 +94,7 @@ class S3ArtifactStore(ArtifactStore):
         if multipart_chunksize is None:
             multipart_chunksize = multipart_threshold
         if multipart_threshold < 1 or multipart_chunksize < 1 or max_concurrency < 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "multipart_threshold, multipart_chunksize, max_concurrency must be >= 1"
             )
         super().__init__(location)

@@ -1,14 +1,15 @@
 """The model-call budget shared by everything: one rate/concurrency budget per endpoint.
 
-Budgets are Prefect global concurrency limits (:func:`ensure_limits`,
-:class:`PrefectRequestLimiter`), so sweeps, judge scoring and training rollouts on
-any worker cannot exceed an API's limit together; :class:`LocalRequestLimiter`
-is the same for one process without Prefect; :class:`AdaptiveLimiter` learns an
+A budget is configured once (``budgets.toml``, :func:`budget_for`) and enforced by a
+limiter attached to a client (``OpenAIClient(..., limiter=...)``):
+:class:`LocalRequestLimiter` for one process; :class:`AdaptiveLimiter` learns an
 endpoint's concurrency limit from its 429s when none is configured, and
-:class:`PeerSync` shares what it learns with every process using the endpoint,
-through the registry. A limiter is attached to a client with
-``OpenAIClient(..., limiter=...)``. Importing this package does not import Prefect
-(nor pydantic: the exports load on first use).
+:class:`PeerSync` shares what it learns with every process using the endpoint, through
+the registry, where :class:`RegistryLedger` keeps spending caps too. Shared across
+workers, a budget is a pair of Prefect global concurrency limits: that limiter
+(``PrefectRequestLimiter``) lives with the rest of Prefect, in :mod:`vfops.orchestration`.
+Importing this package imports neither Prefect nor pydantic (the exports load on first
+use).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -20,20 +21,15 @@ if TYPE_CHECKING:
         Budget,
         budget_for,
         budgets_path,
+        check_budget_values,
         limit_name,
         load_budgets,
         rate_limit_batch,
         rate_limit_name,
     )
-    from vfops.budget._limiter import LocalRequestLimiter, Pacer
-    from vfops.budget._peer import PEER_SYNC_S, PeerSync, peer_sync
-    from vfops.budget._prefect import (
-        LimitsInfo,
-        PrefectRequestLimiter,
-        ensure_limits,
-        prefect_limiter,
-        read_rate_limit,
-    )
+    from vfops.budget._ledger import RegistryLedger, set_caps
+    from vfops.budget._limiter import LocalRequestLimiter, LoopLocalLock, Pacer
+    from vfops.budget._peer import PEER_SYNC_S, PeerSync, PeerSyncMiddleware, peer_sync
     from vfops.clients._openai import RequestLimiter
 
 _MODULES = {
@@ -43,20 +39,15 @@ _MODULES = {
         "Budget",
         "budget_for",
         "budgets_path",
+        "check_budget_values",
         "limit_name",
         "load_budgets",
         "rate_limit_batch",
         "rate_limit_name",
     ),
-    "vfops.budget._limiter": ("LocalRequestLimiter", "Pacer"),
-    "vfops.budget._peer": ("PEER_SYNC_S", "PeerSync", "peer_sync"),
-    "vfops.budget._prefect": (
-        "LimitsInfo",
-        "PrefectRequestLimiter",
-        "ensure_limits",
-        "prefect_limiter",
-        "read_rate_limit",
-    ),
+    "vfops.budget._ledger": ("RegistryLedger", "set_caps"),
+    "vfops.budget._limiter": ("LocalRequestLimiter", "LoopLocalLock", "Pacer"),
+    "vfops.budget._peer": ("PEER_SYNC_S", "PeerSync", "PeerSyncMiddleware", "peer_sync"),
     "vfops.clients._openai": ("RequestLimiter",),
 }
 _SOURCE = {name: module for module, names in _MODULES.items() for name in names}
@@ -80,21 +71,21 @@ __all__ = [
     "PEER_SYNC_S",
     "AdaptiveLimiter",
     "Budget",
-    "LimitsInfo",
     "LocalRequestLimiter",
+    "LoopLocalLock",
     "Pacer",
     "PeerSync",
-    "PrefectRequestLimiter",
+    "PeerSyncMiddleware",
+    "RegistryLedger",
     "RequestLimiter",
     "budget_for",
     "budgets_path",
-    "ensure_limits",
+    "check_budget_values",
     "limit_name",
     "load_budgets",
     "peer_sync",
-    "prefect_limiter",
     "rate_limit_batch",
     "rate_limit_name",
-    "read_rate_limit",
+    "set_caps",
     "shared_adaptive_limiter",
 ]

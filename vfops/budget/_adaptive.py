@@ -50,6 +50,7 @@ from collections import deque
 from types import TracebackType
 from typing import Any
 
+from vfops._errors import InvalidArgumentError
 from vfops.clients import APIStatusError
 
 DEFAULT_BACKOFF = 0.9
@@ -126,16 +127,22 @@ class AdaptiveLimiter:
         name: str | None = None,
     ) -> None:
         if min_limit < 1:
-            raise ValueError(f"min_limit must be at least 1, got {min_limit}")
+            raise InvalidArgumentError(f"min_limit must be at least 1, got {min_limit}")
         for label, value in (("initial_limit", initial_limit), ("max_limit", max_limit)):
             if value is not None and value < min_limit:
-                raise ValueError(f"{label} must be at least min_limit ({min_limit}), got {value}")
+                raise InvalidArgumentError(
+                    f"{label} must be at least min_limit ({min_limit}), got {value}"
+                )
         if not 0.0 < backoff < 1.0:
-            raise ValueError(f"backoff must be between 0 and 1 (exclusive), got {backoff}")
+            raise InvalidArgumentError(
+                f"backoff must be between 0 and 1 (exclusive), got {backoff}"
+            )
         if not probe_slowdown >= 1.0:
-            raise ValueError(f"probe_slowdown must be at least 1, got {probe_slowdown}")
+            raise InvalidArgumentError(f"probe_slowdown must be at least 1, got {probe_slowdown}")
         if latency_tolerance is not None and not latency_tolerance > 1.0:
-            raise ValueError(f"latency_tolerance must be above 1, got {latency_tolerance}")
+            raise InvalidArgumentError(
+                f"latency_tolerance must be above 1, got {latency_tolerance}"
+            )
         self.name = name
         self.min_limit = min_limit
         self.max_limit = max_limit

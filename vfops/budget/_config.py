@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from vfops._config import ConfigModel, describe_errors, load_toml
-from vfops._errors import VfopsError
+from vfops._errors import InvalidArgumentError, VfopsError
 
 BUDGETS_ENV_VAR = "VFOPS_BUDGETS"
 DEFAULT_BUDGETS_FILE = "budgets.toml"
@@ -43,7 +43,7 @@ def limit_name(kind: LimitKind, alias: str) -> str:
     The rate limit of a budget is this name plus ``"-rate"`` (:func:`rate_limit_name`).
     """
     if kind not in ("endpoint", "judge"):
-        raise ValueError(f"kind must be 'endpoint' or 'judge', got {kind!r}")
+        raise InvalidArgumentError(f"kind must be 'endpoint' or 'judge', got {kind!r}")
     cleaned = _UNSAFE.sub("-", alias.strip().lower()).strip("-")
     if not cleaned:
         raise VfopsError(f"cannot name a budget after {alias!r}: it has no letters or digits")

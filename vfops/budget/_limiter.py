@@ -2,7 +2,7 @@
 
 :class:`Pacer` spaces request starts at least ``1/requests_per_s`` apart and, when
 given a ``grant`` callable, takes permission for ``batch`` requests at a time from
-a shared limiter (Prefect's rate limit in :class:`vfops.budget.PrefectRequestLimiter`).
+a shared limiter (Prefect's rate limit in :class:`vfops.orchestration.PrefectRequestLimiter`).
 :class:`LocalRequestLimiter` is a pacer plus a semaphore, for one process.
 """
 
@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+from vfops._errors import InvalidArgumentError
 from vfops.budget._config import check_budget_values
 
 Grant = Callable[[int], Awaitable[None]]
@@ -53,7 +54,7 @@ class Pacer:
     ) -> None:
         check_budget_values(None, requests_per_s, where="Pacer")
         if batch < 1:
-            raise ValueError(f"batch must be at least 1, got {batch}")
+            raise InvalidArgumentError(f"batch must be at least 1, got {batch}")
         self.requests_per_s = float(requests_per_s)
         self.interval = 1.0 / self.requests_per_s
         self.batch = batch

@@ -8,7 +8,8 @@ endpoint's epoch (and records its limit); when it sees the epoch moved by anothe
 process, it stops probing upward for a while (:meth:`AdaptiveLimiter.peer_pushback`),
 so N processes do not probe the shared cap N times as fast; and a process joining
 starts from a share of a peer's limit instead of no cap, skipping most of its
-discovery burst. A look costs one small query every ``interval_s``; a registry that
+discovery burst. An evaluation installs it on its client as request middleware
+(:class:`PeerSyncMiddleware`). A look costs one small query every ``interval_s``; a registry that
 does not answer only delays the news.
 """
 
@@ -148,6 +149,30 @@ async def peer_sync(
         else:
             del _RUNNING[key]
             await sync.aclose()
+
+
+class PeerSyncMiddleware:
+    """:func:`peer_sync` as request middleware (:mod:`vfops.clients._middleware`): the
+    sync runs while it is installed on the client; it does nothing per request (the
+    limiter, entered around each attempt, already counts the pushbacks it tells)."""
+
+    def __init__(self, limiter: AdaptiveLimiter, calls: RegistryCalls) -> None:
+        self.limiter, self.calls = limiter, calls
+        self.sync: PeerSync | None = None
+        self._scope: contextlib.AbstractAsyncContextManager[PeerSync | None] | None = None
+
+    def wrap(self, send: Callable[..., Any]) -> Callable[..., Any]:
+        return send
+
+    async def __aenter__(self) -> PeerSyncMiddleware:
+        self._scope = peer_sync(self.limiter, self.calls)
+        self.sync = await self._scope.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        scope, self._scope = self._scope, None
+        if scope is not None:
+            await scope.__aexit__(*exc)
 
 
 def _bump(engine: Engine, endpoint: str, limit: float | None) -> int:

@@ -156,8 +156,10 @@ def run() -> None:
     try:
         build_app(command)()
     except VfopsError as exc:
+        from vfops.cli._exit_codes import error_exit_code
+
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+        sys.exit(error_exit_code(exc))
     except Exception as exc:
         line = _sqlite_error_line(exc)
         if line is None:

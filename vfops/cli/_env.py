@@ -178,16 +178,15 @@ def gc_command(
 @app.command("list")
 def list_command() -> None:
     """List published environments (registry) and installed ones (this Python)."""
-    from sqlalchemy.orm import Session
 
     from vfops.envs import installed_environments
-    from vfops.registry import get_engine, list_environments, list_versions
+    from vfops.registry import get_engine, list_environments, list_versions, session_scope
 
     installed = installed_environments()
     table = Table("name", "library", "latest published", "versions", "installed")
     names: set[str] = set(installed)
     published: dict[str, list[str]] = {}
-    with Session(get_engine()) as session:
+    with session_scope(get_engine(), write=False) as session:
         for env in list_environments(session):
             published[env.name] = [v.version for v in list_versions(session, env.name)]
             names.add(env.name)
@@ -209,13 +208,11 @@ def show_command(
     ref: Annotated[str, typer.Argument(help="NAME or NAME@VERSION.")],
 ) -> None:
     """Details of a published version: hashes, artifacts, datasets, dependencies."""
-    from sqlalchemy.orm import Session
-
     from vfops.publishing import find_published, parse_ref
-    from vfops.registry import get_engine
+    from vfops.registry import get_engine, session_scope
 
     name, version = parse_ref(ref)
-    with Session(get_engine()) as session:
+    with session_scope(get_engine(), write=False) as session:
         row = find_published(session, name, version)
         table = Table("field", "value", title=f"{name}@{row.version}")
         table.add_row("content hash", row.content_hash)

@@ -14,6 +14,7 @@ import typer
 from vfops._errors import VfopsError
 from vfops._jsonarg import parse_json_object
 from vfops.cli._eval_display import EvalDisplay, print_summary
+from vfops.cli._exit_codes import result_exit_code
 from vfops.cli._sampling import (
     MaxTokensOption,
     SamplingArgsOption,
@@ -25,6 +26,7 @@ from vfops.evaluation import (
     DEFAULT_OUTPUT_ROOT,
     EvalRequest,
     ModelOptions,
+    RunOptions,
     evaluate_async,
 )
 
@@ -197,13 +199,15 @@ def eval_command(
                 _stopped_by_signals(
                     evaluate_async(
                         request,
+                        RunOptions(
+                            output_root=output,
+                            resume=resume,
+                            registry=registry,
+                            tracking=tracking,
+                            max_cost=max_cost,
+                        ),
                         model_options=options,
-                        output_root=output,
-                        resume=resume,
-                        registry=registry,
-                        tracking=tracking,
                         progress=display,
-                        max_cost=max_cost,
                     ),
                     signals,
                 )
@@ -223,7 +227,7 @@ def eval_command(
     problem = result.problem(max_error_rate)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
-        raise typer.Exit(result.exit_code(max_error_rate))
+        raise typer.Exit(result_exit_code(result, max_error_rate))
 
 
 async def _stopped_by_signals(evaluation: Coroutine[Any, Any, T], signals: list[int]) -> T:

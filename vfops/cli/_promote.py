@@ -108,11 +108,11 @@ def promote_command(
     if name == HISTORY:
         _history(version, alias if alias != "champion" else None, as_json)
         return
-    from vfops.models import promote
+    from vfops.models import PromotionRequest, promote
 
     args = sampling_from_flags(sampling_args, temperature, max_tokens)
     evidence = _evidence_runs(run or [])
-    decision = promote(
+    request = PromotionRequest(
         name,
         version,
         alias=alias,
@@ -126,6 +126,7 @@ def promote_command(
         sampling_args=args,
         seed=seed,
     )
+    decision = promote(request)
     if as_json:
         print(json.dumps(decision.to_dict(), indent=2, default=str))
     else:

@@ -37,14 +37,12 @@ def list_command(
     ] = False,
 ) -> None:
     """List eval runs, newest first."""
-    from sqlalchemy.orm import Session
-
-    from vfops.registry import count_rollouts, list_runs
+    from vfops.registry import RunFilter, count_rollouts, list_runs, session_scope
 
     engine = _engine()
     if quiet:
-        with Session(engine) as session:
-            for run in list_runs(session, env_name=env, limit=limit):
+        with session_scope(engine, write=False) as session:
+            for run in list_runs(session, RunFilter(env_name=env, limit=limit)):
                 typer.echo(run.id)
         return
     # Readable at 80 columns: what a user copies or compares (the run id prefix that
@@ -58,15 +56,15 @@ def list_command(
     table.add_column("rollouts", no_wrap=True, justify="right")
     table.add_column("reward", no_wrap=True, justify="right")
     table.add_column("started", no_wrap=True)
-    with Session(engine) as session:
-        for run in list_runs(session, env_name=env, limit=limit):
+    with session_scope(engine, write=False) as session:
+        for run in list_runs(session, RunFilter(env_name=env, limit=limit)):
             reward = run.summary.get("reward_mean") if run.summary else None
             table.add_row(
                 run.id[:12],
                 f"{run.environment_name} {run.environment_version}",
                 run.model,
                 run.status,
-                f"{count_rollouts(engine, run.id)}/{run.num_examples * run.rollouts_per_example}",
+                f"{count_rollouts(session, run.id)}/{run.num_examples * run.rollouts_per_example}",
                 "-" if reward is None else f"{reward:.3f}",
                 run.started_at.strftime("%m-%d %H:%M"),
             )
@@ -109,24 +107,26 @@ def show_command(
     and the token counts.
     """
     from vfops.evaluation import format_transcript, rollout_failed, run_metadata
-    from vfops.registry import iter_rollouts
+    from vfops.registry import iter_rollouts, session_scope
 
     engine = _engine()
     metadata = run_metadata(engine, run_id)
     console = Console()
     console.print(_run_table(metadata))
-    records = iter_rollouts(engine, metadata["run_id"], batch_size=max(limit, 100))
-    if example is None and rollout is None and not failed:
-        for record in itertools.islice(records, limit):
-            console.print(_preview(record), markup=False, highlight=False)
-        return
-    chosen = _select(records, example=example, rollout=rollout, failed=failed,
-                     passes=lambda r: not rollout_failed(r, pass_threshold))  # fmt: skip
-    shown = 0
-    for record in itertools.islice(chosen, limit):
-        print()
-        print(format_transcript(record, width=max(console.width, 60)))
-        shown += 1
+    # one read transaction while the rollouts stream (pages of batch_size)
+    with session_scope(engine, write=False) as session:
+        records = iter_rollouts(session, metadata["run_id"], batch_size=max(limit, 100))
+        if example is None and rollout is None and not failed:
+            for record in itertools.islice(records, limit):
+                console.print(_preview(record), markup=False, highlight=False)
+            return
+        chosen = _select(records, example=example, rollout=rollout, failed=failed,
+                         passes=lambda r: not rollout_failed(r, pass_threshold))  # fmt: skip
+        shown = 0
+        for record in itertools.islice(chosen, limit):
+            print()
+            print(format_transcript(record, width=max(console.width, 60)))
+            shown += 1
     if not shown:
         raise VfopsError(f"run {metadata['run_id'][:12]}: {_selection(example, rollout, failed)}")
 
@@ -262,10 +262,8 @@ def cost_command(
     """What the runs cost (USD, from endpoint prices), grouped. Unpriced runs say so."""
     import datetime as dt
 
-    from sqlalchemy.orm import Session
-
     from vfops.costs import format_cost
-    from vfops.registry import run_costs
+    from vfops.registry import run_costs, session_scope
 
     if by not in _COST_GROUPS:
         raise VfopsError(f"--by must be one of {', '.join(_COST_GROUPS)}, got {by!r}")
@@ -275,7 +273,7 @@ def cost_command(
             start = dt.datetime.strptime(since, "%Y-%m-%d").replace(tzinfo=dt.UTC)
         except ValueError:
             raise VfopsError(f"--since must be a date like 2026-12-01, got {since!r}") from None
-    with Session(_engine()) as session:
+    with session_scope(_engine(), write=False) as session:
         costs = run_costs(session, env_name=env, model=model, since=start)
     if not costs:
         raise VfopsError("no runs match; drop a filter, or list runs with: vfops runs list")

@@ -65,11 +65,10 @@ def up_command(
     ] = None,
 ) -> None:
     """Start the stack (or the missing workers of a running one) and wait until healthy."""
-    from vfops.stack import parse_service_env_option, stack_up
+    from vfops.stack import StackOptions, parse_service_env_option, stack_up
 
     extra = parse_service_env_option(service_env or [])
-    result = stack_up(
-        directory,
+    options = StackOptions(
         workers=workers,
         name=name,
         postgres_url=postgres_url,
@@ -78,8 +77,8 @@ def up_command(
         worker_limit=worker_limit,
         timeout_s=timeout,
         service_env=extra,
-        progress=lambda line: typer.echo(f"  {line}"),
     )
+    result = stack_up(directory, options, progress=lambda line: typer.echo(f"  {line}"))
     state = result.state
     if result.already_running:
         added = f"; started {', '.join(result.started)}" if result.started else ""

@@ -10,7 +10,6 @@ from vfops.clients._endpoints import (
     check_reachable,
     is_loopback,
     read_api_key,
-    resolve_endpoint,
 )
 from vfops.clients._errors import (
     APIConnectionError,
@@ -29,6 +28,9 @@ from vfops.clients._errors import (
     UnprocessableEntityError,
     redact_secrets,
 )
+from vfops.clients._middleware import ChatRequest, PricedRequests, RequestMiddleware
+from vfops.clients._middleware import installed as installed_middleware
+from vfops.clients._resolve import resolve_endpoint
 from vfops.clients._retry import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT_S,
@@ -38,17 +40,18 @@ from vfops.clients._retry import (
 from vfops.clients._scripted import ScriptedClient
 
 __all__ = [
-    "TOKENS_KEY",
     "DEFAULT_API_KEY_VAR",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_MAX_RETRY_WAIT_S",
     "DEFAULT_MAX_TIMEOUT_RETRIES",
+    "TOKENS_KEY",
     "APIConnectionError",
     "APIError",
     "APIStatusError",
     "APITimeoutError",
     "AuthenticationError",
     "BadRequestError",
+    "ChatRequest",
     "ChatResponse",
     "ConflictError",
     "Endpoint",
@@ -59,14 +62,17 @@ __all__ = [
     "NotFoundError",
     "OpenAIClient",
     "PermissionDeniedError",
+    "PricedRequests",
     "PromptTooLongError",
     "RateLimitError",
     "RequestLimiter",
+    "RequestMiddleware",
     "RequestTooLargeError",
     "RetryPolicy",
     "ScriptedClient",
     "UnprocessableEntityError",
     "check_reachable",
+    "installed_middleware",
     "is_context_error",
     "is_loopback",
     "load_endpoints",

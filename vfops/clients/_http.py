@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import aiohttp
 from yarl import URL
 
+from vfops._errors import InvalidArgumentError
 from vfops._version import __version__
 from vfops.clients._errors import (
     APIConnectionError,
@@ -63,7 +64,9 @@ class HTTPTransport:
         secrets: Sequence[str] = (),
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+            raise InvalidArgumentError(
+                f"base_url must start with http:// or https://, got {base_url!r}"
+            )
         self.base_url = base_url
         self.timeout_s = timeout_s
         self.max_connections = max_connections

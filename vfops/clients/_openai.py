@@ -7,7 +7,9 @@ request or response models are built per call. That keeps the client side of a
 request to a fraction of a millisecond of CPU and ``import vfops.clients`` free of
 the ``openai`` SDK (see ``bench/client_transport.py``). Retries follow
 :class:`RetryPolicy`, so the behaviour is explicit and tested; errors are the
-:mod:`vfops.clients._errors` classes and carry the server's explanation.
+:mod:`vfops.clients._errors` classes and carry the server's explanation. What is
+not HTTP (pricing and cost reservations) is request middleware
+(:mod:`vfops.clients._middleware`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
+from vfops._errors import InvalidArgumentError
 from vfops._rollout import dumps_escaped
 from vfops._types import Message, Messages, SamplingArgs
 from vfops.clients._base import ChatResponse, PromptTooLongError
 from vfops.clients._errors import APIError, APIStatusError, MalformedResponseError, with_note
 from vfops.clients._http import HTTPTransport
+from vfops.clients._middleware import ChatRequest, PricedRequests, RequestMiddleware, Send
 from vfops.clients._retry import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT_S,
@@ -32,14 +36,7 @@ from vfops.clients._retry import (
     RetryPolicy,
     RetryState,
 )
-from vfops.costs import (
-    DEFAULT_MAX_COMPLETION_TOKENS,
-    BudgetExhausted,
-    Pricing,
-    current_ledger,
-    prompt_tokens_bound,
-    requested_completion_tokens,
-)
+from vfops.costs import Pricing
 
 log = logging.getLogger("vfops.clients")
 
@@ -56,7 +53,7 @@ class RequestLimiter(Protocol):
     sent and exited when its response (or error) is in, so every attempt, retries
     included, takes one unit of a rate budget and holds one concurrency slot while
     in flight. The client's backoff sleeps happen outside it. Implementations:
-    :class:`vfops.budget.LocalRequestLimiter`, :class:`vfops.budget.PrefectRequestLimiter`.
+    :class:`vfops.budget.LocalRequestLimiter`, :class:`vfops.orchestration.PrefectRequestLimiter`.
     """
 
     def acquire(self) -> AbstractAsyncContextManager[None]: ...
@@ -167,7 +164,9 @@ class OpenAIClient:
     retries included, to keep a shared rate/concurrency budget.
     ``pricing`` (a :class:`~vfops.costs.Pricing`) prices each response's usage
     (``ChatResponse.cost_usd``); a priced call inside an evaluation with a cost cap
-    first reserves its worst case on the cap's ledger (:mod:`vfops.costs`).
+    first reserves its worst case on the cap's ledger (:mod:`vfops.costs`): the
+    :class:`~vfops.clients._middleware.PricedRequests` middleware, installed here.
+    Further request middleware goes on with :meth:`use` (the evaluation's peer sync).
 
     Failures raise :class:`~vfops.clients.APIStatusError` subclasses (with the
     server's message), :class:`~vfops.clients.APITimeoutError`,
@@ -193,7 +192,7 @@ class OpenAIClient:
     ) -> None:
         limits = (max_retries, max_timeout_retries, max_retry_wait_s)
         if backoff is not None and any(limit is not None for limit in limits):
-            raise ValueError(
+            raise InvalidArgumentError(
                 "pass either max_retries/max_timeout_retries/max_retry_wait_s or "
                 "backoff=RetryPolicy(...), not both"
             )
@@ -201,6 +200,10 @@ class OpenAIClient:
         self.timeout_s = timeout_s
         self.limiter = limiter
         self.pricing = pricing
+        self._middleware: list[RequestMiddleware] = []
+        self._chain: Send | None = None
+        if pricing is not None:  # every priced client reserves on the evaluation's ledger
+            self.use(PricedRequests(pricing))
         if backoff is None:
             backoff = RetryPolicy(
                 max_retries=DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
@@ -249,9 +252,11 @@ class OpenAIClient:
             extra_body = args.pop("extra_body", None) or {}
             extra_headers = args.pop("extra_headers", None)
             if args.get("n", 1) != 1 or extra_body.get("n", 1) != 1:
-                raise ValueError("OpenAIClient.chat returns one message; sampling_args n must be 1")
+                raise InvalidArgumentError(
+                    "OpenAIClient.chat returns one message; sampling_args n must be 1"
+                )
             if args.get("stream") or extra_body.get("stream"):
-                raise ValueError("OpenAIClient.chat does not stream; drop 'stream'")
+                raise InvalidArgumentError("OpenAIClient.chat does not stream; drop 'stream'")
             body.update(args)
             body.update(extra_body)
             if extra_headers:
@@ -259,42 +264,37 @@ class OpenAIClient:
         if tools:
             body["tools"] = tools
         payload = dumps_escaped(body)  # a lone surrogate in a prompt: sent escaped, as recorded
-        pricing = self.pricing
-        if pricing is None:
+        chain = self._chain
+        if chain is None:  # no middleware: nothing between the request and the wire
             return await self._send(model, payload, headers)
-        ledger = current_ledger()
-        if ledger is None:
-            response = await self._send(model, payload, headers)
-            response.cost_usd = pricing.cost(
-                response.prompt_tokens, response.completion_tokens, response.cached_tokens
-            )
-            return response
-        requested = requested_completion_tokens(sampling_args)
-        completion_bound = DEFAULT_MAX_COMPLETION_TOKENS if requested is None else requested
-        worst = pricing.worst_case(prompt_tokens_bound(messages, tools), completion_bound)
-        try:
-            reservation = await ledger.reserve(worst)
-        except BudgetExhausted as exc:
-            if requested is not None:
-                raise
-            # the worst case is mostly an assumed completion length: say how to bound it
-            raise exc.with_note(
-                f"it assumes {completion_bound:,} completion tokens without -t; set "
-                "-t/--max-tokens to reserve less, or raise --max-cost"
-            ) from None
-        try:
-            response = await self._send(model, payload, headers)
-        except APIStatusError:  # the endpoint refused it: not billed
-            await asyncio.shield(ledger.settle(reservation, 0.0))
-            raise
-        except BaseException:  # lost or cancelled in flight: it may have been billed
-            await asyncio.shield(ledger.settle(reservation, worst))
-            raise
-        response.cost_usd = pricing.cost(
-            response.prompt_tokens, response.completion_tokens, response.cached_tokens
-        )
-        await asyncio.shield(ledger.settle(reservation, response.cost_usd))
-        return response
+        return await chain(ChatRequest(model, messages, sampling_args, tools, payload, headers))
+
+    def use(self, middleware: RequestMiddleware) -> None:
+        """Install ``middleware`` around this client's requests (innermost of those
+        installed so far); see :mod:`vfops.clients._middleware`."""
+        self._middleware.append(middleware)
+        self._chain = self._build_chain()
+
+    def remove(self, middleware: RequestMiddleware) -> None:
+        """Uninstall ``middleware`` (installed with :meth:`use`)."""
+        self._middleware.remove(middleware)
+        self._chain = self._build_chain()
+
+    @property
+    def middleware(self) -> tuple[RequestMiddleware, ...]:
+        """The middleware installed, outermost first."""
+        return tuple(self._middleware)
+
+    def _build_chain(self) -> Send | None:
+        if not self._middleware:
+            return None
+        send: Send = self._send_request
+        for middleware in reversed(self._middleware):
+            send = middleware.wrap(send)
+        return send
+
+    async def _send_request(self, request: ChatRequest) -> ChatResponse:
+        return await self._send(request.model, request.payload, request.headers)
 
     async def _send(
         self, model: str, payload: bytes, headers: dict[str, str] | None

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from vfops._errors import InvalidArgumentError
 from vfops.clients._errors import (
     APIConnectionError,
     APIStatusError,
@@ -180,11 +181,11 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.max_timeout_retries < 0:
-            raise ValueError("max_retries and max_timeout_retries must be >= 0")
+            raise InvalidArgumentError("max_retries and max_timeout_retries must be >= 0")
         if self.base_delay_s < 0 or self.max_delay_s < 0:
-            raise ValueError("delays must be >= 0")
+            raise InvalidArgumentError("delays must be >= 0")
         if not self.max_retry_wait_s >= 0:  # also rejects NaN
-            raise ValueError("max_retry_wait_s must be >= 0")
+            raise InvalidArgumentError("max_retry_wait_s must be >= 0")
 
     def backoff_cap(self, attempt: int) -> float:
         """The upper bound of the jittered backoff before retry ``attempt`` (0-based)."""

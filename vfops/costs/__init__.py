@@ -3,18 +3,18 @@
 Prices come from ``endpoints.toml`` (USD per million tokens); every rollout records
 its cost (``None``: unpriced). A capped evaluation reserves each request's
 worst-case cost in the registry's ledger before sending it, and stops with status
-``budget_exhausted`` when a cap has no room. Importing this package is cheap.
+``budget_exhausted`` when a cap has no room. Importing this package is cheap, and it
+sits below the registry: the registry's ledger itself is
+:class:`vfops.budget.RegistryLedger`.
 """
 
 from vfops.costs._ledger import (
     BUDGET_EXHAUSTED_EXIT_CODE,
     BudgetExhausted,
     CostLedger,
-    RegistryLedger,
     charge_rollout,
     current_ledger,
     scoring_rollout,
-    set_caps,
     use_ledger,
 )
 from vfops.costs._pricing import (
@@ -34,7 +34,6 @@ __all__ = [
     "BudgetExhausted",
     "CostLedger",
     "Pricing",
-    "RegistryLedger",
     "charge_rollout",
     "current_ledger",
     "format_cost",
@@ -42,6 +41,5 @@ __all__ = [
     "prompt_tokens_bound",
     "requested_completion_tokens",
     "scoring_rollout",
-    "set_caps",
     "use_ledger",
 ]

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from vfops._errors import InvalidArgumentError
 from vfops._types import Messages
 
 PER_MTOK = 1_000_000.0
@@ -43,7 +44,7 @@ class Pricing:
         for name in ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+                raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
 
     def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
         """The USD cost of one call's usage (cached tokens are part of ``prompt_tokens``)."""

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import functools
-import importlib
 import os
 import shutil
 import sys
@@ -226,7 +225,13 @@ def run_demo(workdir: Path, settings: DemoSettings | None = None, say: Say = pri
 def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
     from vfops.demo._assets import demo_train_config, environment_project
     from vfops.local import build_tiny_model
-    from vfops.models import promote, register_checkpoint, train_evaluate_promote
+    from vfops.models import (
+        LoopRequest,
+        PromotionRequest,
+        promote,
+        register_checkpoint,
+        train_evaluate_promote,
+    )
     from vfops.publishing import publish_environment
 
     say(f"[1/{STAGES}] building a tiny base model (random weights) in {workdir / 'base-model'}")
@@ -250,14 +255,14 @@ def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
     say(f"[3/{STAGES}] registering the base model and evaluating it on the held-out split")
     register_checkpoint(base, name=DEMO_MODEL, base_model="tiny-llama", description="base")
     # the base model (v1) through the gate: made champion now, refused it back at stage 6
-    gate_base = functools.partial(
-        promote,
+    base_request = PromotionRequest(
         DEMO_MODEL,
         "1",
         gate_envs=[DEMO_ENV],
         num_examples=settings.eval_examples,
         sampling_args=held_out,
     )
+    gate_base = functools.partial(promote, base_request)
     first = gate_base()
     baseline = first.envs[0].candidate_mean
     say(f"        base model: held-out reward {baseline:.3f}; {first.reason}")
@@ -271,14 +276,16 @@ def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
         say(f"[4/{STAGES}] nightly-eval skipped")
 
     say(f"[5/{STAGES}] GRPO on the CPU, then register the checkpoint and promote it on evidence")
-    loop = train_evaluate_promote(
+    loop_request = LoopRequest(
         config,
         register_as=DEMO_MODEL,
         gate_envs=[DEMO_ENV],
         steps=settings.steps,
         gate_examples=settings.eval_examples,
         gate_sampling_args=held_out,
-        progress=_training_progress(say, settings.steps or config.run.steps),
+    )
+    loop = train_evaluate_promote(
+        loop_request, progress=_training_progress(say, settings.steps or config.run.steps)
     )
     say(f"        v{loop.version}: {loop.decision.outcome}: {loop.decision.reason}")
 
@@ -321,9 +328,10 @@ def _truncated_share(run_id: str) -> float:
 def _first_transcript(run_id: str) -> str:
     """The run's first rollout (example 0), as ``vfops runs show`` prints it."""
     from vfops.evaluation import format_transcript
-    from vfops.registry import get_engine, rollouts_for_example
+    from vfops.registry import get_engine, rollouts_for_example, session_scope
 
-    records = rollouts_for_example(get_engine(), run_id, 0)
+    with session_scope(get_engine(), write=False) as session:
+        records = rollouts_for_example(session, run_id, 0)
     return format_transcript(records[0], width=76) if records else ""
 
 
@@ -354,11 +362,11 @@ def _training_progress(say: Say, steps: int) -> Callable[[str, int, dict[str, fl
 
 def _night(day: dt.date, settings: DemoSettings, sampling: dict[str, Any]) -> Night:
     from vfops.nightly import NightlyConfig
+    from vfops.orchestration import load_flow
     from vfops.sweeps import SamplingConfig
 
-    # the flow itself (the flows package ships with vfops); imported by name: flows/
-    # is a thin Prefect layer outside vfops's strictly typed package
-    nightly_eval = importlib.import_module("flows.nightly").nightly_eval
+    # the flow itself, by its entry point (the flows ship with vfops, outside the package)
+    nightly_eval = load_flow("nightly-eval")
 
     config = NightlyConfig(
         environments=[DEMO_ENV],

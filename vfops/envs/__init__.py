@@ -1,41 +1,57 @@
-"""Environments: datasets, rollout procedures and rubrics."""
+"""Environments: datasets, rollout procedures and rubrics, and the libraries they are
+written against (``_library``: the plug-in protocol through which vfops's own, the
+``verifiers`` adapter and any third library find, load and describe theirs)."""
 
 from vfops.envs._dataset import Example, format_dataset, iter_examples, quiet_datasets
 from vfops.envs._env_group import EnvGroup
 from vfops.envs._environment import Environment, Scorer
+from vfops.envs._library import (
+    EnvironmentEntry,
+    EnvironmentLibrary,
+    EnvironmentPackage,
+    distribution_name,
+    requires,
+)
 from vfops.envs._load_errors import load_failure
 from vfops.envs._loading import (
-    EnvironmentEntry,
-    Library,
+    LIBRARY_GROUP,
+    environment_libraries,
+    environment_library,
     environment_version,
     find_environment,
     installed_environments,
+    library_of,
     load_environment,
-    verifiers_environments,
 )
 from vfops.envs._multiturn import MultiTurnEnv, SingleTurnEnv
 from vfops.envs._tool import StatefulToolEnv, ToolEnv
 from vfops.envs._tool_schema import tool_schema
 
 __all__ = [
+    "LIBRARY_GROUP",
     "EnvGroup",
     "Environment",
     "EnvironmentEntry",
+    "EnvironmentLibrary",
+    "EnvironmentPackage",
     "Example",
-    "Library",
     "MultiTurnEnv",
     "Scorer",
     "SingleTurnEnv",
     "StatefulToolEnv",
     "ToolEnv",
+    "distribution_name",
+    "environment_libraries",
+    "environment_library",
     "environment_version",
     "find_environment",
     "format_dataset",
     "installed_environments",
     "iter_examples",
+    "library_of",
     "load_environment",
     "load_failure",
     "quiet_datasets",
+    "requires",
     "tool_schema",
-    "verifiers_environments",
 ]

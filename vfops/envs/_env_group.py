@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from vfops._errors import InvalidArgumentError
 from vfops._types import SamplingArgs, State
 from vfops.clients._base import ModelClient
 from vfops.envs._dataset import Example, FormattedSplit, is_dataset, quiet_datasets
@@ -28,10 +29,12 @@ class EnvGroup(Environment):
         self, envs: Sequence[Environment], env_names: Sequence[str] | None = None, **kwargs: Any
     ) -> None:
         if not envs:
-            raise ValueError("EnvGroup needs at least one environment")
+            raise InvalidArgumentError("EnvGroup needs at least one environment")
         names = list(env_names) if env_names is not None else [e.name for e in envs]
         if len(names) != len(envs) or len(set(names)) != len(names):
-            raise ValueError(f"EnvGroup needs one distinct name per environment, got {names}")
+            raise InvalidArgumentError(
+                f"EnvGroup needs one distinct name per environment, got {names}"
+            )
         self.envs = dict(zip(names, envs, strict=True))
         has_train = any(e._formatted_split("train") is not None for e in envs)
         super().__init__(

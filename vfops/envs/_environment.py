@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from vfops._errors import VfopsError
+from vfops._errors import InvalidArgumentError, VfopsError
 from vfops._rollout import RolloutError, RolloutRecord, Timing, TokenUsage
 from vfops._types import Messages, SamplingArgs, State
 from vfops.clients._base import ModelClient
@@ -70,7 +70,7 @@ class Environment(ABC):
         task: str = "default",
     ) -> None:
         if dataset is None and eval_dataset is None:
-            raise ValueError("an environment needs a dataset or an eval_dataset")
+            raise InvalidArgumentError("an environment needs a dataset or an eval_dataset")
         self.name = name or type(self).__name__
         self.system_prompt = system_prompt
         self.few_shot = few_shot
@@ -240,7 +240,7 @@ class Environment(ABC):
 
 def _take(dataset: Dataset | None, n: int, seed: int | None, env: str, split: str) -> Dataset:
     if dataset is None:
-        raise ValueError(f"environment '{env}' has no {split}")
+        raise InvalidArgumentError(f"environment '{env}' has no {split}")
     if seed is not None:
         dataset = dataset.shuffle(seed=seed)
     if 0 <= n < len(dataset):

@@ -1,153 +1,109 @@
-"""Resolve installed environment packages: vfops's by entry point, ``verifiers``' by name.
+"""Resolve installed environments through the environment libraries (see ``_library``).
 
-A vfops environment package declares, in its pyproject::
-
-    [project.entry-points."vfops.environments"]
-    my_env = "my_env:load_environment"
-
-A ``verifiers`` environment package (``import verifiers as vf``) declares no entry
-point: by that library's convention its module is named after the environment
-(``vf-eval my-env`` imports ``my_env``) and exposes ``load_environment(**kwargs)``
-returning a ``vf.Environment``. Such a package is any installed distribution that
-requires ``verifiers``; it is run through :mod:`vfops.adapters` (the
-``[verifiers]`` extra). Finding one reads package metadata only, and only when
-``verifiers`` itself is installed, so a vfops-only install pays nothing.
+The loader knows no library by name: the libraries are the objects registered in the
+entry-point group ``vfops.environment_libraries`` (vfops's own, the ``verifiers``
+adapter, any third one), loaded once per process. An environment's name is asked of
+each in turn, vfops's own first; the one that finds it loads it. Loading the entry
+points is no import of their packages at build time, so ``vfops.envs`` depends on no
+adapter: an adapter sits above it and plugs in.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
-from importlib.metadata import (
-    Distribution,
-    PackageNotFoundError,
-    distribution,
-    distributions,
-    entry_points,
-)
-from typing import Any, Literal
+import functools
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 from vfops._errors import EnvironmentNotFoundError, VfopsError
 from vfops.envs._environment import Environment
-from vfops.envs._load_errors import load_failure
+from vfops.envs._library import EnvironmentEntry, EnvironmentLibrary, EnvironmentPackage
+from vfops.envs._load_errors import first_line
+from vfops.envs._native import LIBRARY as NATIVE
 
-ENTRY_POINT_GROUP = "vfops.environments"
+LIBRARY_GROUP = "vfops.environment_libraries"
 
-Library = Literal["vfops", "verifiers"]
-"""Which library an environment package is written against."""
-
-_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+_REGISTER = f'[project.entry-points."{LIBRARY_GROUP}"]'
 
 
-@dataclass(frozen=True)
-class EnvironmentEntry:
-    """An installed environment: its name, where its ``load_environment`` lives, the
-    library it targets and the distribution that installed it."""
+@functools.cache
+def environment_libraries() -> tuple[EnvironmentLibrary, ...]:
+    """The installed environment libraries, in the order they are asked: vfops's own
+    first, then the others by name. Loaded once (``environment_libraries.cache_clear()``
+    after installing a library into a running process)."""
+    loaded: dict[str, EnvironmentLibrary] = {}
+    for ep in sorted(entry_points(group=LIBRARY_GROUP), key=lambda ep: ep.name):
+        if ep.name not in loaded:  # the same distribution found twice on sys.path
+            loaded[ep.name] = _load_library(ep)
+    # a source tree run without its metadata (never pip-installed) still has its own
+    native = loaded.pop(NATIVE.name, NATIVE)
+    return (native, *loaded.values())
 
-    name: str
-    module: str
-    attr: str
-    library: Library
-    dist: Distribution | None
 
-    def load(self) -> Callable[..., Any]:
-        """Import the module and return its ``load_environment``."""
-        factory: Callable[..., Any] = getattr(importlib.import_module(self.module), self.attr)
-        return factory
+def _load_library(ep: EntryPoint) -> EnvironmentLibrary:
+    where = f"environment library '{ep.name}' ({ep.value}"
+    if ep.dist is not None:
+        where += f", from {ep.dist.name} {ep.dist.version}"
+    where += ")"
+    try:
+        library = ep.load()
+    except Exception as exc:
+        raise VfopsError(
+            f"{where} failed to load: {first_line(exc)}; fix or uninstall that package"
+        ) from exc
+    if not isinstance(library, EnvironmentLibrary):
+        raise VfopsError(
+            f"{where} is a {type(library).__name__}, not a vfops.envs.EnvironmentLibrary; "
+            "register an instance of one"
+        )
+    if getattr(library, "name", None) != ep.name:
+        raise VfopsError(
+            f"{where} is named {getattr(library, 'name', None)!r}; name its entry point "
+            f"in {_REGISTER} after the library"
+        )
+    return library
 
-    @property
-    def version(self) -> str | None:
-        return self.dist.version if self.dist is not None else None
+
+def environment_library(name: str) -> EnvironmentLibrary:
+    """The installed library called ``name`` (an :class:`EnvironmentEntry`'s ``library``)."""
+    libraries = {library.name: library for library in environment_libraries()}
+    if name not in libraries:
+        raise VfopsError(
+            f"environment library '{name}' is not installed (installed: "
+            f"{', '.join(libraries)}); install the package that registers it in {_REGISTER}"
+        )
+    return libraries[name]
+
+
+def library_of(package: EnvironmentPackage) -> tuple[EnvironmentLibrary, dict[str, str]] | None:
+    """The first library that finds environments in ``package``, and those environments
+    (``{name: "module:function"}``); None when no library claims it."""
+    for library in environment_libraries():
+        found = library.environments(package)
+        if found:
+            return library, found
+    return None
 
 
 def installed_environments() -> dict[str, EnvironmentEntry]:
-    """Installed environments by name: vfops entry points, then ``verifiers`` packages
-    (a vfops entry point wins a name both claim)."""
-    found = {entry.name: entry for entry in verifiers_environments()}
-    found.update(_vfops_environments())
+    """Installed environments by name, of every library (the first library in
+    :func:`environment_libraries` wins a name two claim)."""
+    found: dict[str, EnvironmentEntry] = {}
+    for library in reversed(environment_libraries()):
+        found.update((entry.name, entry) for entry in library.installed())
     return found
-
-
-def _vfops_environments() -> dict[str, EnvironmentEntry]:
-    return {
-        ep.name: EnvironmentEntry(
-            ep.name, ep.module, ep.attr or "load_environment", "vfops", ep.dist
-        )
-        for ep in entry_points(group=ENTRY_POINT_GROUP)
-    }
-
-
-def verifiers_environments() -> list[EnvironmentEntry]:
-    """Installed ``verifiers`` environment packages (none unless ``verifiers`` is)."""
-    if importlib.util.find_spec("verifiers") is None:
-        return []
-    found: list[EnvironmentEntry] = []
-    for dist in distributions():
-        entry = _verifiers_entry(dist)
-        if entry is not None:
-            found.append(entry)
-    return found
-
-
-def _verifiers_entry(dist: Distribution) -> EnvironmentEntry | None:
-    """``dist`` as a ``verifiers`` environment package, or None if it is not one."""
-    name = _dist_name(dist)
-    if name in {"verifiers", "vfops"} or not _requires_verifiers(dist):
-        return None
-    if any(ep.group == ENTRY_POINT_GROUP for ep in dist.entry_points):
-        return None  # a vfops environment that also uses verifiers' helpers
-    module = _module_of(dist, name.replace("-", "_"))
-    return EnvironmentEntry(module, module, "load_environment", "verifiers", dist)
-
-
-def _module_of(dist: Distribution, guess: str) -> str:
-    """The environment's module: the one top-level module the distribution installs
-    (``top_level.txt``), else verifiers' convention (the name with ``_`` for ``-``)."""
-    listed = [line.strip() for line in (dist.read_text("top_level.txt") or "").splitlines()]
-    modules = [line for line in listed if line and not line.startswith("_")]
-    if guess in modules or len(modules) != 1:
-        return guess
-    return modules[0]
-
-
-def _dist_name(dist: Distribution) -> str:
-    return str(dist.metadata["Name"] or "").strip().lower().replace("_", "-").replace(".", "-")
-
-
-def _requires_verifiers(dist: Distribution) -> bool:
-    for requirement in dist.requires or ():
-        name, _, marker = requirement.partition(";")
-        if "extra" in marker:  # an optional dependency does not make it an environment
-            continue
-        match = _REQUIREMENT_NAME.match(name)
-        if match and match.group(1).lower().replace("_", "-") == "verifiers":
-            return True
-    return False
 
 
 def find_environment(name: str) -> EnvironmentEntry | None:
     """The installed environment ``name`` (``-`` and ``_`` are the same), or None.
 
-    Cheap for the usual case: vfops's entry points, then the distribution named like
-    the environment; all packages' metadata is read (~0.2 s) only when both miss.
+    Each library looks in its own way: vfops's own reads its entry points only, so the
+    usual case reads no other package's metadata.
     """
-    vfops_envs = _vfops_environments()
-    found = vfops_envs.get(name) or vfops_envs.get(_normalise(name))
-    if found is not None or importlib.util.find_spec("verifiers") is None:
-        return found
-    for candidate in dict.fromkeys((name, name.replace("_", "-"), name.replace("-", "_"))):
-        try:
-            dist = distribution(candidate)
-        except PackageNotFoundError:
-            continue
-        entry = _verifiers_entry(dist)
-        if entry is not None and entry.name in (name, _normalise(name)):
+    for library in environment_libraries():
+        entry = library.find(name)
+        if entry is not None:
             return entry
-    available = {entry.name: entry for entry in verifiers_environments()}
-    return available.get(name) or available.get(_normalise(name))
+    return None
 
 
 def environment_version(name: str) -> str | None:
@@ -157,8 +113,9 @@ def environment_version(name: str) -> str | None:
 
 
 def load_environment(name: str, /, **env_args: Any) -> Environment:
-    """Build the environment ``name`` with ``load_environment(**env_args)`` of its package;
-    a ``verifiers`` environment comes wrapped in :class:`vfops.adapters.VerifiersEnvironment`.
+    """Build the environment ``name`` with ``load_environment(**env_args)`` of its package,
+    through the library it is written against (an adapter's environment comes wrapped,
+    e.g. a ``verifiers`` one in :class:`vfops.adapters.VerifiersEnvironment`).
 
     ``name`` is positional-only: every keyword is an environment argument, one called
     ``name`` included (``-a '{"name": "x"}'`` reaches a loader that takes ``name``).
@@ -170,34 +127,4 @@ def load_environment(name: str, /, **env_args: Any) -> Environment:
             f"unknown environment '{name}' (installed: {listing}); "
             f"install it with: vfops env install PATH"
         )
-    if entry.library == "verifiers":
-        from vfops.adapters import load_verifiers_environment
-
-        return load_verifiers_environment(entry, **env_args)
-    try:
-        factory = entry.load()
-    except Exception as exc:
-        raise load_failure(
-            f"environment '{name}' failed to import:",
-            exc,
-            otherwise="fix the package or reinstall it with: vfops env install PATH",
-        ) from exc
-    try:
-        env = factory(**env_args)
-    except VfopsError:
-        raise  # already one line with its fix (a dataset row without a prompt...)
-    except Exception as exc:
-        raise load_failure(
-            f"load_environment of '{name}' raised", exc, factory=factory, env_args=env_args
-        ) from exc
-    if not isinstance(env, Environment):
-        raise VfopsError(
-            f"load_environment of '{name}' returned {type(env).__name__}, not an Environment"
-        )
-    if env.name == type(env).__name__:
-        env.name = entry.name
-    return env
-
-
-def _normalise(name: str) -> str:
-    return name.replace("-", "_")
+    return environment_library(entry.library).load(entry, **env_args)

@@ -1,7 +1,9 @@
 """Evaluation: run an environment against a model and record every rollout.
 
 :func:`evaluate_async` / :func:`evaluate` is the one entry point; the CLI, sweep
-and nightly cells, promotion gates and tests all call it.
+and nightly cells, promotion gates and tests all call it, with :class:`RunOptions`
+for where the run is recorded and, optionally, ``sinks=`` of their own (a
+:class:`Sink` gets every scored group, after the run's :func:`default_sinks`).
 """
 
 from __future__ import annotations
@@ -12,32 +14,33 @@ from vfops._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from vfops.evaluation._compare import compare_runs, per_example_rewards
-    from vfops.evaluation._evaluate import (
+    from vfops.evaluation._default_sinks import DefaultSinks, default_sinks
+    from vfops.evaluation._evaluate import evaluate, evaluate_async
+    from vfops.evaluation._export import export_run, run_metadata
+    from vfops.evaluation._lock import RunFolderBusyError
+    from vfops.evaluation._model import ModelOptions, resolve_model_name
+    from vfops.evaluation._open_run import registry_summary
+    from vfops.evaluation._provenance import Provenance, config_fingerprint, resolve_provenance
+    from vfops.evaluation._result import (
         DEFAULT_MAX_ERROR_RATE,
         DEFAULT_OUTPUT_ROOT,
-        EXIT_CODES,
         EvalProgress,
         EvalResult,
         OpenedRun,
         Outcome,
-        evaluate,
-        evaluate_async,
-        registry_summary,
+        RunEnded,
+        RunOptions,
     )
-    from vfops.evaluation._export import export_run, run_metadata
-    from vfops.evaluation._lock import RunFolderBusyError
-    from vfops.evaluation._model import ModelOptions, resolve_model_name
-    from vfops.evaluation._provenance import Provenance, config_fingerprint, resolve_provenance
     from vfops.evaluation._runner import EvalRequest
-    from vfops.evaluation._sinks import SinkError
+    from vfops.evaluation._sinks import RunFinish, Sink, SinkError
     from vfops.evaluation._store import iter_records, load_results, read_metadata
-    from vfops.stats._summary import EvalSummary, pass_at_k
     from vfops.evaluation._transcript import format_transcript, rollout_failed
+    from vfops.stats._summary import EvalSummary, pass_at_k
 
 __all__ = [
     "DEFAULT_MAX_ERROR_RATE",
     "DEFAULT_OUTPUT_ROOT",
-    "EXIT_CODES",
+    "DefaultSinks",
     "EvalProgress",
     "EvalRequest",
     "EvalResult",
@@ -46,10 +49,15 @@ __all__ = [
     "OpenedRun",
     "Outcome",
     "Provenance",
+    "RunEnded",
+    "RunFinish",
     "RunFolderBusyError",
+    "RunOptions",
+    "Sink",
     "SinkError",
     "compare_runs",
     "config_fingerprint",
+    "default_sinks",
     "evaluate",
     "evaluate_async",
     "export_run",
@@ -69,16 +77,19 @@ __all__ = [
 _LAZY = {
     "compare_runs": "vfops.evaluation._compare",
     "per_example_rewards": "vfops.evaluation._compare",
-    "DEFAULT_MAX_ERROR_RATE": "vfops.evaluation._evaluate",
-    "DEFAULT_OUTPUT_ROOT": "vfops.evaluation._evaluate",
-    "EXIT_CODES": "vfops.evaluation._evaluate",
-    "EvalProgress": "vfops.evaluation._evaluate",
-    "EvalResult": "vfops.evaluation._evaluate",
-    "OpenedRun": "vfops.evaluation._evaluate",
-    "Outcome": "vfops.evaluation._evaluate",
+    "DEFAULT_MAX_ERROR_RATE": "vfops.evaluation._result",
+    "DEFAULT_OUTPUT_ROOT": "vfops.evaluation._result",
+    "EvalProgress": "vfops.evaluation._result",
+    "EvalResult": "vfops.evaluation._result",
+    "OpenedRun": "vfops.evaluation._result",
+    "Outcome": "vfops.evaluation._result",
+    "RunEnded": "vfops.evaluation._result",
+    "RunOptions": "vfops.evaluation._result",
+    "DefaultSinks": "vfops.evaluation._default_sinks",
+    "default_sinks": "vfops.evaluation._default_sinks",
     "evaluate": "vfops.evaluation._evaluate",
     "evaluate_async": "vfops.evaluation._evaluate",
-    "registry_summary": "vfops.evaluation._evaluate",
+    "registry_summary": "vfops.evaluation._open_run",
     "export_run": "vfops.evaluation._export",
     "run_metadata": "vfops.evaluation._export",
     "RunFolderBusyError": "vfops.evaluation._lock",
@@ -88,6 +99,8 @@ _LAZY = {
     "config_fingerprint": "vfops.evaluation._provenance",
     "resolve_provenance": "vfops.evaluation._provenance",
     "EvalRequest": "vfops.evaluation._runner",
+    "RunFinish": "vfops.evaluation._sinks",
+    "Sink": "vfops.evaluation._sinks",
     "SinkError": "vfops.evaluation._sinks",
     "iter_records": "vfops.evaluation._store",
     "load_results": "vfops.evaluation._store",

@@ -21,11 +21,9 @@ _TO_FIX = "pass a writable folder (or s3://bucket/prefix) to --to"
 
 
 def run_metadata(engine: Engine, run_id: str) -> dict[str, Any]:
-    from sqlalchemy.orm import Session
+    from vfops.registry import get_run, session_scope
 
-    from vfops.registry import get_run
-
-    with Session(engine) as session:
+    with session_scope(engine, write=False) as session:
         run = get_run(session, run_id)
         if run is None:
             raise VfopsError(f"no eval run {run_id!r} in the registry; see: vfops runs list")
@@ -105,10 +103,11 @@ def _copy_folder(source: Path, target: Path) -> None:
 
 
 def _rows(database_url: str, run_id: str) -> Iterator[dict[str, Any]]:
-    from vfops.registry import get_engine, iter_rollouts
+    from vfops.registry import get_engine, iter_rollouts, session_scope
 
-    for record in iter_rollouts(get_engine(database_url), run_id):
-        yield record.to_row()
+    with session_scope(get_engine(database_url), write=False) as session:
+        for record in iter_rollouts(session, run_id):
+            yield record.to_row()
 
 
 def _upload_folder(folder: Path, uri: str) -> None:

@@ -111,7 +111,7 @@ def resolve_model_name(model: str, options: ModelOptions) -> tuple[str, str | No
     """The model name and base URL a run of ``model`` records, without connecting."""
     if is_in_process(model):
         return model, None
-    from vfops.clients._endpoints import resolve_endpoint
+    from vfops.clients import resolve_endpoint
 
     endpoint = resolve_endpoint(
         model,
@@ -131,7 +131,7 @@ async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
         return _connect_local(model[len(LOCAL_PREFIX) :], options.seed)
     if model.startswith(MODEL_URI_PREFIX):
         return await _connect_registry(model, options.seed)
-    from vfops.clients._endpoints import check_reachable, read_api_key, resolve_endpoint
+    from vfops.clients import check_reachable, read_api_key, resolve_endpoint
     from vfops.clients._openai import OpenAIClient
 
     endpoint = resolve_endpoint(

@@ -46,13 +46,12 @@ def resolve_provenance(
 ) -> Provenance:
     """Match the installed code of ``env_name`` (``installed``: already inspected, by the
     evaluating process, which knows its environments) against the published versions."""
-    from sqlalchemy.orm import Session
 
     from vfops.publishing._provenance import inspect_installed
-    from vfops.registry import find_version
+    from vfops.registry import find_version, session_scope
 
     installed = installed or inspect_installed(env_name)
-    with Session(engine) as session:
+    with session_scope(engine, write=False) as session:
         row = find_version(session, installed.env_name, code_hash=installed.code_hash)
         version_id = row.id if row is not None else None
         version = row.version if row is not None else installed.local_label

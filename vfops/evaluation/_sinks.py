@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, runtime_checkable
 
 from vfops._arrow import ResultsExport, export_fix, export_problem
 from vfops._errors import VfopsError
@@ -60,8 +60,18 @@ class RunFinish:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@runtime_checkable
 class Sink(Protocol):
-    """One destination of a run's rollouts."""
+    """One destination of a run's rollouts.
+
+    Anything with a ``name`` (said in the run's error when the sink fails) and these
+    two coroutines is a sink: pass it to ``evaluate_async(..., sinks=[...])`` and it
+    gets every scored group, after the run folder and the run's own sinks
+    (:func:`vfops.evaluation.default_sinks`), including the groups a resumed run
+    already held; ``close`` is awaited once, however the run ended, before that end
+    is recorded. A sink that raises stops the run (``failed``, resumable): raise
+    :class:`SinkError` to name the fix.
+    """
 
     name: str
 
@@ -356,15 +366,17 @@ class RegistrySink:
 
 
 def _insert_rollouts(engine: Engine, run_id: str, records: list[RolloutRecord]) -> int:
-    from vfops.registry import insert_rollouts
+    from vfops.registry import insert_rollouts, session_scope
 
-    return insert_rollouts(engine, run_id, records)
+    with session_scope(engine) as session:
+        return insert_rollouts(session, run_id, records)
 
 
 def _renew_run_lease(engine: Engine, run_id: str, lease: LeaseOwner) -> bool:
-    from vfops.registry import renew_run_lease
+    from vfops.registry import renew_run_lease, session_scope
 
-    return renew_run_lease(engine, run_id, lease)
+    with session_scope(engine) as session:
+        return renew_run_lease(session, run_id, lease)
 
 
 _MAX_RETRY_DELAY_S: Final = 5.0

@@ -12,18 +12,23 @@ import asyncio
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session
 
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord, TokenUsage
 from vfops.costs import scoring_rollout
 from vfops.parsers._parser import last_user_text
-from vfops.registry import RegistryJudgeCache, add_rollout_cost, get_run, iter_rollouts
+from vfops.registry import (
+    RegistryJudgeCache,
+    add_rollout_cost,
+    get_run,
+    iter_rollouts,
+    session_scope,
+)
 from vfops.rubrics import JudgeRubric
 from vfops.rubrics._judge import judge_says_yes
 
@@ -102,7 +107,7 @@ class RescoreResult:
 
 def resolve_run_id(engine: Engine, run_id: str) -> str:
     """The full id of run ``run_id`` (an id or a unique prefix); :class:`VfopsError` if none."""
-    with Session(engine) as session:
+    with session_scope(engine, write=False) as session:
         run = get_run(session, run_id.strip())
         if run is None:
             raise VfopsError(
@@ -141,19 +146,92 @@ async def rescore_run(
     if max_concurrent < 1:
         raise VfopsError(f"max_concurrent must be at least 1, got {max_concurrent}")
     full_id = resolve_run_id(engine, run_id)
-    cache = RegistryJudgeCache(engine, judge_model=rubric.judge_model)
     result = RescoreResult(
         run_id=full_id, judge_model=rubric.judge_model, judgements=[] if keep_judgements else None
     )
+    rescorer = _Rescorer(engine, rubric, result, score_fn, on_judgement)
     started = time.perf_counter()
-    records: asyncio.Queue[tuple[int, RolloutRecord] | None] = asyncio.Queue(
-        maxsize=2 * max_concurrent
-    )
-    done: dict[int, RolloutJudgement] = {}  # out-of-order verdicts awaiting their turn
-    next_to_emit = 0
+    previous_cache = rubric.cache
+    rubric.cache = rescorer.cache
+    try:
+        await rescorer.run(max_concurrent, page_size)
+    finally:
+        rubric.cache = previous_cache
+    result.elapsed_s = time.perf_counter() - started
+    return result
 
-    def emit(position: int, judgement: RolloutJudgement) -> None:
-        nonlocal next_to_emit
+
+def _stream(engine: Engine, run_id: str, page_size: int) -> Generator[RolloutRecord]:
+    """The run's rollouts, read in one read transaction that this generator holds."""
+    with session_scope(engine, write=False) as session:
+        yield from iter_rollouts(session, run_id, batch_size=page_size)
+
+
+class _Rescorer:
+    """One :func:`rescore_run`: a producer streams the run's rollouts into a bounded
+    queue, workers judge them, and verdicts are counted (and handed on in run order)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        rubric: JudgeRubric,
+        result: RescoreResult,
+        score_fn: Callable[[str], float],
+        on_judgement: Callable[[RolloutJudgement], None] | None,
+    ) -> None:
+        self.engine = engine
+        self.rubric = rubric
+        self.result = result
+        self.score_fn = score_fn
+        self.on_judgement = on_judgement
+        self.cache = RegistryJudgeCache(engine, judge_model=rubric.judge_model)
+        self.done: dict[int, RolloutJudgement] = {}  # out-of-order verdicts awaiting their turn
+        self.next_to_emit = 0
+
+    async def run(self, max_concurrent: int, page_size: int) -> None:
+        records: asyncio.Queue[tuple[int, RolloutRecord] | None] = asyncio.Queue(
+            maxsize=2 * max_concurrent
+        )
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self.produce(records, max_concurrent, page_size))
+                for _ in range(max_concurrent):
+                    group.create_task(self.work(records))
+        except ExceptionGroup as group_error:
+            # one task failed (reading the run) and the rest were cancelled: raise it as is
+            if len(group_error.exceptions) == 1:
+                raise group_error.exceptions[0] from None
+            raise
+
+    async def produce(
+        self,
+        records: asyncio.Queue[tuple[int, RolloutRecord] | None],
+        workers: int,
+        page_size: int,
+    ) -> None:
+        rollouts = _stream(self.engine, self.result.run_id, page_size)
+        position = 0
+        try:
+            while True:
+                chunk = await asyncio.to_thread(lambda: list(itertools.islice(rollouts, _CHUNK)))
+                if not chunk:
+                    break
+                for record in chunk:
+                    await records.put((position, record))
+                    position += 1
+        finally:
+            await asyncio.to_thread(rollouts.close)  # ends the read transaction
+        for _ in range(workers):
+            await records.put(None)
+
+    async def work(self, records: asyncio.Queue[tuple[int, RolloutRecord] | None]) -> None:
+        while (item := await records.get()) is not None:
+            position, record = item
+            self.result.n_rollouts += 1
+            self.emit(position, await self.judge_one(record))
+
+    def emit(self, position: int, judgement: RolloutJudgement) -> None:
+        result = self.result
         if judgement.error is not None:
             result.n_errors += 1
             if len(result.errors) < MAX_ERRORS_KEPT:
@@ -169,22 +247,23 @@ async def rescore_run(
                 result.n_cached += 1
             else:
                 result.n_judged += 1
-        if on_judgement is None and result.judgements is None:
+        if self.on_judgement is None and result.judgements is None:
             return
         # hand verdicts on in run order, whatever order they finished in
-        done[position] = judgement
-        while next_to_emit in done:
-            ready = done.pop(next_to_emit)
-            next_to_emit += 1
+        self.done[position] = judgement
+        while self.next_to_emit in self.done:
+            ready = self.done.pop(self.next_to_emit)
+            self.next_to_emit += 1
             if result.judgements is not None:
                 result.judgements.append(ready)
-            if on_judgement is not None:
-                on_judgement(ready)
+            if self.on_judgement is not None:
+                self.on_judgement(ready)
 
-    async def judge_one(record: RolloutRecord) -> RolloutJudgement:
+    async def judge_one(self, record: RolloutRecord) -> RolloutJudgement:
         ids = record.example_id, record.rollout_index
         if not _judgeable(record):
             return RolloutJudgement(*ids, key=None, score=None, cached=False)
+        rubric, cache = self.rubric, self.cache
         question = last_user_text(record.prompt)
         response = rubric.parser.parse_answer(record.completion) or ""
         answer = record.answer or ""
@@ -194,57 +273,28 @@ async def rescore_run(
             if entry is not None:
                 score = entry.score
                 if score is None or not math.isfinite(score):
-                    score = score_fn(entry.response)
+                    score = self.score_fn(entry.response)
                     await cache.set_score(key, score)
                 return RolloutJudgement(*ids, key=key, score=score, cached=True)
-            charged = TokenUsage()
-            scoring_rollout(charged)  # the judge's calls below are this rollout's
-            try:
-                text = await rubric.judge(record.prompt, record.completion, answer)
-            finally:
-                scoring_rollout(None)
-            if charged.cost_usd is not None:
-                await asyncio.to_thread(add_rollout_cost, engine, full_id, *ids, charged.cost_usd)
-                result.cost_usd = (result.cost_usd or 0.0) + charged.cost_usd
-            score = score_fn(text)
+            text = await self._judge_charged(record, answer)
+            score = self.score_fn(text)
             await cache.set_score(key, score)
             return RolloutJudgement(*ids, key=key, score=score, cached=False)
         except Exception as exc:  # one failed verdict must not stop the others
             error = f"{type(exc).__name__}: {exc}"[:500]
             return RolloutJudgement(*ids, key=key, score=None, cached=False, error=error)
 
-    async def produce() -> None:
-        rollouts: Iterator[RolloutRecord] = iter_rollouts(engine, full_id, batch_size=page_size)
-        position = 0
-        while True:
-            chunk = await asyncio.to_thread(lambda: list(itertools.islice(rollouts, _CHUNK)))
-            if not chunk:
-                break
-            for record in chunk:
-                await records.put((position, record))
-                position += 1
-        for _ in range(max_concurrent):
-            await records.put(None)
-
-    async def work() -> None:
-        while (item := await records.get()) is not None:
-            position, record = item
-            result.n_rollouts += 1
-            emit(position, await judge_one(record))
-
-    previous_cache = rubric.cache
-    rubric.cache = cache
-    try:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(produce())
-            for _ in range(max_concurrent):
-                group.create_task(work())
-    except ExceptionGroup as group_error:
-        # one task failed (reading the run) and the rest were cancelled: raise it as is
-        if len(group_error.exceptions) == 1:
-            raise group_error.exceptions[0] from None
-        raise
-    finally:
-        rubric.cache = previous_cache
-    result.elapsed_s = time.perf_counter() - started
-    return result
+    async def _judge_charged(self, record: RolloutRecord, answer: str) -> str:
+        """The judge's reply; what its calls cost is added to the rollout it scored."""
+        charged = TokenUsage()
+        scoring_rollout(charged)  # the judge's calls below are this rollout's
+        try:
+            text = await self.rubric.judge(record.prompt, record.completion, answer)
+        finally:
+            scoring_rollout(None)
+        if charged.cost_usd is not None:
+            ids = record.example_id, record.rollout_index
+            run_id = self.result.run_id
+            await asyncio.to_thread(add_rollout_cost, self.engine, run_id, *ids, charged.cost_usd)
+            self.result.cost_usd = (self.result.cost_usd or 0.0) + charged.cost_usd
+        return text

@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from vfops._errors import MissingExtraError, VfopsError
+from vfops._errors import InvalidArgumentError, MissingExtraError, VfopsError
 from vfops._types import Messages, SamplingArgs
 from vfops.clients._base import ChatResponse
 from vfops.local._batched import (
@@ -69,7 +69,7 @@ class LocalModelClient:
                 "build one with `vfops model build-tiny DIR`"
             )
         if max_new_tokens_default < 1 or max_batch_size < 1:
-            raise ValueError("max_new_tokens_default and max_batch_size must be >= 1")
+            raise InvalidArgumentError("max_new_tokens_default and max_batch_size must be >= 1")
         self.model_dir = path
         self.max_new_tokens_default = max_new_tokens_default
         self.max_batch_size = max_batch_size
@@ -134,13 +134,13 @@ class LocalModelClient:
             merged.update(extra)
         n = merged.get("n")
         if n is not None and int(n) != 1:
-            raise ValueError("LocalModelClient supports only n=1")
+            raise InvalidArgumentError("LocalModelClient supports only n=1")
         cap = merged.get("max_completion_tokens")
         if cap is None:
             cap = merged.get("max_tokens")
         max_new = self.max_new_tokens_default if cap is None else int(cap)
         if max_new < 1:
-            raise ValueError("max_tokens must be >= 1")
+            raise InvalidArgumentError("max_tokens must be >= 1")
         seed = merged.get("seed")
         stop = merged.get("stop")
         stops: tuple[str, ...] = (

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from vfops._errors import MissingExtraError
+from vfops._errors import InvalidArgumentError, MissingExtraError
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -243,7 +243,7 @@ def build_tiny_model(
     tf: Any = importlib.import_module("transformers")
 
     if config.hidden_size % config.num_attention_heads:
-        raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        raise InvalidArgumentError("hidden_size must be a multiple of num_attention_heads")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -26,18 +26,26 @@ from typing import TYPE_CHECKING
 from vfops._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from vfops.checkpoints import ModelVersionInfo, load_model_dir, register_checkpoint
-    from vfops.checkpoints import is_model_uri, open_model_version_async, pin_model_uri
+    from vfops.checkpoints import (
+        ModelVersionInfo,
+        is_model_uri,
+        load_model_dir,
+        open_model_version_async,
+        pin_model_uri,
+        register_checkpoint,
+    )
+    from vfops.models._gate import EnvGateResult
     from vfops.models._loop import (
+        LoopRequest,
         LoopResult,
         train_evaluate_promote,
         train_evaluate_promote_async,
     )
     from vfops.models._promotion import (
         AliasEventInfo,
-        EnvGateResult,
         PromotionDecision,
         PromotionRefusedError,
+        PromotionRequest,
         promote,
         promote_async,
         promotion_history,
@@ -46,10 +54,12 @@ if TYPE_CHECKING:
 __all__ = [
     "AliasEventInfo",
     "EnvGateResult",
+    "LoopRequest",
     "LoopResult",
     "ModelVersionInfo",
     "PromotionDecision",
     "PromotionRefusedError",
+    "PromotionRequest",
     "is_model_uri",
     "load_model_dir",
     "open_model_version_async",
@@ -70,12 +80,14 @@ _LAZY = {
     "load_model_dir": "vfops.checkpoints",
     "register_checkpoint": "vfops.checkpoints",
     "AliasEventInfo": "vfops.models._promotion",
-    "EnvGateResult": "vfops.models._promotion",
+    "EnvGateResult": "vfops.models._gate",
     "PromotionDecision": "vfops.models._promotion",
     "PromotionRefusedError": "vfops.models._promotion",
+    "PromotionRequest": "vfops.models._promotion",
     "promote": "vfops.models._promotion",
     "promote_async": "vfops.models._promotion",
     "promotion_history": "vfops.models._promotion",
+    "LoopRequest": "vfops.models._loop",
     "LoopResult": "vfops.models._loop",
     "train_evaluate_promote": "vfops.models._loop",
     "train_evaluate_promote_async": "vfops.models._loop",

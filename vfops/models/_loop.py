@@ -45,21 +45,9 @@ class LoopResult:
         }
 
 
-async def train_evaluate_promote_async(
-    config: GRPOConfig | str | Path,
-    *,
-    register_as: str,
-    gate_envs: Sequence[str],
-    alias: str = "champion",
-    steps: int | None = None,
-    output_dir: str | Path | None = None,
-    gate_examples: int = 20,
-    gate_rollouts: int = 1,
-    gate_sampling_args: Mapping[str, Any] | None = None,
-    gate_env_args: Mapping[str, Mapping[str, Any]] | None = None,
-    progress: Progress | None = None,
-) -> LoopResult:
-    """Train ``config``, register the checkpoint as ``register_as``, gate it onto ``alias``.
+@dataclass(frozen=True)
+class LoopRequest:
+    """One turn of the loop: what to train, the name to register it as, and the gate.
 
     Args:
         config: A training config, or the path of its TOML file.
@@ -72,17 +60,37 @@ async def train_evaluate_promote_async(
         gate_rollouts: Rollouts per example (R).
         gate_sampling_args: Sampling arguments of the gate's evaluations.
         gate_env_args: Gate environment -> its ``load_environment`` arguments.
-        progress: Called after every training eval and step.
     """
-    from vfops.models._promotion import promote_async
+
+    config: GRPOConfig | str | Path
+    register_as: str
+    gate_envs: Sequence[str]
+    alias: str = "champion"
+    steps: int | None = None
+    output_dir: str | Path | None = None
+    gate_examples: int = 20
+    gate_rollouts: int = 1
+    gate_sampling_args: Mapping[str, Any] | None = None
+    gate_env_args: Mapping[str, Mapping[str, Any]] | None = None
+
+
+async def train_evaluate_promote_async(
+    request: LoopRequest, *, progress: Progress | None = None
+) -> LoopResult:
+    """Train ``request.config``, register the checkpoint, gate it onto ``request.alias``.
+
+    ``progress`` is called after every training eval and step.
+    """
+    from vfops.models._promotion import PromotionRequest, promote_async
     from vfops.training import train_async
 
-    if not gate_envs:
+    register_as = request.register_as
+    if not request.gate_envs:
         raise VfopsError("no gate environment; name at least one (gate_envs / --gate-env)")
     training = await train_async(
-        config,
-        steps=steps,
-        output_dir=output_dir,
+        request.config,
+        steps=request.steps,
+        output_dir=request.output_dir,
         register_as=register_as,
         tracking=True,  # the checkpoint is registered in MLflow: its run goes there too
         progress=progress,
@@ -93,16 +101,17 @@ async def train_evaluate_promote_async(
             f"training finished but registered no checkpoint as {register_as!r}; "
             "check the MLflow tracking store (MLFLOW_TRACKING_URI)"
         )
-    decision = await promote_async(
+    gate = PromotionRequest(
         register_as,
         version,
-        alias=alias,
-        gate_envs=list(gate_envs),
-        num_examples=gate_examples,
-        rollouts_per_example=gate_rollouts,
-        sampling_args=gate_sampling_args,
-        env_args=gate_env_args,
+        alias=request.alias,
+        gate_envs=list(request.gate_envs),
+        num_examples=request.gate_examples,
+        rollouts_per_example=request.gate_rollouts,
+        sampling_args=request.gate_sampling_args,
+        env_args=request.gate_env_args,
     )
+    decision = await promote_async(gate)
     return LoopResult(training, register_as, version, decision)
 
 

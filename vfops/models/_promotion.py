@@ -21,26 +21,66 @@ import asyncio
 import getpass
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from vfops._errors import VfopsError
 from vfops._settings import vfops_home
 from vfops._twins import blocking_twin
 from vfops.checkpoints import ModelVersionInfo, resolve_version
+from vfops.models._gate import (
+    EnvGateResult,
+    GateRequest,
+    GateRun,
+    GateSettings,
+    evaluate_gate,
+    evidence_request,
+    gate_one_env,
+    inconclusive_detail,
+    runs_cost,
+)
 from vfops.tracking import mlflow_client
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from vfops.stats import RegressionReport
-
 Outcome = Literal["promoted", "refused"]
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
 
-PROMOTION_TAG = "promotion"
+
+@dataclass(frozen=True)
+class PromotionRequest:
+    """What :func:`promote_async` is asked: a candidate, an alias, and the gate's request.
+
+    ``env_args`` maps a gate environment to its ``load_environment`` arguments.
+    ``evidence_runs`` maps a gate environment to an existing completed registry run of
+    the candidate (its model must be ``models:/NAME/VERSION``); the holder is then
+    evaluated with that run's N, R, sampling and environment arguments. With ``reuse``
+    (the default) any completed run of a model that answers exactly the gate's request
+    with today's environment code is used instead of evaluating again
+    (:func:`vfops.models._gate.find_reusable_run`). ``force`` moves the alias even
+    when the gate fails (recorded as forced); ``actor`` defaults to the user.
+    """
+
+    name: str
+    version: str | int
+    gate_envs: Sequence[str]
+    alias: str = "champion"
+    num_examples: int = 20
+    rollouts_per_example: int = 1
+    metric: str = "reward_mean"
+    force: bool = False
+    actor: str | None = None
+    sampling_args: Mapping[str, Any] | None = None
+    env_args: Mapping[str, Mapping[str, Any]] | None = None
+    alpha: float = 0.05
+    seed: int = 0
+    evidence_runs: Mapping[str, str] | None = None
+    reuse: bool = True
+
+    @property
+    def subject(self) -> str:
+        return f"{self.name} v{self.version} -> @{self.alias}"
 
 
 class PromotionRefusedError(VfopsError):
@@ -51,36 +91,6 @@ class PromotionRefusedError(VfopsError):
     def __init__(self, decision: PromotionDecision) -> None:
         super().__init__(decision.reason)
         self.decision = decision
-
-
-@dataclass(frozen=True)
-class EnvGateResult:
-    """One gate environment: the two runs and the paired comparison."""
-
-    env: str
-    candidate_run_id: str
-    candidate_mean: float
-    holder_run_id: str | None = None
-    holder_mean: float | None = None
-    delta: float | None = None
-    verdict: str | None = None
-    regressed: bool = False
-    summary: str = ""
-    candidate_reused: bool = False
-    holder_reused: bool = False
-    candidate_errors: int = 0
-    holder_errors: int = 0
-
-    @property
-    def inconclusive(self) -> bool:
-        """A gate run has errored rollouts: they would count as 0.0, so the comparison
-        would measure the errors (a crashed judge, a flaky tool), not the models."""
-        return bool(self.candidate_errors or self.holder_errors)
-
-    def describe(self, metric: str) -> str:
-        if self.holder_run_id is None:
-            return f"{self.env}: {metric} {self.candidate_mean:.3f} (no holder to compare with)"
-        return f"{self.env}: {self.summary}"
 
 
 @dataclass(frozen=True)
@@ -137,247 +147,89 @@ def default_actor() -> str:
         return "unknown"
 
 
-def metric_values(engine: Engine, run_id: str, metric: str) -> dict[int, list[float]]:
-    """``example_id -> values`` of ``metric`` (``reward``/``reward_mean`` or a rubric metric).
-
-    Errored rollouts count as 0.0, as in :func:`vfops.evaluation._compare.per_example_rewards`.
-    """
-    from vfops.registry import iter_rollouts
-
-    key = metric.removesuffix("_mean")
-    values: dict[int, list[float]] = {}
-    seen: set[str] = set()
-    for record in iter_rollouts(engine, run_id):
-        if key == "reward":
-            value = record.reward
-        else:
-            seen.update(record.metrics)
-            raw = record.metrics.get(key)
-            if raw is None and record.error is None:
-                raise VfopsError(
-                    f"metric {metric!r} is not in the rollouts of run {run_id} "
-                    f"(have: reward, {', '.join(sorted(seen)) or 'no rubric metrics'}); "
-                    "pass --metric reward_mean or one of those"
-                )
-            value = None if raw is None else float(raw)
-        values.setdefault(record.example_id, []).append(float(value or 0.0))
-    return values
-
-
-def errored_rollouts(engine: Engine, run_id: str) -> int:
-    """How many of a run's rollouts ended with an error (its recorded summary)."""
-    run = _run_row(engine, run_id)
-    summary = (run.summary if run is not None else None) or {}
-    return int(summary.get("errors") or 0)
-
-
-@dataclass(frozen=True)
-class GateRequest:
-    """What one gate evaluation runs: the same for the candidate and the holder."""
-
-    env: str
-    num_examples: int
-    rollouts_per_example: int
-    sampling_args: dict[str, Any]
-    env_args: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class GateRun:
-    run_id: str
-    reused: bool
-
-
-def _run_row(engine: Engine, run_id: str) -> Any:
-    from vfops.registry import get_run, session_scope
-
-    with session_scope(engine, write=False) as session:
-        run = get_run(session, run_id)
-        if run is not None:
-            session.expunge(run)
-        return run
-
-
-def _runs_cost(engine: Engine, run_ids: set[str]) -> float | None:
-    """The sum of the runs' rollout costs; ``None`` when none of them is priced."""
-    from vfops.registry import run_cost, session_scope
-
-    with session_scope(engine, write=False) as session:
-        costs = [
-            cost for run_id in sorted(run_ids) if (cost := run_cost(session, run_id)) is not None
-        ]
-    return sum(costs) if costs else None
-
-
-def evidence_request(engine: Engine, env: str, run_id: str, candidate_uri: str) -> GateRequest:
-    """The gate request an existing run of the candidate answers; refuses a run that can't."""
-    run = _run_row(engine, run_id)
-    if run is None:
-        raise VfopsError(f"evidence run {run_id} is not in the registry; check `vfops runs list`")
-    problem = None
-    if run.environment_name != env:
-        problem = f"is a run of {run.environment_name}, not of {env}"
-    elif run.model != candidate_uri:
-        problem = (
-            f"evaluated {run.model}, not {candidate_uri}; evaluate the candidate with "
-            f"vfops eval {env} -m {candidate_uri}"
-        )
-    elif run.status != "completed":
-        problem = f"is {run.status}; finish it with vfops eval --resume, or drop --run"
-    if problem is not None:
-        raise VfopsError(f"evidence run {run_id} {problem}")
-    return GateRequest(
-        env=env,
-        num_examples=run.num_examples,
-        rollouts_per_example=run.rollouts_per_example,
-        sampling_args=dict(run.sampling_args),
-        env_args=dict(run.env_args),
-    )
-
-
-def find_reusable_run(engine: Engine, request: GateRequest, model_uri: str) -> str | None:
-    """The newest completed run of ``model_uri`` answering ``request`` with today's env code.
-
-    Any completed run counts (an earlier promotion, a nightly sweep, a plain
-    ``vfops eval -m models:/NAME/VERSION``) as long as the environment code, N, R,
-    sampling and environment arguments are the ones this gate would use.
-    """
-    from vfops.evaluation import resolve_provenance
-    from vfops.registry import list_runs, session_scope
-
-    code_hash = resolve_provenance(engine, request.env).code_hash
-    with session_scope(engine, write=False) as session:
-        runs = list_runs(
-            session,
-            env_name=request.env,
-            model=model_uri,
-            status="completed",
-            num_examples=request.num_examples,
-            rollouts_per_example=request.rollouts_per_example,
-            environment_content_hash=code_hash,
-            limit=None,
-        )
-        for run in runs:
-            if (run.summary or {}).get("errors"):
-                continue  # not evidence (see EnvGateResult.inconclusive): evaluate afresh
-            if run.sampling_args == request.sampling_args and run.env_args == request.env_args:
-                return str(run.id)
-    return None
-
-
-async def _evaluate(
-    request: GateRequest,
-    version: ModelVersionInfo,
-    *,
-    seed: int,
-    engine: Engine,
-    output_root: Path,
-    reuse: bool,
-) -> GateRun:
-    """A completed run of ``version`` for ``request``: reused when allowed, else evaluated
-    through :func:`vfops.evaluation.evaluate_async` (registry and MLflow, like any run)."""
-    from vfops.evaluation import EvalRequest, ModelOptions, evaluate_async
-
-    if reuse:
-        existing = await asyncio.to_thread(find_reusable_run, engine, request, version.uri)
-        if existing is not None:
-            return GateRun(existing, reused=True)
-    eval_request = EvalRequest(
-        env_name=request.env,
-        model=version.uri,
-        num_examples=request.num_examples,
-        rollouts_per_example=request.rollouts_per_example,
-        sampling_args=dict(request.sampling_args),
-        env_args=dict(request.env_args),
-        tags=[PROMOTION_TAG],
-    )
-    result = await evaluate_async(
-        eval_request,
-        model_options=ModelOptions(seed=seed),
-        output_root=output_root,
-        engine=engine,
-    )
-    if result.status != "completed":
-        raise VfopsError(
-            f"gate eval of {version.uri} on {request.env} ended {result.status} "
-            f"(run {result.run_id}): {result.error or 'see the run'}; fix it and promote again"
-        )
-    assert result.run_id is not None
-    return GateRun(result.run_id, reused=False)
-
-
-def _inconclusive_detail(result: EnvGateResult, candidate: str, holder: str | None) -> str:
-    runs = [
-        f"run {run_id} of v{version} has {errors} errored rollout{'s' if errors != 1 else ''}"
-        for run_id, version, errors in (
-            (result.candidate_run_id, candidate, result.candidate_errors),
-            (result.holder_run_id, holder, result.holder_errors),
-        )
-        if errors
-    ]
-    return f"{result.env} inconclusive: {' and '.join(runs)} (they would count as 0)"
-
-
-def _mean(values: Mapping[int, Sequence[float]]) -> float:
-    flat = [v for vs in values.values() for v in vs]
-    return sum(flat) / len(flat) if flat else 0.0
-
-
 async def promote_async(
-    name: str,
-    version: str | int,
+    request: PromotionRequest,
     *,
-    alias: str = "champion",
-    gate_envs: Sequence[str],
-    num_examples: int = 20,
-    rollouts_per_example: int = 1,
-    metric: str = "reward_mean",
-    force: bool = False,
-    actor: str | None = None,
-    sampling_args: Mapping[str, Any] | None = None,
-    env_args: Mapping[str, Mapping[str, Any]] | None = None,
-    alpha: float = 0.05,
-    seed: int = 0,
     engine: Engine | None = None,
     output_root: Path | None = None,
-    evidence_runs: Mapping[str, str] | None = None,
-    reuse: bool = True,
 ) -> PromotionDecision:
     """Evaluate, compare, decide, record; see the module docstring.
 
     Returns the decision (``outcome`` ``"promoted"`` or ``"refused"``; call
     :meth:`PromotionDecision.raise_if_refused` to turn a refusal into an error).
-    ``env_args`` maps a gate environment to its ``load_environment`` arguments.
-
-    ``evidence_runs`` maps a gate environment to an existing completed registry run
-    of the candidate (its model must be ``models:/NAME/VERSION``); the holder is
-    then evaluated with that run's N, R, sampling and environment arguments. With
-    ``reuse`` (the default) any completed run of a model that answers exactly the
-    gate's request with today's environment code is used instead of evaluating
-    again (:func:`find_reusable_run`).
+    ``output_root`` holds the gate evaluations' outputs (default
+    ``$VFOPS_HOME/promotions``).
     """
+    from vfops.registry import get_engine
+
+    _check_request(request)  # before MLflow or the registry is touched
+    request = _normalised(request)
+    engine = engine or get_engine()
+    client = mlflow_client()
+    candidate, holder = _resolve(request, client)
+    requests = _gate_requests(request, engine, candidate)  # every check before any load
+    settings = GateSettings(
+        metric=request.metric,
+        alpha=request.alpha,
+        seed=request.seed,
+        engine=engine,
+        output_root=output_root or vfops_home() / "promotions",
+        reuse=request.reuse,
+    )
+    results = await _run_gates(request, requests, candidate, holder, settings)
+    from_version = holder.version if holder else None
+    outcome, reason = _decide(request, results, candidate.version, from_version)
+    evidence = _evidence_doc(request, results, requests, engine)
+    decision = PromotionDecision(
+        name=request.name,
+        alias=request.alias,
+        from_version=from_version,
+        to_version=candidate.version,
+        outcome=outcome,
+        forced=request.force,
+        metric=request.metric,
+        actor=request.actor or default_actor(),
+        reason=reason,
+        envs=results,
+    )
+    return await _record(decision, evidence, engine, client)
+
+
+promote = blocking_twin(promote_async)
+"""Synchronous :func:`promote_async` (same arguments)."""
+
+
+def _check_request(request: PromotionRequest) -> None:
     from vfops.evaluation import EvalRequest
 
-    # the gate's request, checked before MLflow or the registry is touched
+    # the gate's request, validated as an eval request is
     EvalRequest(
-        env_name=name,
-        model=name,
-        num_examples=num_examples,
-        rollouts_per_example=rollouts_per_example,
-        sampling_args=dict(sampling_args or {}),
+        env_name=request.name,
+        model=request.name,
+        num_examples=request.num_examples,
+        rollouts_per_example=request.rollouts_per_example,
+        sampling_args=dict(request.sampling_args or {}),
     ).validate()
 
+
+def _normalised(request: PromotionRequest) -> PromotionRequest:
+    """The request with its defaults filled: a str version, an actor, no duplicate env."""
+    return replace(
+        request,
+        version=str(request.version),
+        actor=request.actor or default_actor(),
+        gate_envs=list(dict.fromkeys(request.gate_envs)),
+    )
+
+
+def _resolve(
+    request: PromotionRequest, client: Any
+) -> tuple[ModelVersionInfo, ModelVersionInfo | None]:
+    """The candidate version and the alias's current holder (None: the alias is free)."""
     from mlflow.exceptions import MlflowException
 
-    from vfops.registry import get_engine, record_alias_event, session_scope
-    from vfops.stats import compare_runs_statistically
-
-    version = str(version)
-    actor = actor or default_actor()
-    engine = engine or get_engine()
-    output_root = output_root or vfops_home() / "promotions"
-    client = mlflow_client()
-    candidate: ModelVersionInfo = resolve_version(f"models:/{name}/{version}", client)
+    name, alias = request.name, request.alias
+    candidate = resolve_version(f"models:/{name}/{request.version}", client)
     try:
         holder: ModelVersionInfo | None = ModelVersionInfo.from_mlflow(
             client.get_model_version_by_alias(name, alias)
@@ -385,82 +237,72 @@ async def promote_async(
     except MlflowException:
         holder = None
     if holder is not None and holder.version == candidate.version:
-        raise VfopsError(f"{name} version {version} already holds @{alias}; nothing to promote")
-    envs = list(dict.fromkeys(gate_envs))
-    if not envs and not force:
+        raise VfopsError(
+            f"{name} version {request.version} already holds @{alias}; nothing to promote"
+        )
+    return candidate, holder
+
+
+def _gate_requests(
+    request: PromotionRequest, engine: Engine, candidate: ModelVersionInfo
+) -> list[GateRequest]:
+    """One gate request per environment: an evidence run's, or the promotion's."""
+    envs = list(request.gate_envs)
+    if not envs and not request.force:
         raise VfopsError(
             "no gate environment: pass --env ENV (repeatable), or --force to promote "
             "without evidence (recorded as forced)"
         )
-
-    unknown = sorted(set(evidence_runs or {}) - set(envs))
+    given = dict(request.evidence_runs or {})
+    unknown = sorted(set(given) - set(envs))
     if unknown:
         raise VfopsError(
             f"evidence run given for {unknown[0]!r}, which is not a gate environment "
             f"({', '.join(envs) or 'none'}); add --env {unknown[0]} or drop its --run"
         )
-    given = dict(evidence_runs or {})
-    requests = [
+    return [
         evidence_request(engine, env, given[env], candidate.uri)
         if env in given
         else GateRequest(
             env=env,
-            num_examples=num_examples,
-            rollouts_per_example=rollouts_per_example,
-            sampling_args=dict(sampling_args or {}),
-            env_args=dict((env_args or {}).get(env, {})),
+            num_examples=request.num_examples,
+            rollouts_per_example=request.rollouts_per_example,
+            sampling_args=dict(request.sampling_args or {}),
+            env_args=dict((request.env_args or {}).get(env, {})),
         )
         for env in envs
-    ]  # every check before any model is loaded
-    common: dict[str, Any] = {
-        "seed": seed,
-        "engine": engine,
-        "output_root": output_root,
-        "reuse": reuse,
-    }
-    results: list[EnvGateResult] = []
-    for request in requests:
-        if request.env in given:
-            cand = GateRun(given[request.env], reused=True)
-        else:
-            cand = await _evaluate(request, candidate, **common)
-        cand_values = metric_values(engine, cand.run_id, metric)
-        if holder is None:
-            results.append(
-                EnvGateResult(
-                    request.env, cand.run_id, _mean(cand_values), candidate_reused=cand.reused,
-                    candidate_errors=errored_rollouts(engine, cand.run_id),
-                )
-            )  # fmt: skip
-            continue
-        # the holder answers exactly the candidate's request (N, R, sampling, env args)
-        held = await _evaluate(request, holder, **common)
-        holder_values = metric_values(engine, held.run_id, metric)
-        report: RegressionReport = compare_runs_statistically(
-            holder_values, cand_values, alpha=alpha, seed=seed
-        )
-        results.append(
-            EnvGateResult(
-                env=request.env,
-                candidate_run_id=cand.run_id,
-                candidate_mean=report.mean_b,
-                holder_run_id=held.run_id,
-                holder_mean=report.mean_a,
-                delta=report.delta,
-                verdict=report.verdict,
-                regressed=report.regressed,
-                summary=report.summary,
-                candidate_reused=cand.reused,
-                holder_reused=held.reused,
-                candidate_errors=errored_rollouts(engine, cand.run_id),
-                holder_errors=errored_rollouts(engine, held.run_id),
-            )
-        )
+    ]
 
+
+async def _run_gates(
+    request: PromotionRequest,
+    requests: Sequence[GateRequest],
+    candidate: ModelVersionInfo,
+    holder: ModelVersionInfo | None,
+    settings: GateSettings,
+) -> list[EnvGateResult]:
+    given = dict(request.evidence_runs or {})
+    results: list[EnvGateResult] = []
+    for gate in requests:
+        if gate.env in given:
+            run = GateRun(given[gate.env], reused=True)
+        else:
+            run = await evaluate_gate(gate, candidate, settings)
+        results.append(await gate_one_env(gate, run, holder, settings))
+    return results
+
+
+def _decide(
+    request: PromotionRequest,
+    results: Sequence[EnvGateResult],
+    candidate: str,
+    from_version: str | None,
+) -> tuple[Outcome, str]:
+    """The outcome and its one-line reason: promoted unless a gate environment regressed
+    or was inconclusive (``force`` promotes anyway, saying so)."""
+    metric, subject, force = request.metric, request.subject, request.force
     failed = [r for r in results if r.regressed]
     inconclusive = [r for r in results if r.inconclusive]
-    from_version = holder.version if holder else None
-    subject = f"{name} v{version} -> @{alias}"
     if failed or inconclusive:
         detail = "; ".join(
             [
@@ -468,36 +310,39 @@ async def promote_async(
                 f"(delta {r.delta:+.3f}, {r.verdict})"
                 for r in failed
             ]
-            + [_inconclusive_detail(r, candidate.version, from_version) for r in inconclusive]
+            + [inconclusive_detail(r, candidate, from_version) for r in inconclusive]
         )
         if force:
-            outcome: Outcome = "promoted"
-            reason = f"{subject} FORCED over a failed gate (holder v{from_version}): {detail}"
-        else:
-            outcome = "refused"
-            fix = (
-                "fix the errors' cause (vfops runs show RUN --failed) and promote again"
-                if inconclusive
-                else "improve the candidate"
+            return "promoted", (
+                f"{subject} FORCED over a failed gate (holder v{from_version}): {detail}"
             )
-            reason = (
-                f"refused {subject} (holder v{from_version}): {detail}; "
-                f"{fix}, or pass --force (recorded as forced)"
-            )
-    else:
-        outcome = "promoted"
-        if not envs:
-            reason = f"{subject} FORCED without gate environments"
-        elif holder is None:
-            reason = f"{subject}: no previous holder; evaluated on {', '.join(envs)}"
-        else:
-            deltas = ", ".join(
-                f"{r.env} {metric} delta {r.delta:+.3f} ({r.verdict})" for r in results
-            )
-            reason = f"{subject} (was v{from_version}): gate passed: {deltas}"
-            if force:
-                reason += " [--force given]"
+        fix = (
+            "fix the errors' cause (vfops runs show RUN --failed) and promote again"
+            if inconclusive
+            else "improve the candidate"
+        )
+        return "refused", (
+            f"refused {subject} (holder v{from_version}): {detail}; "
+            f"{fix}, or pass --force (recorded as forced)"
+        )
+    if not request.gate_envs:
+        return "promoted", f"{subject} FORCED without gate environments"
+    if from_version is None:
+        return "promoted", (
+            f"{subject}: no previous holder; evaluated on {', '.join(request.gate_envs)}"
+        )
+    deltas = ", ".join(f"{r.env} {metric} delta {r.delta:+.3f} ({r.verdict})" for r in results)
+    reason = f"{subject} (was v{from_version}): gate passed: {deltas}"
+    return "promoted", reason + (" [--force given]" if force else "")
 
+
+def _evidence_doc(
+    request: PromotionRequest,
+    results: Sequence[EnvGateResult],
+    requests: Sequence[GateRequest],
+    engine: Engine,
+) -> dict[str, Any]:
+    """What the ``alias_events`` row keeps as the decision's evidence."""
     evidence = {
         r.env: {
             "candidate_run_id": r.candidate_run_id,
@@ -522,54 +367,49 @@ async def promote_async(
     gate_runs = {r.candidate_run_id for r in results} | {
         r.holder_run_id for r in results if r.holder_run_id is not None
     }
-    evidence_doc: dict[str, Any] = {
+    return {
         "envs": evidence,
         # what the gate's runs cost (None: nothing priced, e.g. in-process models)
-        "cost_usd": _runs_cost(engine, gate_runs),
-        "num_examples": num_examples,
-        "rollouts_per_example": rollouts_per_example,
-        "sampling_args": dict(sampling_args or {}),
-        "alpha": alpha,
-        "seed": seed,
-        "reuse": reuse,
+        "cost_usd": runs_cost(engine, gate_runs),
+        "num_examples": request.num_examples,
+        "rollouts_per_example": request.rollouts_per_example,
+        "sampling_args": dict(request.sampling_args or {}),
+        "alpha": request.alpha,
+        "seed": request.seed,
+        "reuse": request.reuse,
     }
+
+
+async def _record(
+    decision: PromotionDecision, evidence: dict[str, Any], engine: Engine, client: Any
+) -> PromotionDecision:
+    """Append the decision to ``alias_events`` and, when promoted, move the alias."""
+    from vfops.registry import AliasEvent, record_alias_event, session_scope
+
+    event = AliasEvent(
+        actor=decision.actor,
+        model_name=decision.name,
+        alias=decision.alias,
+        from_version=decision.from_version,
+        to_version=decision.to_version,
+        outcome=decision.outcome,
+        forced=decision.forced,
+        metric=decision.metric,
+        evidence=evidence,
+        reason=decision.reason,
+    )
     # One transaction: the row is committed only if the alias move succeeded.
     with session_scope(engine) as session:
-        row = record_alias_event(
-            session,
-            actor=actor,
-            model_name=name,
-            alias=alias,
-            from_version=from_version,
-            to_version=candidate.version,
-            outcome=outcome,
-            forced=force,
-            metric=metric,
-            evidence=evidence_doc,
-            reason=reason,
-        )
+        row = record_alias_event(session, event)
         event_id = int(row.id)
-        if outcome == "promoted":
+        if decision.promoted:
             await asyncio.to_thread(
-                client.set_registered_model_alias, name, alias, candidate.version
+                client.set_registered_model_alias,
+                decision.name,
+                decision.alias,
+                decision.to_version,
             )
-    return PromotionDecision(
-        name=name,
-        alias=alias,
-        from_version=from_version,
-        to_version=candidate.version,
-        outcome=outcome,
-        forced=force,
-        metric=metric,
-        actor=actor,
-        reason=reason,
-        envs=results,
-        event_id=event_id,
-    )
-
-
-promote = blocking_twin(promote_async)
-"""Synchronous :func:`promote_async` (same arguments)."""
+    return replace(decision, event_id=event_id)
 
 
 def promotion_history(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vfops.evaluation._compare import per_example_rewards
-from vfops.registry import get_run, list_runs
+from vfops.registry import RunFilter, get_run, list_runs, session_scope
 from vfops.sweeps._spec import MODEL_REF_TAG
 
 if TYPE_CHECKING:
@@ -60,13 +60,15 @@ def previous_nightly_run(session: Session, run: EvalRunRow) -> EvalRunRow | None
     """The newest completed nightly run of the same cell that started before ``run``."""
     candidates = list_runs(
         session,
-        env_name=run.environment_name,
-        # a cell of an alias follows the alias, whichever model it resolved to
-        model=None if model_ref(run) is not None else run.model,
-        status="completed",
-        started_before=run.started_at,
-        exclude_run_id=run.id,
-        limit=200,
+        RunFilter(
+            env_name=run.environment_name,
+            # a cell of an alias follows the alias, whichever model it resolved to
+            model=None if model_ref(run) is not None else run.model,
+            status="completed",
+            started_before=run.started_at,
+            exclude_run_id=run.id,
+            limit=200,
+        ),
     )
     for candidate in candidates:
         if NIGHTLY_TAG in (candidate.tags or []) and _same_cell(candidate, run):
@@ -117,11 +119,9 @@ def compare_with_previous(
     seed: int = 0,
 ) -> CellComparison:
     """Paired comparison of a nightly run with the previous nightly run of its cell."""
-    from sqlalchemy.orm import Session
-
     from vfops.stats import compare_runs_statistically
 
-    with Session(engine) as session:
+    with session_scope(engine, write=False) as session:
         run = get_run(session, run_id, exact=True)
         if run is None:
             raise LookupError(f"no eval run {run_id}")
@@ -180,10 +180,10 @@ def nightly_history(
     served model, renamed through ``aliases`` (served model -> the endpoint alias the
     sweep named it by, so a chart says what the tables say).
     """
-    from sqlalchemy.orm import Session
-
-    with Session(engine) as session:
-        runs = list_runs(session, env_name=env_name, status="completed", limit=limit * 10)
+    with session_scope(engine, write=False) as session:
+        runs = list_runs(
+            session, RunFilter(env_name=env_name, status="completed", limit=limit * 10)
+        )
     history: dict[str, list[tuple[str, float, float]]] = {}
     for run in runs:
         if NIGHTLY_TAG not in (run.tags or []) or not run.summary:

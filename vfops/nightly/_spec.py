@@ -23,7 +23,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, ValidationError
+from pydantic import AfterValidator, Field
 
 from vfops._config import ConfigModel, load_toml
 from vfops.nightly._nightly import nightly_tags
@@ -42,18 +42,11 @@ def _iso_date(value: str | None) -> str | None:
 
 
 def _cron(value: str) -> str:
-    # Prefect's own schedule model: exactly what the deployment would accept, checked
-    # here without a server (imported only when a cron expression is checked).
-    from prefect.client.schemas.schedules import CronSchedule
+    # Prefect's own schedule model (vfops.orchestration): exactly what the deployment
+    # would accept, checked here without a server
+    from vfops.orchestration import check_cron
 
-    try:
-        CronSchedule(cron=value)
-    except ValidationError:
-        raise ValueError(
-            f"{value!r} is not a valid cron expression; use five fields: minute hour "
-            'day-of-month month day-of-week, e.g. "0 3 * * *"'
-        ) from None
-    return value
+    return check_cron(value)
 
 
 class NightlyConfig(ConfigModel):

@@ -1,4 +1,9 @@
-"""Building an environment package and snapshotting its datasets."""
+"""Building an environment package and snapshotting its datasets.
+
+The datasets are the environment's own formatted splits, built from the source folder
+by the environment library that claims the package (``vfops.envs``' plug-in protocol:
+vfops's own, the ``verifiers`` adapter, any other registered), so a published snapshot
+is what an evaluation of that version reads."""
 
 from __future__ import annotations
 
@@ -11,10 +16,9 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from vfops._errors import VfopsError
-from vfops.envs._dataset import quiet_datasets
+from vfops.envs import Environment, environment_library, quiet_datasets
 from vfops.publishing._hashing import file_sha256
 from vfops.publishing._project import EnvironmentProject
 
@@ -118,21 +122,22 @@ def snapshot_datasets(project: EnvironmentProject, out_dir: Path) -> list[Datase
     return snapshots
 
 
-def load_from_source(project: EnvironmentProject) -> Any:
-    """Call the package's ``load_environment()`` from its source folder (not installed)."""
+def load_from_source(project: EnvironmentProject) -> Environment:
+    """Build the environment from its source folder (not installed), with its default
+    arguments, through the library it is written against (``project.library``)."""
+    library = environment_library(project.library)
     module_name, _, attr = project.entry_point.partition(":")
     with _source_on_path(project.path, project.top_level_module):
         try:
             module = importlib.import_module(module_name)
             factory = getattr(module, attr or "load_environment")
-            if project.library == "verifiers":  # its splits, as verifiers formats them
-                from vfops.adapters import build_verifiers_environment
-
-                env = build_verifiers_environment(factory, project.env_name)
+            with quiet_datasets():  # environments build their datasets with Dataset.map
+                env = library.build(factory, project.env_name)
                 env.splits()  # built while its source is the one imported
-            else:
-                with quiet_datasets():  # environments build their datasets with Dataset.map
-                    env = factory()
+        except VfopsError as exc:
+            raise VfopsError(
+                f"{project.path}: {exc}; it must build with its default arguments to be published"
+            ) from exc
         except Exception as exc:
             raise VfopsError(
                 f"load_environment of {project.path} raised {type(exc).__name__}: {exc}; "

@@ -12,8 +12,6 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqlalchemy.orm import Session
-
 from vfops._errors import VfopsError
 from vfops.artifacts import DEFAULT_GC_GRACE_HOURS
 from vfops.publishing._publish import artifact_keys, environment_store
@@ -55,7 +53,7 @@ def collect_garbage(
     if not grace_hours >= 0:
         raise VfopsError(f"--grace-hours must be 0 or more, not {grace_hours}")
     from vfops.artifacts import open_store
-    from vfops.registry import get_engine, referenced_artifact_uris
+    from vfops.registry import get_engine, referenced_artifact_uris, session_scope
 
     stores: list[ArtifactStore] = [environment_store(artifacts_uri)]
     if include_legacy:
@@ -67,7 +65,7 @@ def collect_garbage(
             # List first, then read the registry: a row committed in between is seen, and
             # an object uploaded in between is too young to be listed as a candidate.
             candidates = list(store.iter_objects())
-            with Session(get_engine(database_url)) as session:
+            with session_scope(get_engine(database_url), write=False) as session:
                 referenced = artifact_keys(referenced_artifact_uris(session))
             for obj in candidates:
                 if (obj.sha256, obj.name) in referenced:

@@ -9,13 +9,10 @@ from typing import Any, Literal
 
 from vfops._config import read_toml
 from vfops._errors import VfopsError
+from vfops.envs import EnvironmentPackage, library_of
 
 ENTRY_POINT_GROUP = "vfops.environments"
-VERIFIERS_FACTORY = "load_environment"
-"""A ``verifiers`` environment package's entry: ``<module>:load_environment``, where the
-module is named after the environment (``verifiers``' convention; no entry point)."""
 Bump = Literal["patch", "minor", "major"]
-_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
 @dataclass(frozen=True)
@@ -32,7 +29,8 @@ class EnvironmentProject:
     readme: str | None
     dependencies: list[str]
     library: str = "vfops"
-    """``vfops`` (a ``vfops.environments`` entry point) or ``verifiers``."""
+    """The environment library that claims it (``vfops``: a ``vfops.environments``
+    entry point; ``verifiers``...: see :mod:`vfops.envs` ``_library``)."""
     declared_version: str = ""
     """The version as ``pyproject.toml`` spells it (for messages)."""
 
@@ -50,18 +48,14 @@ def read_project(path: Path) -> EnvironmentProject:
         )
     data = read_toml(pyproject)  # one line on non-UTF-8 or invalid TOML
     project = data.get("project") or {}
-    entry_points = (project.get("entry-points") or {}).get(ENTRY_POINT_GROUP) or {}
     dependencies = [str(d) for d in project.get("dependencies") or []]
-    library = "vfops"
-    if not entry_points and requires_verifiers(dependencies):
-        library = "verifiers"
-        module = verifiers_module(data, str(project.get("name") or path.name))
-        entry_points = {module: f"{module}:{VERIFIERS_FACTORY}"}
+    library, entry_points = _claimed(_package(data, path, dependencies))
     if len(entry_points) != 1:
         raise VfopsError(
             f"{pyproject} must declare exactly one entry point in "
             f'[project.entry-points."{ENTRY_POINT_GROUP}"], found {len(entry_points)} '
-            "(a verifiers environment instead depends on verifiers and has one module)"
+            "(an environment of another library follows its convention: a verifiers "
+            "one depends on verifiers and has one module)"
         )
     ((env_name, entry_point),) = entry_points.items()
     declared_version = str(project.get("version") or "")
@@ -82,27 +76,43 @@ def read_project(path: Path) -> EnvironmentProject:
     )
 
 
-def requires_verifiers(requirements: list[str]) -> bool:
-    """Whether ``requirements`` (PEP 508 strings) name ``verifiers`` unconditionally."""
-    for requirement in requirements:
-        spec, _, marker = requirement.partition(";")
-        if "extra" in marker:
-            continue
-        match = _REQUIREMENT_NAME.match(spec)
-        if match and match.group(1).lower().replace("_", "-") == "verifiers":
-            return True
-    return False
+def _package(pyproject: dict[str, Any], path: Path, dependencies: list[str]) -> EnvironmentPackage:
+    """What the source folder's ``pyproject.toml`` says about the package, for the
+    environment libraries to claim it."""
+    project = pyproject.get("project") or {}
+    groups = {
+        str(group): {str(name): str(value) for name, value in (eps or {}).items()}
+        for group, eps in (project.get("entry-points") or {}).items()
+        if isinstance(eps, dict)
+    }
+    return EnvironmentPackage(
+        distribution=str(project.get("name") or path.name),
+        requires=tuple(dependencies),
+        entry_points=groups,
+        modules=_declared_modules(pyproject),
+    )
 
 
-def verifiers_module(pyproject: dict[str, Any], distribution: str) -> str:
-    """The module of a ``verifiers`` environment package: its one ``py-modules`` or
-    ``packages`` entry, else ``verifiers``' convention (the name with ``_`` for ``-``)."""
+def _declared_modules(pyproject: dict[str, Any]) -> tuple[str, ...]:
+    """The modules ``[tool.setuptools]`` lists: its one ``py-modules`` or ``packages``
+    entry when either lists exactly one, else all it lists."""
     setuptools = (pyproject.get("tool") or {}).get("setuptools") or {}
-    for key in ("py-modules", "packages"):
-        listed = setuptools.get(key)
-        if isinstance(listed, list) and len(listed) == 1:
-            return str(listed[0])
-    return distribution.replace("-", "_").replace(".", "_")
+    listed = [setuptools.get(key) for key in ("py-modules", "packages")]
+    lists = [[str(m) for m in found] for found in listed if isinstance(found, list)]
+    for modules in lists:
+        if len(modules) == 1:
+            return (modules[0],)
+    return tuple(m for modules in lists for m in modules)
+
+
+def _claimed(package: EnvironmentPackage) -> tuple[str, dict[str, str]]:
+    """The library that claims ``package`` and its environments (none: vfops's own,
+    with none, which the caller reports)."""
+    claimed = library_of(package)
+    if claimed is None:
+        return "vfops", {}
+    library, environments = claimed
+    return library.name, environments
 
 
 def parse_semver(version: str, *, where: str = "version") -> tuple[int, int, int]:

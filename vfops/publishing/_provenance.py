@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vfops._errors import EnvironmentNotFoundError
-from vfops.envs._loading import find_environment, installed_environments
+from vfops.envs import environment_library, find_environment, installed_environments
 from vfops.publishing._hashing import installed_code_hash
 
 
@@ -17,7 +17,7 @@ class InstalledEnvironment:
     distribution_version: str | None
     code_hash: str
     library: str = "vfops"
-    """The library the environment is written against: ``vfops`` or ``verifiers``."""
+    """The environment library it is written against (``vfops``, ``verifiers``, ...)."""
     library_version: str | None = None
     """That library's installed version, when it is not vfops (it changes what runs)."""
 
@@ -36,18 +36,10 @@ def inspect_installed(env_name: str) -> InstalledEnvironment:
             "install it with: vfops env install PATH"
         )
     top_level = entry.module.split(".", 1)[0]
-    library_version = None
-    if entry.library != "vfops":
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            library_version = version(entry.library)
-        except PackageNotFoundError:
-            library_version = None
     return InstalledEnvironment(
         env_name=entry.name,
         distribution_version=entry.version,
         code_hash=installed_code_hash(top_level),
         library=entry.library,
-        library_version=library_version,
+        library_version=environment_library(entry.library).version(),
     )

@@ -61,13 +61,13 @@ def publish_environment(
     artifacts_uri: str | None = None,
 ) -> PublishResult:
     """Build, hash, snapshot, upload and register an environment package."""
-    from vfops.registry import get_engine
+    from vfops.registry import get_engine, session_scope
 
     path = path.resolve()
     project = read_project(path)
     digest = content_hash(path)
     engine = get_engine(database_url)
-    with Session(engine) as session:
+    with session_scope(engine, write=False) as session:
         versions = list_versions(session, project.env_name)
         unchanged = [v for v in versions if v.content_hash == digest]
         if unchanged:  # identical content: report the version that has it
@@ -245,6 +245,7 @@ def _register(
     row back when the content is the same (a no-op), else a one-line error.
     """
     from vfops.registry import (
+        NewEnvironmentVersion,
         add_environment_version,
         find_version,
         get_or_create_environment,
@@ -263,10 +264,9 @@ def _register(
                 return existing, False  # a retried or concurrent publish of this content
             if existing is not None:  # registered since this publish checked: it lost
                 raise _lost(project, existing.content_hash)
-            row = add_environment_version(
-                session,
-                project.env_name,
-                project.version,
+            new = NewEnvironmentVersion(
+                name=project.env_name,
+                version=project.version,
                 content_hash=digest,
                 code_hash=code,
                 wheel_sha256=wheel_ref.sha256,
@@ -278,6 +278,7 @@ def _register(
                 description=project.description,
                 readme=project.readme,
             )
+            row = add_environment_version(session, new)
             _ = row.environment  # loaded while the session is open
             if (row.wheel_uri, row.sdist_uri) != (wheel_ref.uri, sdist_ref.uri):
                 return row, False  # committed between the lookup and the insert: theirs
@@ -286,7 +287,7 @@ def _register(
         # (VfopsError from add_environment_version) or hits the unique index.
         if isinstance(exc, OperationalError) and "locked" not in str(exc).lower():
             raise
-        with Session(engine, expire_on_commit=False) as session:
+        with session_scope(engine, write=False) as session:
             winner = find_version(session, project.env_name, project.version)
             if winner is not None:
                 _ = winner.environment
@@ -360,10 +361,10 @@ def install_published(
 ) -> EnvironmentVersionRow:
     """Download a published wheel, verify its hash and archive paths, pip-install it."""
     from vfops.artifacts import open_uri, safe_extract
-    from vfops.registry import get_engine
+    from vfops.registry import get_engine, session_scope
 
     name, version = parse_ref(ref)
-    with Session(get_engine(database_url), expire_on_commit=False) as session:
+    with session_scope(get_engine(database_url), write=False) as session:
         row = find_published(session, name, version)
         _ = row.environment  # loaded before the session closes
     with tempfile.TemporaryDirectory(prefix="vfops-install-") as tmp:

@@ -21,12 +21,14 @@ from packaging.utils import (
 )
 
 from vfops._errors import VfopsError
-from vfops.publishing._project import ENTRY_POINT_GROUP, VERIFIERS_FACTORY, requires_verifiers
+from vfops.envs import EnvironmentPackage, library_of
+from vfops.publishing._project import ENTRY_POINT_GROUP
 
 
 @dataclass(frozen=True)
 class WheelIdentity:
-    """A wheel's distribution name and version, and its ``vfops.environments`` entry points."""
+    """A wheel's distribution name and version, and the environments it holds (its
+    ``vfops.environments`` entry points, or those another environment library finds)."""
 
     distribution: str
     version: str
@@ -78,18 +80,22 @@ def read_wheel_identity(wheel: Path) -> WheelIdentity:
             f"{wheel.name} says {file_name} {file_version} in its file name but "
             f"{meta_name} {meta_version} in its METADATA; rebuild it with python -m build"
         )
-    environments = _environment_entry_points(wheel, entry_points_text)
-    if not environments and requires_verifiers(metadata.get_all("Requires-Dist") or []):
-        module = _verifiers_module(names, str(file_name))
-        environments = {module: f"{module}:{VERIFIERS_FACTORY}"}
+    package = EnvironmentPackage(
+        distribution=str(file_name),
+        requires=tuple(metadata.get_all("Requires-Dist") or ()),
+        entry_points=_entry_points(wheel, entry_points_text),
+        modules=_top_level_modules(names),
+    )
+    claimed = library_of(package)  # the environment library that claims the wheel
+    environments = claimed[1] if claimed is not None else {}
     return WheelIdentity(
         distribution=str(file_name), version=str(meta_version), environments=environments
     )
 
 
-def _verifiers_module(names: list[str], distribution: str) -> str:
-    """A ``verifiers`` environment wheel's module: the one top-level module or package
-    it installs, else ``verifiers``' naming convention."""
+def _top_level_modules(names: list[str]) -> tuple[str, ...]:
+    """The top-level modules and packages the wheel installs (for a library whose
+    environment is the package's one module, as ``verifiers``')."""
     tops: set[str] = set()
     for name in names:
         head, _, rest = name.partition("/")
@@ -99,12 +105,11 @@ def _verifiers_module(names: list[str], distribution: str) -> str:
             tops.add(head.removesuffix(".py"))
         elif rest == "__init__.py":
             tops.add(head)
-    if len(tops) == 1:
-        return tops.pop()
-    return distribution.replace("-", "_")
+    return tuple(sorted(tops))
 
 
-def _environment_entry_points(wheel: Path, text: str) -> dict[str, str]:
+def _entry_points(wheel: Path, text: str) -> dict[str, dict[str, str]]:
+    """``entry_points.txt``: group -> name -> ``module:function``."""
     parser = configparser.ConfigParser(interpolation=None, delimiters=("=",))
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # names are case-sensitive
     try:
@@ -114,9 +119,10 @@ def _environment_entry_points(wheel: Path, text: str) -> dict[str, str]:
         raise VfopsError(
             f"{wheel.name}: unreadable entry_points.txt ({reason}); rebuild it"
         ) from None
-    if not parser.has_section(ENTRY_POINT_GROUP):
-        return {}
-    return {name: value.strip() for name, value in parser.items(ENTRY_POINT_GROUP)}
+    return {
+        group: {name: value.strip() for name, value in parser.items(group)}
+        for group in parser.sections()
+    }
 
 
 def check_wheel_identity(

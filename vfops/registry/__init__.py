@@ -7,17 +7,18 @@ Every query on the registry's tables lives in this package, one private module
 per entity; other packages call these functions and never build a statement on
 the ORM classes (a test checks it).
 
-Metadata functions take a :class:`~sqlalchemy.orm.Session`, so a caller can group
-several into one transaction (``with session_scope() as session: ...``). Rollout
-and judge-cache functions take an :class:`~sqlalchemy.Engine`: they are the hot
-paths, use Core statements instead of ORM objects, and each call is its own
-transaction.
+Registry functions take a :class:`~sqlalchemy.orm.Session`, so a caller can group
+several into one transaction (``with session_scope() as session: ...``; ``write=False``
+for reads). The rollout functions are the hot path: they run Core statements on the
+session's connection instead of building ORM objects. The judge cache and a rollout's
+judge cost (:func:`add_rollout_cost`) take an :class:`~sqlalchemy.Engine`: each call
+is its own short transaction.
 """
 
 from __future__ import annotations
 
 from vfops._lease import LEASE_TTL_S, LeaseOwner
-from vfops.registry._alias_events import list_alias_events, record_alias_event
+from vfops.registry._alias_events import AliasEvent, list_alias_events, record_alias_event
 from vfops.registry._costs import (
     RESERVATION_TTL_S,
     CostBudget,
@@ -44,6 +45,7 @@ from vfops.registry._db import (
     upgrade,
 )
 from vfops.registry._environments import (
+    NewEnvironmentVersion,
     add_environment_version,
     canonical_version,
     find_version,
@@ -77,7 +79,9 @@ from vfops.registry._rollouts import (
 )
 from vfops.registry._runs import (
     RUN_STATUSES,
+    NewRun,
     RunBusyError,
+    RunFilter,
     add_run_tags,
     create_run,
     find_completed_run,
@@ -97,6 +101,7 @@ __all__ = [
     "LEASE_TTL_S",
     "RESERVATION_TTL_S",
     "RUN_STATUSES",
+    "AliasEvent",
     "AliasEventRow",
     "Base",
     "CostBudget",
@@ -109,11 +114,14 @@ __all__ = [
     "JudgeCacheEntry",
     "JudgeCacheRow",
     "LeaseOwner",
+    "NewEnvironmentVersion",
+    "NewRun",
     "Pushback",
     "RegistryJudgeCache",
     "RolloutRow",
     "RunBusyError",
     "RunCost",
+    "RunFilter",
     "add_environment_version",
     "add_rollout_cost",
     "add_run_tags",

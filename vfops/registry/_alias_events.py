@@ -6,6 +6,8 @@ deleted, so "who held the alias when, and on what evidence" can be reconstructed
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -14,32 +16,35 @@ from sqlalchemy.orm import Session
 from vfops.registry._models import AliasEventRow
 
 
-def record_alias_event(
-    session: Session,
-    *,
-    actor: str,
-    model_name: str,
-    alias: str,
-    from_version: str | None,
-    to_version: str,
-    outcome: str,
-    forced: bool,
-    metric: str,
-    evidence: dict[str, Any],
-    reason: str,
-) -> AliasEventRow:
+@dataclass(frozen=True)
+class AliasEvent:
+    """One promotion decision, as it is recorded (a new column is one field here)."""
+
+    actor: str
+    model_name: str
+    alias: str
+    from_version: str | None
+    to_version: str
+    outcome: str
+    forced: bool
+    metric: str
+    evidence: Mapping[str, Any]
+    reason: str
+
+
+def record_alias_event(session: Session, event: AliasEvent) -> AliasEventRow:
     """Append one decision (flushed: its ``id`` is set); committed with ``session``."""
     row = AliasEventRow(
-        actor=actor,
-        model_name=model_name,
-        alias=alias,
-        from_version=from_version,
-        to_version=to_version,
-        outcome=outcome,
-        forced=forced,
-        metric=metric,
-        evidence=dict(evidence),
-        reason=reason,
+        actor=event.actor,
+        model_name=event.model_name,
+        alias=event.alias,
+        from_version=event.from_version,
+        to_version=event.to_version,
+        outcome=event.outcome,
+        forced=event.forced,
+        metric=event.metric,
+        evidence=dict(event.evidence),
+        reason=event.reason,
     )
     session.add(row)
     session.flush()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
@@ -57,28 +59,33 @@ def get_or_create_environment(session: Session, name: str) -> EnvironmentRow:
     return row
 
 
-def add_environment_version(
-    session: Session,
-    name: str,
-    version: str,
-    *,
-    content_hash: str,
-    code_hash: str,
-    wheel_sha256: str,
-    sdist_sha256: str,
-    wheel_uri: str,
-    sdist_uri: str,
-    datasets: dict[str, Any] | None = None,
-    dependencies: list[Any] | None = None,
-    description: str | None = None,
-    readme: str | None = None,
-) -> EnvironmentVersionRow:
+@dataclass(frozen=True)
+class NewEnvironmentVersion:
+    """A version to publish, as :func:`add_environment_version` records it (a new
+    column is one field here). ``version`` in any spelling (stored canonical)."""
+
+    name: str
+    version: str
+    content_hash: str
+    code_hash: str
+    wheel_sha256: str
+    sdist_sha256: str
+    wheel_uri: str
+    sdist_uri: str
+    datasets: Mapping[str, Any] | None = None
+    dependencies: Sequence[Any] | None = None
+    description: str | None = None
+    readme: str | None = None
+
+
+def add_environment_version(session: Session, new: NewEnvironmentVersion) -> EnvironmentVersionRow:
     """Record a published version. Versions are immutable.
 
     Re-adding the same version with the same ``content_hash`` returns the existing
     row (a retried publish); with another hash it raises :class:`VfopsError`.
     """
-    major, minor, patch = parse_version(version)
+    name, content_hash = new.name, new.content_hash
+    major, minor, patch = parse_version(new.version)
     environment = get_or_create_environment(session, name)
     # by number, not by string: a row an older vfops stored as "0.1.00" is 0.1.0 too
     existing = session.scalar(
@@ -105,15 +112,15 @@ def add_environment_version(
         version_minor=minor,
         version_patch=patch,
         content_hash=content_hash,
-        code_hash=code_hash,
-        wheel_sha256=wheel_sha256,
-        sdist_sha256=sdist_sha256,
-        wheel_uri=wheel_uri,
-        sdist_uri=sdist_uri,
-        datasets=dict(datasets or {}),
-        dependencies=list(dependencies or []),
-        description=description,
-        readme=readme,
+        code_hash=new.code_hash,
+        wheel_sha256=new.wheel_sha256,
+        sdist_sha256=new.sdist_sha256,
+        wheel_uri=new.wheel_uri,
+        sdist_uri=new.sdist_uri,
+        datasets=dict(new.datasets or {}),
+        dependencies=list(new.dependencies or []),
+        description=new.description,
+        readme=new.readme,
     )
     row.environment = environment
     session.add(row)

@@ -1,8 +1,12 @@
 """Rollouts of eval runs: the hot path (Core statements, pre-serialised JSON).
 
-Each function takes an :class:`Engine` and is its own transaction. The columns,
-their order and the row building all come from the rollout schema's declaration
-(:data:`vfops._rollout.ROLLOUT_COLUMNS`, via ``ROLLOUT_RECORD_COLUMNS``).
+Like every registry function, each takes a :class:`~sqlalchemy.orm.Session` and runs
+in the caller's transaction (``with session_scope(engine) as session: ...``;
+``write=False`` for reads), so a caller can group a batch with its other writes. The
+statements stay Core on the session's connection: no ORM object is built per rollout.
+(:func:`add_rollout_cost` is the exception: one rollout's cost, its own transaction.)
+The columns, their order and the row building all come from the rollout schema's
+declaration (:data:`vfops._rollout.ROLLOUT_COLUMNS`, via ``ROLLOUT_RECORD_COLUMNS``).
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from typing import Any, Final
 import orjson
 from sqlalchemy import Engine, Text, bindparam, cast, func, select, tuple_
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import Session
 
+from vfops._errors import InvalidArgumentError, VfopsError
 from vfops._rollout import RolloutRecord, record_builder, row_tuples_builder
 from vfops.registry._db import transaction
-from vfops.registry._models import ROLLOUT_RECORD_COLUMNS, Base
-from vfops.registry._runs import run_model
+from vfops.registry._models import ROLLOUT_RECORD_COLUMNS, Base, EvalRunRow
 from vfops.registry._sql import on_conflict_insert
 
 _ROLLOUTS: Final = Base.metadata.tables["rollouts"]
@@ -35,7 +41,7 @@ _RECORD_SELECT: Final = tuple(_ROLLOUTS.c[column.name] for column in ROLLOUT_REC
 _insert_sql: dict[str, str] = {}
 
 
-def _rollout_insert_sql(engine: Engine) -> str:
+def _rollout_insert_sql(engine_dialect: Dialect) -> str:
     """The INSERT ... ON CONFLICT DO NOTHING of a rollout row, compiled once per dialect.
 
     Executed with ``exec_driver_sql`` and positional tuples: SQLAlchemy's per-row
@@ -43,7 +49,7 @@ def _rollout_insert_sql(engine: Engine) -> str:
     much as SQLite's own work (profiled), and no column here needs a bind
     processor once JSON is serialised by orjson up front.
     """
-    dialect_name = engine.dialect.name
+    dialect_name = engine_dialect.name
     sql = _insert_sql.get(dialect_name)
     if sql is not None:
         return sql
@@ -60,7 +66,7 @@ def _rollout_insert_sql(engine: Engine) -> str:
         .on_conflict_do_nothing(index_elements=list(_KEY_COLUMNS))
     )
     # compile for positional parameters ("?" on SQLite, "%s" on psycopg)
-    dialect_class: Any = type(engine.dialect)
+    dialect_class: Any = type(engine_dialect)
     dialect = dialect_class(paramstyle="qmark" if dialect_name == "sqlite" else "format")
     compiled = statement.compile(dialect=dialect)
     if list(compiled.positiontup or ()) != list(_INSERT_COLUMNS):  # pragma: no cover
@@ -114,8 +120,9 @@ def _rollout_rows(run_id: str, records: Sequence[RolloutRecord], pg: bool) -> li
     return rows
 
 
-def insert_rollouts(engine: Engine, run_id: str, records: Sequence[RolloutRecord]) -> int:
-    """Write a batch of rollouts of a run in one transaction; returns how many were new.
+def insert_rollouts(session: Session, run_id: str, records: Sequence[RolloutRecord]) -> int:
+    """Write a batch of rollouts of a run in the session's transaction; returns how many
+    were new.
 
     A rollout whose (run, example_id, rollout_index) is already stored is skipped,
     so retrying a batch, resuming a run, or two writers racing never duplicate a row.
@@ -124,56 +131,68 @@ def insert_rollouts(engine: Engine, run_id: str, records: Sequence[RolloutRecord
     if not records:
         return 0
     try:
-        return _insert_rollouts(engine, run_id, records)
+        # a savepoint: a batch the driver refuses halfway leaves no row behind
+        with session.begin_nested():
+            return _insert_rollouts(session, run_id, records)
     except (UnicodeEncodeError, orjson.JSONEncodeError):
         # Text UTF-8 cannot encode (a lone surrogate) is refused by orjson, SQLite and
         # psycopg alike; the batch (rolled back) is stored again with it escaped, as
         # results.jsonl has it. Only on that error: the usual batch is not scanned.
-        return _insert_rollouts(engine, run_id, [record.escaped() for record in records])
+        escaped = [record.escaped() for record in records]
+        with session.begin_nested():
+            return _insert_rollouts(session, run_id, escaped)
 
 
-def _insert_rollouts(engine: Engine, run_id: str, records: Sequence[RolloutRecord]) -> int:
-    sql = _rollout_insert_sql(engine)
-    rows = _rollout_rows(run_id, records, pg=engine.dialect.name == "postgresql")
-    with transaction(engine) as connection:
-        # preserve_rowcount: psycopg's executemany rowcount is gone once SQLAlchemy
-        # closes the cursor, unless captured right after the call
-        result = connection.exec_driver_sql(
-            sql, rows, execution_options={"preserve_rowcount": True}
-        )
-        return max(result.rowcount, 0)
+def _insert_rollouts(session: Session, run_id: str, records: Sequence[RolloutRecord]) -> int:
+    dialect = session.get_bind().dialect
+    sql = _rollout_insert_sql(dialect)
+    rows = _rollout_rows(run_id, records, pg=dialect.name == "postgresql")
+    # preserve_rowcount: psycopg's executemany rowcount is gone once SQLAlchemy
+    # closes the cursor, unless captured right after the call
+    result = session.connection().exec_driver_sql(
+        sql, rows, execution_options={"preserve_rowcount": True}
+    )
+    return max(result.rowcount, 0)
 
 
-def completed_keys(engine: Engine, run_id: str) -> set[tuple[int, int]]:
+def completed_keys(session: Session, run_id: str) -> set[tuple[int, int]]:
     """The (example_id, rollout_index) of every stored rollout of a run."""
     query = select(_ROLLOUTS.c.example_id, _ROLLOUTS.c.rollout_index).where(
         _ROLLOUTS.c.run_id == run_id
     )
-    with transaction(engine, write=False) as connection:
-        return {(int(example), int(index)) for example, index in connection.execute(query)}
+    return {(int(example), int(index)) for example, index in session.execute(query)}
 
 
-def count_rollouts(engine: Engine, run_id: str) -> int:
+def count_rollouts(session: Session, run_id: str) -> int:
     """How many rollouts of a run are stored."""
     query = select(func.count()).select_from(_ROLLOUTS).where(_ROLLOUTS.c.run_id == run_id)
-    with transaction(engine, write=False) as connection:
-        return int(connection.execute(query).scalar_one())
+    return int(session.execute(query).scalar_one())
 
 
 # (row of _RECORD_SELECT, model, sampling_args) -> RolloutRecord; JSON arrives decoded
 _to_record = record_builder(ROLLOUT_RECORD_COLUMNS, by_name=False, decode_json=False)
 
 
-def iter_rollouts(engine: Engine, run_id: str, batch_size: int = 1000) -> Iterator[RolloutRecord]:
+def _run_model(session: Session, run_id: str) -> tuple[str, dict[str, Any]]:
+    """The model and sampling arguments of a run (what its rollouts share)."""
+    row = session.execute(
+        select(EvalRunRow.model, EvalRunRow.sampling_args).where(EvalRunRow.id == run_id)
+    ).one_or_none()
+    if row is None:
+        raise VfopsError(f"no eval run with id {run_id!r}")
+    return row[0], row[1]
+
+
+def iter_rollouts(session: Session, run_id: str, batch_size: int = 1000) -> Iterator[RolloutRecord]:
     """Stream a run's rollouts ordered by (example_id, rollout_index).
 
-    Keyset pages of ``batch_size`` rows, each its own short read: memory stays
-    bounded and no transaction or server-side cursor is held while the caller
-    works through a page. Rows written meanwhile after the cursor are included.
+    Keyset pages of ``batch_size`` rows, each one query in the caller's session (keep
+    it open while iterating): memory stays bounded and no server-side cursor is held
+    while the caller works through a page.
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    model, sampling_args = run_model(engine, run_id)
+        raise InvalidArgumentError(f"batch_size must be at least 1, got {batch_size}")
+    model, sampling_args = _run_model(session, run_id)
     key = tuple_(_ROLLOUTS.c.example_id, _ROLLOUTS.c.rollout_index)
     base = (
         select(*_RECORD_SELECT)
@@ -184,8 +203,7 @@ def iter_rollouts(engine: Engine, run_id: str, batch_size: int = 1000) -> Iterat
     last: tuple[int, int] | None = None
     while True:
         query = base if last is None else base.where(key > tuple_(*last))
-        with transaction(engine, write=False) as connection:
-            rows = connection.execute(query).all()
+        rows = session.execute(query).all()
         for row in rows:
             yield _to_record(row, model, dict(sampling_args))
         if len(rows) < batch_size:
@@ -193,16 +211,15 @@ def iter_rollouts(engine: Engine, run_id: str, batch_size: int = 1000) -> Iterat
         last = (rows[-1].example_id, rows[-1].rollout_index)
 
 
-def rollouts_for_example(engine: Engine, run_id: str, example_id: int) -> list[RolloutRecord]:
+def rollouts_for_example(session: Session, run_id: str, example_id: int) -> list[RolloutRecord]:
     """The rollouts of one example of a run, by rollout_index."""
-    model, sampling_args = run_model(engine, run_id)
+    model, sampling_args = _run_model(session, run_id)
     query = (
         select(*_RECORD_SELECT)
         .where(_ROLLOUTS.c.run_id == run_id, _ROLLOUTS.c.example_id == example_id)
         .order_by(_ROLLOUTS.c.rollout_index)
     )
-    with transaction(engine, write=False) as connection:
-        return [_to_record(row, model, dict(sampling_args)) for row in connection.execute(query)]
+    return [_to_record(row, model, dict(sampling_args)) for row in session.execute(query)]
 
 
 def add_rollout_cost(

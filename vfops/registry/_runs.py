@@ -1,19 +1,25 @@
-"""Eval runs: one evaluation of one environment version against one model configuration."""
+"""Eval runs: one evaluation of one environment version against one model configuration.
+
+Every function takes the caller's :class:`~sqlalchemy.orm.Session` (open one with
+:func:`vfops.registry.session_scope`), so several changes are one transaction;
+:func:`create_run` and :func:`list_runs` take a typed :class:`NewRun` /
+:class:`RunFilter`, so a new column or filter is one field, not one more argument.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Engine, String, cast, select, update
+from sqlalchemy import String, cast, select, update
 from sqlalchemy.orm import Session
 
 from vfops._errors import VfopsError
 from vfops._lease import LEASE_TTL_S, LeaseOwner
 from vfops._version import __version__
-from vfops.registry._db import transaction
 from vfops.registry._models import EvalRunRow, utcnow
 
 RUN_STATUSES: Final = frozenset(
@@ -80,16 +86,16 @@ def _busy(run_id: str, holder: LeaseOwner, expires: dt.datetime) -> RunBusyError
 
 
 def renew_run_lease(
-    engine: Engine, run_id: str, owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S
+    session: Session, run_id: str, owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S
 ) -> bool:
-    """Extend ``owner``'s lease; ``False`` when another process has taken the run over."""
-    with transaction(engine) as connection:
-        result = connection.execute(
-            update(EvalRunRow)
-            .where(EvalRunRow.id == run_id, EvalRunRow.lease_owner == str(owner))
-            .values(lease_expires=utcnow() + dt.timedelta(seconds=ttl_s))
-        )
-        return result.rowcount == 1
+    """Extend ``owner``'s lease (in the caller's transaction); ``False`` when another
+    process has taken the run over."""
+    result = session.connection().execute(
+        update(EvalRunRow)
+        .where(EvalRunRow.id == run_id, EvalRunRow.lease_owner == str(owner))
+        .values(lease_expires=utcnow() + dt.timedelta(seconds=ttl_s))
+    )
+    return bool(result.rowcount == 1)
 
 
 def release_run_lease(session: Session, run_id: str, owner: LeaseOwner) -> None:
@@ -106,48 +112,53 @@ def _check_status(status: str) -> None:
         raise VfopsError(f"unknown run status {status!r}; use one of {sorted(RUN_STATUSES)}")
 
 
-def create_run(
-    session: Session,
-    *,
-    environment_name: str,
-    environment_version: str,
-    environment_content_hash: str,
-    model: str,
-    num_examples: int,
-    rollouts_per_example: int,
-    config_fingerprint: str,
-    sampling_args: dict[str, Any] | None = None,
-    env_args: dict[str, Any] | None = None,
-    base_url: str | None = None,
-    environment_version_id: int | None = None,
-    output_dir: str | None = None,
-    run_id: str | None = None,
-    status: str = "running",
-    tags: Sequence[str] = (),
-    lease_owner: LeaseOwner | None = None,
-) -> EvalRunRow:
-    """Insert a new eval run (id: 32 hex characters unless given) and return it;
-    ``lease_owner``: the process that will work on it (see :func:`take_run_lease`)."""
+@dataclass(frozen=True)
+class NewRun:
+    """What a new eval run records (:func:`create_run`); a new column is one field here."""
+
+    environment_name: str
+    environment_version: str
+    environment_content_hash: str
+    model: str
+    num_examples: int
+    rollouts_per_example: int
+    config_fingerprint: str
+    sampling_args: dict[str, Any] | None = None
+    env_args: dict[str, Any] | None = None
+    base_url: str | None = None
+    environment_version_id: int | None = None
+    output_dir: str | None = None
+    run_id: str | None = None
+    """32 hex characters unless given."""
+    status: str = "running"
+    tags: Sequence[str] = ()
+    lease_owner: LeaseOwner | None = None
+    """The process that will work on the run (see :func:`take_run_lease`)."""
+
+
+def create_run(session: Session, new: NewRun) -> EvalRunRow:
+    """Insert the eval run ``new`` describes and return it."""
+    status, lease_owner = new.status, new.lease_owner
     _check_status(status)
     run = EvalRunRow(
-        id=run_id or uuid.uuid4().hex,
-        environment_name=environment_name,
-        environment_version_id=environment_version_id,
-        environment_version=environment_version,
-        environment_content_hash=environment_content_hash,
-        model=model,
-        base_url=base_url,
-        sampling_args=dict(sampling_args or {}),
-        env_args=dict(env_args or {}),
-        num_examples=num_examples,
-        rollouts_per_example=rollouts_per_example,
+        id=new.run_id or uuid.uuid4().hex,
+        environment_name=new.environment_name,
+        environment_version_id=new.environment_version_id,
+        environment_version=new.environment_version,
+        environment_content_hash=new.environment_content_hash,
+        model=new.model,
+        base_url=new.base_url,
+        sampling_args=dict(new.sampling_args or {}),
+        env_args=dict(new.env_args or {}),
+        num_examples=new.num_examples,
+        rollouts_per_example=new.rollouts_per_example,
         status=status,
-        config_fingerprint=config_fingerprint,
+        config_fingerprint=new.config_fingerprint,
         started_at=utcnow(),
         summary={},
         vfops_version=__version__,
-        output_dir=output_dir,
-        tags=list(tags),
+        output_dir=new.output_dir,
+        tags=list(new.tags),
         lease_owner=None if lease_owner is None else str(lease_owner),
         lease_expires=None if lease_owner is None else utcnow() + dt.timedelta(seconds=LEASE_TTL_S),
     )
@@ -195,42 +206,49 @@ def find_resumable_run(session: Session, config_fingerprint: str) -> EvalRunRow 
 
 def find_completed_run(session: Session, config_fingerprint: str) -> EvalRunRow | None:
     """The newest completed run with this configuration."""
-    runs = list_runs(session, config_fingerprint=config_fingerprint, status=_FINISHED, limit=1)
+    where = RunFilter(config_fingerprint=config_fingerprint, status=_FINISHED, limit=1)
+    runs = list_runs(session, where)
     return runs[0] if runs else None
 
 
-def list_runs(
-    session: Session,
-    env_name: str | None = None,
-    limit: int | None = 50,
-    *,
-    status: str | None = None,
-    model: str | None = None,
-    config_fingerprint: str | None = None,
-    num_examples: int | None = None,
-    rollouts_per_example: int | None = None,
-    environment_content_hash: str | None = None,
-    started_before: dt.datetime | None = None,
-    exclude_run_id: str | None = None,
-) -> list[EvalRunRow]:
-    """The newest runs first (at most ``limit``; None: all) matching every filter given."""
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs :func:`list_runs` returns: those matching every field given (``None``:
+    any), the newest first, at most ``limit`` (``None``: all)."""
+
+    env_name: str | None = None
+    limit: int | None = 50
+    status: str | None = None
+    model: str | None = None
+    config_fingerprint: str | None = None
+    num_examples: int | None = None
+    rollouts_per_example: int | None = None
+    environment_content_hash: str | None = None
+    started_before: dt.datetime | None = None
+    exclude_run_id: str | None = None
+
+
+def list_runs(session: Session, where: RunFilter | None = None) -> list[EvalRunRow]:
+    """The newest runs first matching ``where`` (default: the 50 newest)."""
+    where = where or RunFilter()
     equal: list[tuple[Any, Any]] = [
-        (EvalRunRow.environment_name, env_name),
-        (EvalRunRow.status, status),
-        (EvalRunRow.model, model),
-        (EvalRunRow.config_fingerprint, config_fingerprint),
-        (EvalRunRow.num_examples, num_examples),
-        (EvalRunRow.rollouts_per_example, rollouts_per_example),
-        (EvalRunRow.environment_content_hash, environment_content_hash),
+        (EvalRunRow.environment_name, where.env_name),
+        (EvalRunRow.status, where.status),
+        (EvalRunRow.model, where.model),
+        (EvalRunRow.config_fingerprint, where.config_fingerprint),
+        (EvalRunRow.num_examples, where.num_examples),
+        (EvalRunRow.rollouts_per_example, where.rollouts_per_example),
+        (EvalRunRow.environment_content_hash, where.environment_content_hash),
     ]
     query = select(EvalRunRow).where(
         *(column == value for column, value in equal if value is not None)
     )
-    if started_before is not None:
-        query = query.where(EvalRunRow.started_at < started_before)
-    if exclude_run_id is not None:
-        query = query.where(EvalRunRow.id != exclude_run_id)
-    query = query.order_by(EvalRunRow.started_at.desc(), EvalRunRow.id.desc()).limit(limit)
+    if where.started_before is not None:
+        query = query.where(EvalRunRow.started_at < where.started_before)
+    if where.exclude_run_id is not None:
+        query = query.where(EvalRunRow.id != where.exclude_run_id)
+    order = (EvalRunRow.started_at.desc(), EvalRunRow.id.desc())
+    query = query.order_by(*order).limit(where.limit)
     return list(session.scalars(query))
 
 
@@ -258,38 +276,31 @@ def finish_run(
     return run
 
 
-def run_model(engine: Engine, run_id: str) -> tuple[str, dict[str, Any]]:
+def run_model(session: Session, run_id: str) -> tuple[str, dict[str, Any]]:
     """The model and sampling arguments of a run (what its rollouts share)."""
-    with transaction(engine, write=False) as connection:
-        row = connection.execute(
-            select(EvalRunRow.model, EvalRunRow.sampling_args).where(EvalRunRow.id == run_id)
-        ).one_or_none()
+    row = session.execute(
+        select(EvalRunRow.model, EvalRunRow.sampling_args).where(EvalRunRow.id == run_id)
+    ).one_or_none()
     if row is None:
         raise VfopsError(f"no eval run with id {run_id!r}")
     return row[0], row[1]
 
 
-def set_mlflow_run_id(engine: Engine, run_id: str, mlflow_run_id: str) -> None:
-    """Link a registry run to its MLflow run (one short write transaction)."""
-    from vfops.registry._db import session_scope
-
-    with session_scope(engine) as session:
-        run = _require_run(session, run_id)
-        run.mlflow_run_id = mlflow_run_id
+def set_mlflow_run_id(session: Session, run_id: str, mlflow_run_id: str) -> None:
+    """Link a registry run to its MLflow run."""
+    run = _require_run(session, run_id)
+    run.mlflow_run_id = mlflow_run_id
 
 
-def add_run_tags(engine: Engine, run_id: str, tags: Sequence[str]) -> list[str]:
+def add_run_tags(session: Session, run_id: str, tags: Sequence[str]) -> list[str]:
     """Append the ``tags`` a run lacks (who worked on it; not part of its identity, which
     is the configuration fingerprint); returns the run's tags."""
-    from vfops.registry._db import session_scope
-
-    with session_scope(engine) as session:
-        run = _require_run(session, run_id)
-        current = [str(tag) for tag in run.tags or []]
-        missing = [tag for tag in dict.fromkeys(tags) if tag not in current]
-        if missing:
-            run.tags = [*current, *missing]  # a new list: the JSON column sees the change
-        return [*current, *missing]
+    run = _require_run(session, run_id)
+    current = [str(tag) for tag in run.tags or []]
+    missing = [tag for tag in dict.fromkeys(tags) if tag not in current]
+    if missing:
+        run.tags = [*current, *missing]  # a new list: the JSON column sees the change
+    return [*current, *missing]
 
 
 def runs_tagged(session: Session, tag: str) -> list[EvalRunRow]:

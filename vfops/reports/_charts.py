@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from datetime import date, datetime
 from typing import Any
 
+from vfops._errors import InvalidArgumentError
+
 Z_95 = 1.96
 """Error bars show ±1.96 standard errors (a 95 % normal interval)."""
 
@@ -23,7 +25,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def png_data_uri(png: bytes) -> str:
     """``data:image/png;base64,...`` for embedding a PNG in markdown."""
     if not png.startswith(PNG_MAGIC):
-        raise ValueError("not PNG data (missing the PNG signature)")
+        raise InvalidArgumentError("not PNG data (missing the PNG signature)")
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
@@ -94,7 +96,7 @@ def sweep_chart(cells: Sequence[Mapping[str, Any]], *, title: str = "Reward per 
     ``reward_stderr`` (a missing stderr draws no bar). Bars are coloured by model.
     """
     if not cells:
-        raise ValueError("sweep_chart needs at least one cell")
+        raise InvalidArgumentError("sweep_chart needs at least one cell")
     labels = [cell_label(c) for c in cells]
     means = [_float(c.get("reward_mean")) for c in cells]
     errors = [
@@ -163,7 +165,7 @@ def nightly_trend_chart(
     dates sort in time order).
     """
     if not history or not any(history.values()):
-        raise ValueError("nightly_trend_chart needs at least one point")
+        raise InvalidArgumentError("nightly_trend_chart needs at least one point")
     ticks = sorted({_x_label(point[0]) for points in history.values() for point in points})
     index = {label: i for i, label in enumerate(ticks)}
     fig = _new_figure(max(6.0, 0.6 * len(ticks) + 3.0), 4.8)
@@ -195,7 +197,7 @@ def training_curve_chart(
     ``train`` and ``held_out``: ``[(step, reward), ...]`` in any order.
     """
     if not train and not held_out:
-        raise ValueError("training_curve_chart needs at least one point")
+        raise InvalidArgumentError("training_curve_chart needs at least one point")
     fig = _new_figure(7.0, 4.2)
     ax = fig.add_subplot()
     if train:

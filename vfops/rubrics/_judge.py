@@ -10,7 +10,8 @@ import re
 import sys
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, Unpack, runtime_checkable
 
 from vfops._errors import VfopsError
 from vfops._types import Messages, SamplingArgs, State
@@ -122,15 +123,52 @@ def judge_says_yes(text: str) -> bool:
     return match is not None and match.group(1).lower() == "yes"
 
 
+class JudgeOptionKeywords(TypedDict, total=False):
+    """The keywords of :class:`JudgeOptions`, for ``JudgeRubric(..., max_retries=5)``."""
+
+    max_concurrent: int
+    max_retries: int
+    cache: JudgeCache | None
+    retry_base_delay: float
+    retry_max_delay: float
+    scoring_timeout_s: float | None
+
+
+@dataclass(frozen=True)
+class JudgeOptions:
+    """How a :class:`JudgeRubric` calls its judge: concurrency, retries, cache, limit.
+
+    Judge calls share one semaphore of ``max_concurrent`` slots, retry transient
+    errors ``max_retries`` times (exponential backoff with jitter from
+    ``retry_base_delay`` up to ``retry_max_delay`` seconds), and go through ``cache``
+    when given. ``scoring_timeout_s`` bounds the rubric's other reward functions.
+    """
+
+    max_concurrent: int = 8
+    max_retries: int = 3
+    cache: JudgeCache | None = None
+    retry_base_delay: float = 0.5
+    retry_max_delay: float = 30.0
+    scoring_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent < 1:
+            raise VfopsError(f"max_concurrent must be at least 1, got {self.max_concurrent}")
+        if self.max_retries < 0:
+            raise VfopsError(f"max_retries must be 0 or more, got {self.max_retries}")
+
+
 class JudgeRubric(Rubric):
     """Scores with a judge model: ``judge_reward`` is 1.0 when the judge says yes.
 
     Reward functions of this rubric may also name ``judge`` to receive the async
     :meth:`judge` method, e.g. ``async def f(judge, prompt, completion, answer,
-    state)``. Judge calls share one semaphore of ``max_concurrent`` slots, retry
-    transient errors ``max_retries`` times (exponential backoff with jitter), and
-    go through ``cache`` when given. Time spent in :meth:`judge` does not count
-    against ``scoring_timeout_s``: the judge client's own timeout and the retries bound it.
+    state)``. The keywords mirror verifiers' ``JudgeRubric``: the judge (client,
+    model, prompt, sampling arguments), the parser and reward functions here, and
+    how the judge is called (``max_concurrent``, ``max_retries``, ``cache``, the
+    retry delays, ``scoring_timeout_s``) as the fields of :class:`JudgeOptions`.
+    Time spent in :meth:`judge` does not count against ``scoring_timeout_s``: the
+    judge client's own timeout and the retries bound it.
     """
 
     _extra_arg_names: ClassVar[tuple[str, ...]] = ("judge",)
@@ -142,15 +180,10 @@ class JudgeRubric(Rubric):
         judge_prompt: str = DEFAULT_JUDGE_PROMPT,
         judge_sampling_args: SamplingArgs | None = None,
         parser: Parser | None = None,
-        max_concurrent: int = 8,
-        max_retries: int = 3,
-        cache: JudgeCache | None = None,
         *,
         funcs: Sequence[RewardFunc] | None = None,
         weights: Sequence[float] | None = None,
-        retry_base_delay: float = 0.5,
-        retry_max_delay: float = 30.0,
-        scoring_timeout_s: float | None = None,
+        **options: Unpack[JudgeOptionKeywords],
     ) -> None:
         try:
             judge_prompt.format(question="", answer="", response="")
@@ -159,19 +192,16 @@ class JudgeRubric(Rubric):
                 f"judge_prompt is not a valid template ({type(exc).__name__}: {exc}); it may "
                 "use {question}, {answer} and {response}, and must write other braces as {{ }}"
             ) from exc
-        if max_concurrent < 1:
-            raise VfopsError(f"max_concurrent must be at least 1, got {max_concurrent}")
-        if max_retries < 0:
-            raise VfopsError(f"max_retries must be 0 or more, got {max_retries}")
+        self.options = settings = JudgeOptions(**options)
         self.judge_client = judge_client
         self.judge_model = judge_model
         self.judge_prompt = judge_prompt
         self.judge_sampling_args: SamplingArgs = dict(judge_sampling_args or {})
-        self.max_concurrent = max_concurrent
-        self.max_retries = max_retries
-        self.retry_base_delay = retry_base_delay
-        self.retry_max_delay = retry_max_delay
-        self.cache = cache
+        self.max_concurrent = settings.max_concurrent
+        self.max_retries = settings.max_retries
+        self.retry_base_delay = settings.retry_base_delay
+        self.retry_max_delay = settings.retry_max_delay
+        self.cache = settings.cache
         # asyncio primitives belong to one event loop; keep one semaphore per loop.
         self._semaphore_loop: asyncio.AbstractEventLoop | None = None
         self._semaphore_obj: asyncio.Semaphore | None = None
@@ -180,7 +210,10 @@ class JudgeRubric(Rubric):
         if funcs is None:
             funcs, weights = [self.judge_reward], None
         super().__init__(
-            funcs=funcs, weights=weights, parser=parser, scoring_timeout_s=scoring_timeout_s
+            funcs=funcs,
+            weights=weights,
+            parser=parser,
+            scoring_timeout_s=settings.scoring_timeout_s,
         )
 
     def _extra_args(self) -> dict[str, Any]:

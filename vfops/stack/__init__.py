@@ -9,7 +9,9 @@ that point vfops, MLflow and Prefect at it. Needs the ``[stack]`` extra.
 
 from __future__ import annotations
 
-from vfops.stack._stack import (
+from vfops.stack._services import export_lines
+from vfops.stack._stack import kill_worker, stack_down, stack_env, stack_status, stack_up
+from vfops.stack._state import (
     ACCESS_KEY_VAR,
     DEFAULT_DIR,
     DEFAULT_NAME,
@@ -22,16 +24,11 @@ from vfops.stack._stack import (
     SECRET_KEY_VAR,
     ServiceState,
     ServiceStatus,
+    StackOptions,
     StackState,
     UpResult,
-    export_lines,
-    kill_worker,
     load_state,
     parse_service_env_option,
-    stack_down,
-    stack_env,
-    stack_status,
-    stack_up,
 )
 
 __all__ = [
@@ -47,6 +44,7 @@ __all__ = [
     "SECRET_KEY_VAR",
     "ServiceState",
     "ServiceStatus",
+    "StackOptions",
     "StackState",
     "UpResult",
     "export_lines",

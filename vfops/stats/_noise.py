@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from vfops._errors import VfopsError
+from vfops._errors import InvalidArgumentError, VfopsError
 from vfops.stats._paired import _BLOCK_CELLS, bootstrap_means
 
 K = TypeVar("K", bound=Hashable)
@@ -90,9 +90,9 @@ def noise_floor(
     spread between examples as noise, so it is an upper bound.
     """
     if iterations < 1:
-        raise ValueError("iterations must be >= 1")
+        raise InvalidArgumentError("iterations must be >= 1")
     if not 0.0 < quantile < 1.0:
-        raise ValueError("quantile must be in (0, 1)")
+        raise InvalidArgumentError("quantile must be in (0, 1)")
     rollouts = {k: list(v) for k, v in a_rollouts.items() if len(v) > 0}
     if not rollouts:
         raise VfopsError("the baseline run has no rollouts; cannot measure its noise floor")

@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from vfops._errors import VfopsError
+from vfops._errors import InvalidArgumentError, VfopsError
 
 K = TypeVar("K", bound=Hashable)
 
@@ -113,9 +113,9 @@ def paired_bootstrap(
     when the one-sided ``p_worse`` is below ``alpha / 2``.
     """
     if iterations < 1:
-        raise ValueError("iterations must be >= 1")
+        raise InvalidArgumentError("iterations must be >= 1")
     if not 0.0 < alpha < 1.0:
-        raise ValueError("alpha must be in (0, 1)")
+        raise InvalidArgumentError("alpha must be in (0, 1)")
     ids = shared_ids(a, b)
     if not ids:
         raise VfopsError("the two runs share no example_id; compare runs of the same environment")
@@ -230,7 +230,7 @@ def mcnemar(
         raise TypeError("pass both runs as mappings or both as aligned sequences")
     else:
         if len(a_pass) != len(b_pass):
-            raise ValueError("aligned pass sequences must have the same length")
+            raise InvalidArgumentError("aligned pass sequences must have the same length")
         pairs = [(bool(x), bool(y)) for x, y in zip(a_pass, b_pass, strict=True)]
     if not pairs:
         raise VfopsError("the two runs share no example_id; compare runs of the same environment")

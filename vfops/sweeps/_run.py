@@ -146,11 +146,10 @@ def prepare_environment(
     wheel is installed first (into this interpreter, or ``install_target``,
     which is then put first on ``sys.path``).
     """
-    from sqlalchemy.orm import Session
 
     from vfops.evaluation import resolve_provenance
     from vfops.publishing import find_published, install_published
-    from vfops.registry import get_engine
+    from vfops.registry import get_engine, session_scope
 
     engine = engine or get_engine()
     with _install_lock:
@@ -164,7 +163,7 @@ def prepare_environment(
                 provenance.version_id,
                 installed_now=False,
             )
-        with Session(engine, expire_on_commit=False) as session:
+        with session_scope(engine, write=False) as session:
             try:
                 row = find_published(session, cell.env_name, cell.version or "latest")
             except VfopsError as exc:
@@ -237,7 +236,7 @@ async def run_cell_async(
     given, the Prefect ``flow_run_id`` that evaluated it.
     """
     from vfops._settings import vfops_home
-    from vfops.evaluation import EvalRequest, ModelOptions, evaluate_async
+    from vfops.evaluation import EvalRequest, ModelOptions, RunOptions, evaluate_async
     from vfops.evaluation._model import resolve_model_name
     from vfops.registry import get_engine
 
@@ -267,16 +266,14 @@ async def run_cell_async(
         pass_threshold=cell.pass_threshold,
         tags=tags,
     )
-    result = await evaluate_async(
-        request,
-        model_options=options,
+    recording = RunOptions(
         output_root=output_root or vfops_home() / "outputs",
         existing="reuse" if cell.reuse_completed else "resume",
         engine=engine,
         mlflow_parent_run_id=mlflow_parent_run_id,
-        client=client,
         cost_caps=cell.cost_caps or None,
     )
+    result = await evaluate_async(request, recording, model_options=options, client=client)
     if result.status != "budget_exhausted":  # a cap is no fault to retry: the row says it
         result.raise_for_status()
     assert result.run_id is not None
@@ -290,12 +287,13 @@ async def run_cell_async(
 
 def record_worker(engine: Engine, run_id: str, flow_run_id: str | None = None) -> list[str]:
     """Tag ``run_id`` with this worker and the flow run that evaluated it; its tags."""
-    from vfops.registry import add_run_tags
+    from vfops.registry import add_run_tags, session_scope
 
     tags = [f"{WORKER_TAG}{worker_name()}"]
     if flow_run_id:
         tags.append(f"{FLOW_RUN_TAG}{flow_run_id}")
-    return add_run_tags(engine, run_id, tags)
+    with session_scope(engine) as session:
+        return add_run_tags(session, run_id, tags)
 
 
 def run_of_flow_run(engine: Engine, flow_run_id: str) -> str | None:

@@ -36,14 +36,12 @@ def validate_sweep(spec: SweepSpec, *, engine: Engine | None = None) -> list[Cel
 
 
 def _check_environments(refs: Sequence[tuple[str, str, str | None]], engine: Engine | None) -> None:
-    from sqlalchemy.orm import Session
-
     from vfops.envs import installed_environments
-    from vfops.registry import get_engine, list_environments, list_versions
+    from vfops.registry import get_engine, list_environments, list_versions, session_scope
 
     installed = set(installed_environments())
     engine = engine or get_engine()
-    with Session(engine) as session:
+    with session_scope(engine, write=False) as session:
         published = {row.name for row in list_environments(session)}
         versions = {
             name: {v.version: v.code_hash for v in list_versions(session, name)}
@@ -98,9 +96,9 @@ def _target_hash(known: dict[str, str], kind: str, version: str | None) -> str:
 
 
 def _check_endpoints(spec: SweepSpec) -> None:
+    from vfops.checkpoints import is_model_uri
     from vfops.clients import load_endpoints
     from vfops.clients._endpoints import DEFAULT_API_KEY_VAR, is_loopback
-    from vfops.checkpoints import is_model_uri
 
     aliases = [alias for alias in spec.endpoints if not is_model_uri(alias)]
     if not aliases:

@@ -33,6 +33,8 @@ from typing import Any, Literal
 import orjson
 from aiohttp import web
 
+from vfops._errors import InvalidArgumentError
+
 ReplyFn = Callable[[dict[str, Any]], dict[str, Any]]
 """``(request_json) -> assistant message dict`` for in-process use."""
 
@@ -100,20 +102,24 @@ class StubConfig:
     def __post_init__(self) -> None:
         total = self.rate_429 + self.rate_500 + self.rate_timeout + self.rate_malformed
         if not 0.0 <= total <= 1.0:
-            raise ValueError(f"fault rates must sum to between 0 and 1, got {total}")
+            raise InvalidArgumentError(f"fault rates must sum to between 0 and 1, got {total}")
         if self.fail_first_kind not in FAULT_KINDS:
-            raise ValueError(f"fail_first_kind must be one of {FAULT_KINDS}")
+            raise InvalidArgumentError(f"fail_first_kind must be one of {FAULT_KINDS}")
         if isinstance(self.reply_mode, str) and self.reply_mode not in (
             "echo_answer",
             "arithmetic",
         ):
-            raise ValueError("reply_mode must be 'echo_answer', 'arithmetic' or a callable")
+            raise InvalidArgumentError(
+                "reply_mode must be 'echo_answer', 'arithmetic' or a callable"
+            )
         if self.rate_limit_per_s is not None and self.rate_limit_per_s < 1:
-            raise ValueError("rate_limit_per_s must be at least 1 (requests per second) or None")
+            raise InvalidArgumentError(
+                "rate_limit_per_s must be at least 1 (requests per second) or None"
+            )
         if self.rate_limit_burst < 0:
-            raise ValueError("rate_limit_burst must be 0 or more")
+            raise InvalidArgumentError("rate_limit_burst must be 0 or more")
         if self.max_in_flight is not None and self.max_in_flight < 1:
-            raise ValueError("max_in_flight must be at least 1 or None")
+            raise InvalidArgumentError("max_in_flight must be at least 1 or None")
 
     @property
     def rate_limit_capacity(self) -> int | None:
@@ -180,6 +186,28 @@ def echo_answer_reply(text: str) -> str:
 def _error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
     error = {"message": message, "type": type_, "param": param, "code": code}
     return orjson.dumps({"error": error})
+
+
+def _retry_after(seconds: float | None) -> str | None:
+    return None if seconds is None else _format_number(seconds)
+
+
+def _error(
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None,
+    param: str | None = None,
+    *,
+    retry_after: str | None = None,
+) -> web.Response:
+    """An OpenAI-shaped error response (with a ``Retry-After`` header when given)."""
+    headers = dict(_JSON_HEADERS)
+    if retry_after is not None:
+        headers["Retry-After"] = retry_after
+    return web.Response(
+        status=status, body=_error_body(message, type_, code, param), headers=headers
+    )
 
 
 class _StubApp:
@@ -301,18 +329,9 @@ class _StubApp:
             stats["requests"] += 1
             stats["429"] += 1
             stats["in_flight_limited"] += 1
-            headers = dict(_JSON_HEADERS)
-            if self.config.retry_after_s is not None:
-                headers["Retry-After"] = _format_number(self.config.retry_after_s)
-            return web.Response(
-                status=429,
-                body=_error_body(
-                    f"Too many concurrent requests: at most {cap} in flight (stub)",
-                    "requests",
-                    "rate_limit_exceeded",
-                ),
-                headers=headers,
-            )
+            message = f"Too many concurrent requests: at most {cap} in flight (stub)"
+            retry_after = _retry_after(self.config.retry_after_s)
+            return _error(429, message, "requests", "rate_limit_exceeded", retry_after=retry_after)
         stats["active"] += 1
         stats["max_active"] = max(stats["max_active"], stats["active"])
         try:
@@ -321,10 +340,40 @@ class _StubApp:
             stats["active"] -= 1
 
     async def chat_completions(self, request: web.Request) -> web.Response:
-        config = self.config
-        stats = self.stats
-        index = stats["requests"]
-        stats["requests"] = index + 1
+        """One chat request, through the stub's gates in the order a real server applies
+        them: auth, the body, the model, the rate limit, an injected fault, latency, the
+        context limit; then the reply."""
+        index = self.stats["requests"]
+        self.stats["requests"] = index + 1
+        admitted = await self._admit(request)
+        if isinstance(admitted, web.Response):
+            return admitted
+        payload, messages = admitted
+        fault = self._pick_fault(index)
+        if fault == "429":
+            self.stats["429"] += 1
+            return _error(429, "Rate limit reached (stub)", "requests", "rate_limit_exceeded",
+                          retry_after=_retry_after(self.config.retry_after_s))  # fmt: skip
+        if fault == "timeout":
+            self.stats["timeout"] += 1
+            await asyncio.sleep(self.config.timeout_sleep_s)
+            fault = "500"
+        await self._latency()
+        texts = [_text_of(m.get("content")) for m in messages if isinstance(m, dict)]
+        # (a Response is a MutableMapping: an empty one is falsy, so no `or` here)
+        failed = self._fault_response(fault)
+        if failed is None:
+            failed = self._context_exceeded(texts, fault)
+        if failed is not None:
+            return failed
+        return self._completion(payload, messages, texts, index)
+
+    async def _admit(
+        self, request: web.Request
+    ) -> web.Response | tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The request's payload and messages, or the response refusing it (401, 400,
+        404, or 429 over the rate limit)."""
+        config, stats = self.config, self.stats
         if self._unauthorized(request):
             stats["401"] += 1
             return self._unauthorized_response(request)
@@ -335,120 +384,77 @@ class _StubApp:
                 raise TypeError("messages must be a list")
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             stats["400"] += 1
-            return web.Response(
-                status=400,
-                body=_error_body(f"invalid request body: {exc}", "invalid_request_error", None),
-                headers=_JSON_HEADERS,
-            )
+            return _error(400, f"invalid request body: {exc}", "invalid_request_error", None)
         if config.record_requests:
             self.requests.append(payload)
         if config.reject_unknown_model and payload.get("model") != config.model_name:
             stats["404"] += 1
-            return web.Response(
-                status=404,
-                body=_error_body(
-                    f"The model `{payload.get('model')}` does not exist or you do not have "
-                    "access to it.",
-                    "invalid_request_error",
-                    "model_not_found",
-                ),
-                headers=_JSON_HEADERS,
+            message = (
+                f"The model `{payload.get('model')}` does not exist or you do not have "
+                "access to it."
             )
-
+            return _error(404, message, "invalid_request_error", "model_not_found")
         wait = self._rate_limited()
         if wait is not None:
             stats["429"] += 1
             stats["rate_limited"] += 1
-            return web.Response(
-                status=429,
-                body=_error_body(
-                    f"Rate limit reached: {config.rate_limit_capacity} requests per second (stub)",
-                    "requests",
-                    "rate_limit_exceeded",
-                ),
-                headers={**_JSON_HEADERS, "Retry-After": f"{wait:.3f}"},
+            message = f"Rate limit reached: {config.rate_limit_capacity} requests per second (stub)"
+            return _error(
+                429, message, "requests", "rate_limit_exceeded", retry_after=f"{wait:.3f}"
             )
+        return payload, messages
 
-        fault = self._pick_fault(index)
-        if fault == "429":
-            stats["429"] += 1
-            headers = dict(_JSON_HEADERS)
-            if config.retry_after_s is not None:
-                headers["Retry-After"] = _format_number(config.retry_after_s)
-            return web.Response(
-                status=429,
-                body=_error_body("Rate limit reached (stub)", "requests", "rate_limit_exceeded"),
-                headers=headers,
-            )
-        if fault == "timeout":
-            stats["timeout"] += 1
-            await asyncio.sleep(config.timeout_sleep_s)
-            fault = "500"
+    async def _latency(self) -> None:
+        if self.config.latency_ms <= 0:
+            return
+        stats = self.stats
+        # counted while waiting: how many requests the stub holds at once
+        stats["in_flight"] += 1
+        stats["max_in_flight"] = max(stats["max_in_flight"], stats["in_flight"])
+        try:
+            await asyncio.sleep(self.config.latency_ms / 1000.0)
+        finally:
+            stats["in_flight"] -= 1
 
-        if config.latency_ms > 0:
-            # counted while waiting: how many requests the stub holds at once
-            stats["in_flight"] += 1
-            stats["max_in_flight"] = max(stats["max_in_flight"], stats["in_flight"])
-            try:
-                await asyncio.sleep(config.latency_ms / 1000.0)
-            finally:
-                stats["in_flight"] -= 1
-
+    def _fault_response(self, fault: str | None) -> web.Response | None:
+        """The response of an injected server error, malformed body or bad request."""
         if fault in ("500", "503"):
-            stats[fault] += 1
-            return web.Response(
-                status=int(fault),
-                body=_error_body("The server had an error (stub)", "server_error", None),
-                headers=_JSON_HEADERS,
-            )
+            self.stats[fault] += 1
+            return _error(int(fault), "The server had an error (stub)", "server_error", None)
         if fault == "malformed":
-            stats["malformed"] += 1
+            self.stats["malformed"] += 1
             return web.Response(
                 status=200, body=b'{"id": "chatcmpl-stub", "choices": [', headers=_JSON_HEADERS
             )
         if fault == "400":
-            stats["400"] += 1
-            return web.Response(
-                status=400,
-                body=_error_body(
-                    "Invalid value for 'temperature' (stub)",
-                    "invalid_request_error",
-                    "invalid_value",
-                    "temperature",
-                ),
-                headers=_JSON_HEADERS,
-            )
+            self.stats["400"] += 1
+            return _error(400, "Invalid value for 'temperature' (stub)",
+                          "invalid_request_error", "invalid_value", "temperature")  # fmt: skip
+        return None
 
-        texts = [_text_of(m.get("content")) for m in messages if isinstance(m, dict)]
-        if fault == "context" or (
-            config.context_limit_chars is not None
-            and sum(len(t) for t in texts) > config.context_limit_chars
-        ):
-            stats["context"] += 1
-            prompt_tokens = sum(len(t.split()) for t in texts)
-            return web.Response(
-                status=400,
-                body=_error_body(
-                    f"This model's maximum context length is {config.context_limit_chars} "
-                    f"characters. However, your messages resulted in {prompt_tokens} tokens. "
-                    "Please reduce the length of the messages.",
-                    "invalid_request_error",
-                    "context_length_exceeded",
-                    "messages",
-                ),
-                headers=_JSON_HEADERS,
-            )
+    def _context_exceeded(self, texts: list[str], fault: str | None) -> web.Response | None:
+        limit = self.config.context_limit_chars
+        if fault != "context" and (limit is None or sum(len(t) for t in texts) <= limit):
+            return None
+        self.stats["context"] += 1
+        prompt_tokens = sum(len(t.split()) for t in texts)
+        message = (
+            f"This model's maximum context length is {limit} "
+            f"characters. However, your messages resulted in {prompt_tokens} tokens. "
+            "Please reduce the length of the messages."
+        )
+        return _error(400, message, "invalid_request_error", "context_length_exceeded",
+                      "messages")  # fmt: skip
 
+    def _completion(
+        self, payload: dict[str, Any], messages: list[dict[str, Any]], texts: list[str], index: int
+    ) -> web.Response:
         try:
             message = self._reply(payload, messages)
         except Exception as exc:  # a user callable failed: report it as a server error
-            stats["500"] += 1
-            return web.Response(
-                status=500,
-                body=_error_body(f"reply callable failed: {exc!r}", "server_error", None),
-                headers=_JSON_HEADERS,
-            )
-        n = payload.get("n") or 1
+            self.stats["500"] += 1
+            return _error(500, f"reply callable failed: {exc!r}", "server_error", None)
+        n = int(payload.get("n") or 1)
         finish = "tool_calls" if message.get("tool_calls") else "stop"
         completion_tokens = len(_text_of(message.get("content")).split())
         prompt_tokens = sum(len(t.split()) for t in texts)
@@ -456,18 +462,18 @@ class _StubApp:
             "id": f"chatcmpl-stub-{index}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": payload.get("model") or config.model_name,
+            "model": payload.get("model") or self.config.model_name,
             "choices": [
                 {"index": i, "message": message, "logprobs": None, "finish_reason": finish}
-                for i in range(int(n))
+                for i in range(n)
             ],
             "usage": {
                 "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens * int(n),
-                "total_tokens": prompt_tokens + completion_tokens * int(n),
+                "completion_tokens": completion_tokens * n,
+                "total_tokens": prompt_tokens + completion_tokens * n,
             },
         }
-        stats["ok"] += 1
+        self.stats["ok"] += 1
         return web.Response(body=orjson.dumps(body), headers=_JSON_HEADERS)
 
     def _reply(self, payload: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -537,12 +543,12 @@ _IN_PROCESS_ONLY = frozenset({"record_requests", "rate_limit_per_s", "rate_limit
 def config_to_argv(config: StubConfig) -> list[str]:
     """Command-line flags for ``python -m vfops.testing.stub_server`` equivalent to ``config``."""
     if callable(config.reply_mode):
-        raise ValueError("a callable reply_mode works only in-process (subprocess=False)")
+        raise InvalidArgumentError("a callable reply_mode works only in-process (subprocess=False)")
     if config.record_requests:
-        raise ValueError("record_requests works only in-process (subprocess=False)")
+        raise InvalidArgumentError("record_requests works only in-process (subprocess=False)")
     if config.rate_limit_per_s is not None or config.rate_limit_burst:
         # the command line (vfops.testing.stub_server) has no --rate-limit-* flags yet
-        raise ValueError("rate_limit_per_s works only in-process (subprocess=False)")
+        raise InvalidArgumentError("rate_limit_per_s works only in-process (subprocess=False)")
     argv: list[str] = []
     defaults = StubConfig()
     for f in fields(StubConfig):

@@ -28,14 +28,11 @@ from vfops.tracking._eval_runs import (
     experiment_name,
     finish_mlflow_run,
     finish_sweep_runs,
-    link_mlflow_run,
     log_eval_run,
     log_progress,
     log_run_info,
     open_mlflow_run,
     prepare_experiment,
-    prepare_run_info,
-    prepare_run_log,
     start_sweep_runs,
     tracking_enabled,
 )
@@ -48,6 +45,7 @@ from vfops.tracking._links import (
     prefect_run_tags,
 )
 from vfops.tracking._params import flatten_params
+from vfops.tracking._run_info import link_mlflow_run, prepare_run_info, prepare_run_log
 from vfops.tracking._tracker import ExportError, SideChannel, Tracker, prestart
 
 __all__ = [

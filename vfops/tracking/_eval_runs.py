@@ -1,8 +1,13 @@
-"""Eval runs as MLflow runs, through an explicit ``MlflowClient`` (no global active run)."""
+"""Eval runs as MLflow runs, through an explicit ``MlflowClient`` (no global active run).
+
+Only the MLflow side lives here (experiments, runs, params, metrics, artifacts, the
+sweep's parent runs). What is read of a registry run is :mod:`vfops.tracking._run_info`'s,
+and the rollouts' parquet artifact is written by :mod:`vfops.tracking._parquet`, so
+the tracker process that logs a run described in JSON needs neither.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import os
 import re
@@ -13,21 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from vfops._errors import VfopsError
 from vfops.tracking._client import ensure_experiment, mlflow_client, quiet, safe_folder
-from vfops.tracking._links import prefect_run_tags
-from vfops.tracking._params import flatten_params
+from vfops.tracking._parquet import ARTIFACT_NAME, arrow_to_parquet
+from vfops.tracking._run_info import RunInfo, link_mlflow_run, prepare_run_log
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from sqlalchemy.engine import Engine
 
-    from vfops.stats import EvalSummary
 
 RUN_ID_TAG: Final = "vfops.run_id"
 SWEEP_TAG: Final = "vfops.sweep"
 PARENT_TAG: Final = "mlflow.parentRunId"
-ARTIFACT_NAME: Final = "rollouts.parquet"
 _BATCH_PARAMS: Final = 100
 _BATCH_METRICS: Final = 1000
 _MLFLOW_STATUS: Final = {
@@ -61,119 +63,12 @@ def _experiment_id(client: MlflowClient, env_name: str) -> str:
     return ensure_experiment(client, experiment_name(env_name), artifact_folder=folder)
 
 
-@dataclass(frozen=True)
-class _RunInfo:
-    """What is logged of a registry run (read once; no base URL, no keys)."""
-
-    id: str
-    env_name: str
-    env_version: str
-    code_hash: str
-    published: bool
-    model: str
-    sampling_args: dict[str, Any]
-    env_args: dict[str, Any]
-    num_examples: int
-    rollouts_per_example: int
-    status: str
-    started_at: dt.datetime
-    finished_at: dt.datetime | None
-    summary: dict[str, Any]
-    vfops_version: str
-    tags: list[Any]
-    mlflow_run_id: str | None
-    prefect_tags: dict[str, str] = dataclasses.field(default_factory=dict)
-    """The Prefect flow run that evaluated it (read where it ran: the tracker is elsewhere)."""
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON values (datetimes as ISO strings), for the tracker process."""
-        data = dataclasses.asdict(self)
-        for key in ("started_at", "finished_at"):
-            if data[key] is not None:
-                data[key] = data[key].isoformat()
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> _RunInfo:
-        moments = {
-            key: None if data.get(key) is None else dt.datetime.fromisoformat(data[key])
-            for key in ("started_at", "finished_at")
-        }
-        return cls(**{**data, **moments})
-
-    def params(self) -> dict[str, str]:
-        params = {
-            "environment": self.env_name,
-            "environment_version": self.env_version,
-            "environment_code_hash": self.code_hash,
-            "model": self.model,
-            "num_examples": str(self.num_examples),
-            "rollouts_per_example": str(self.rollouts_per_example),
-        }
-        flatten_params("sampling", self.sampling_args, params)
-        flatten_params("env_args", self.env_args, params)
-        return params
-
-
-def _read_run(engine: Engine, run_id: str) -> _RunInfo:
-    from vfops.registry import get_run, session_scope
-
-    with session_scope(engine, write=False) as session:
-        row = get_run(session, run_id)
-        if row is None:
-            raise VfopsError(f"no eval run {run_id!r} in the registry; see: vfops runs list")
-        return _RunInfo(
-            id=row.id,
-            env_name=row.environment_name,
-            env_version=row.environment_version,
-            code_hash=row.environment_content_hash,
-            published=row.environment_version_id is not None,
-            model=row.model,
-            sampling_args=dict(row.sampling_args or {}),
-            env_args=dict(row.env_args or {}),
-            num_examples=row.num_examples,
-            rollouts_per_example=row.rollouts_per_example,
-            status=row.status,
-            started_at=row.started_at,
-            finished_at=row.finished_at,
-            summary=dict(row.summary or {}),
-            vfops_version=row.vfops_version,
-            tags=list(row.tags or []),
-            mlflow_run_id=row.mlflow_run_id,
-            prefect_tags=prefect_run_tags(),
-        )
-
-
 def _ms(moment: dt.datetime | None) -> int | None:
     if moment is None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     return int(moment.timestamp() * 1000)
-
-
-def _write_parquet(engine: Engine, run_id: str, path: Path, pass_threshold: float) -> EvalSummary:
-    """Stream the run's rollouts from the registry into ``path``; return their statistics."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from vfops._rollout import rollout_arrow_schema
-    from vfops.stats import EvalSummary
-    from vfops.registry import iter_rollouts
-
-    schema = rollout_arrow_schema()
-    summary = EvalSummary(pass_threshold=pass_threshold)
-    batch: list[dict[str, Any]] = []
-    with pq.ParquetWriter(str(path), schema) as writer:
-        for record in iter_rollouts(engine, run_id):
-            summary.add(record, new=False)
-            batch.append(record.to_row())
-            if len(batch) >= 1000:
-                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
-                batch = []
-        if batch or summary.rollouts == 0:
-            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
-    return summary
 
 
 def _metrics_from_stored(stored: dict[str, Any]) -> dict[str, float]:
@@ -211,23 +106,11 @@ def _metrics_from_stored(stored: dict[str, Any]) -> dict[str, float]:
     return metrics
 
 
-def _arrow_to_parquet(source: Path, target: Path) -> None:
-    """Copy an Arrow IPC stream (the evaluation's ``rollouts.arrow``) into parquet."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    with pa.OSFile(str(source), "rb") as handle:
-        reader = pa.ipc.open_stream(handle)
-        with pq.ParquetWriter(str(target), reader.schema) as writer:
-            for batch in reader:
-                writer.write_batch(batch)
-
-
 def _metric_name(name: str) -> str:
     return re.sub(r"[^\w.\- /:]", "_", name)
 
 
-def _find_mlflow_run(client: MlflowClient, experiment_id: str, info: _RunInfo) -> Any | None:
+def _find_mlflow_run(client: MlflowClient, experiment_id: str, info: RunInfo) -> Any | None:
     """The MLflow run already recorded for ``info`` (by its stored id, else by tag)."""
     from mlflow.exceptions import MlflowException
 
@@ -278,37 +161,6 @@ def log_eval_run(
     return mlflow_id
 
 
-def prepare_run_log(
-    engine: Engine, run_id: str, folder: Path, rollouts_file: str | Path | None = None
-) -> tuple[dict[str, Any], Path]:
-    """What :func:`log_run_info` needs of registry run ``run_id`` (JSON values, no keys)
-    and its rollouts file: ``rollouts_file`` when given (the evaluation's export of the
-    whole run), else a parquet streamed from the registry into ``folder``."""
-    info = _read_run(engine, run_id)
-    if rollouts_file is not None:
-        return info.to_json(), Path(rollouts_file)
-    path = folder / ARTIFACT_NAME
-    pass_threshold = float(info.summary.get("pass_threshold", 1.0) or 1.0)
-    counted = _write_parquet(engine, info.id, path, pass_threshold).to_dict()
-    # statistics from every stored rollout; timings stay the evaluation's own
-    timings: dict[str, Any] = {
-        k: info.summary[k] for k in ("wall_s", "rollouts_per_s") if k in info.summary
-    }
-    return dataclasses.replace(info, summary={**counted, **timings}).to_json(), path
-
-
-def prepare_run_info(engine: Engine, run_id: str) -> dict[str, Any]:
-    """What :func:`open_mlflow_run` needs of registry run ``run_id`` (JSON values, no keys)."""
-    return _read_run(engine, run_id).to_json()
-
-
-def link_mlflow_run(engine: Engine, run_id: str, mlflow_run_id: str) -> None:
-    """Store the MLflow run id on the registry run (the link back is the MLflow tag)."""
-    from vfops.registry import set_mlflow_run_id
-
-    set_mlflow_run_id(engine, run_id, mlflow_run_id)
-
-
 def log_run_info(
     info: dict[str, Any],
     *,
@@ -343,7 +195,7 @@ class PendingTraces:
 
     def log(self) -> int:
         """Log them; return how many traces were logged."""
-        from vfops.tracking._traces import TraceWriter
+        from vfops.tracking._trace_batch import TraceWriter
 
         with _lock, quiet():
             writer = TraceWriter(
@@ -367,7 +219,7 @@ def log_run_deferring_traces(
     """:func:`log_run_info` without the traces: the MLflow run id, and the traces to log
     (``None``: none, e.g. ``VFOPS_TRACE_ROLLOUTS=off``), for a caller that answers first."""
     with _lock, quiet():
-        return _log_run_info(_RunInfo.from_json(info), parent_run_id, client, Path(rollouts_file))
+        return _log_run_info(RunInfo.from_json(info), parent_run_id, client, Path(rollouts_file))
 
 
 def prepare_experiment(env_name: str, client: MlflowClient | None = None) -> str:
@@ -376,7 +228,7 @@ def prepare_experiment(env_name: str, client: MlflowClient | None = None) -> str
         return _experiment_id(client or mlflow_client(), env_name)
 
 
-def _run_tags(info: _RunInfo) -> dict[str, str]:
+def _run_tags(info: RunInfo) -> dict[str, str]:
     tags = {
         RUN_ID_TAG: info.id,
         "vfops.version": info.vfops_version,
@@ -408,10 +260,10 @@ def open_mlflow_run(
     (:func:`prepare_run_log`) and log its params and tags; status ``RUNNING`` until
     :func:`finish_mlflow_run`."""
     with _lock, quiet():
-        return _open_run(_RunInfo.from_json(info), parent_run_id, client or mlflow_client())
+        return _open_run(RunInfo.from_json(info), parent_run_id, client or mlflow_client())
 
 
-def _open_run(info: _RunInfo, parent_run_id: str | None, client: MlflowClient) -> OpenedRun:
+def _open_run(info: RunInfo, parent_run_id: str | None, client: MlflowClient) -> OpenedRun:
     from mlflow.entities import Param, RunTag
 
     experiment_id = _experiment_id(client, info.env_name)
@@ -475,12 +327,12 @@ def finish_mlflow_run(
     Arrow stream or a parquet; none for a run that did not complete), its final metrics at
     ``step``, its status tag and MLflow status."""
     with _lock, quiet():
-        _finish_run(_RunInfo.from_json(info), opened, rollouts_file, step,
+        _finish_run(RunInfo.from_json(info), opened, rollouts_file, step,
                     client or mlflow_client())  # fmt: skip
 
 
 def _finish_run(
-    info: _RunInfo,
+    info: RunInfo,
     opened: OpenedRun,
     rollouts: str | Path | None,
     step: int,
@@ -496,7 +348,7 @@ def _finish_run(
         else:
             with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
                 path = Path(folder) / ARTIFACT_NAME
-                _arrow_to_parquet(rollouts, path)
+                arrow_to_parquet(rollouts, path)
                 client.log_artifact(mlflow_id, str(path))
     now = _ms(dt.datetime.now(dt.UTC)) or 0
     metrics = [Metric(k, v, now, step) for k, v in _metrics_from_stored(info.summary).items()]
@@ -511,7 +363,7 @@ def _finish_run(
 
 
 def _log_run_info(
-    info: _RunInfo, parent_run_id: str | None, client: MlflowClient | None, rollouts: Path
+    info: RunInfo, parent_run_id: str | None, client: MlflowClient | None, rollouts: Path
 ) -> tuple[str, PendingTraces | None]:
     client = client or mlflow_client()
     opened = _open_run(info, parent_run_id, client)
@@ -523,7 +375,7 @@ def _log_run_info(
 
 
 def _pending_traces(
-    info: _RunInfo,
+    info: RunInfo,
     client: MlflowClient,
     experiment_id: str,
     mlflow_id: str,

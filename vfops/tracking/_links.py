@@ -9,9 +9,10 @@ plain id (an embedded SQLite store has no UI address to point at).
 from __future__ import annotations
 
 import os
-import sys
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
+
+from vfops.orchestration import current_flow_run
 
 PREFECT_FLOW_RUN_ID_TAG: Final = "prefect.flow_run_id"
 PREFECT_FLOW_RUN_URL_TAG: Final = "prefect.flow_run_url"
@@ -50,23 +51,9 @@ def mlflow_run_link(
 
 def prefect_flow_run() -> tuple[str, str | None] | None:
     """The Prefect flow run this code runs in: its id and UI address (``None`` when
-    Prefect's UI address is not configured), or ``None`` outside a flow run. Prefect is
-    only asked when already imported (a flow run always imported it)."""
-    if "prefect" not in sys.modules:
-        return None
-    from prefect.runtime import flow_run
-    from prefect.settings import PREFECT_UI_URL
-
-    flow_run_id = flow_run.get_id()
-    if not flow_run_id:
-        return None
-    try:
-        base = PREFECT_UI_URL.value()
-    except Exception:  # an address is a convenience, never a reason to fail a run
-        base = None
-    if not base or not str(base).startswith(("http://", "https://")):
-        return str(flow_run_id), None
-    return str(flow_run_id), f"{str(base).rstrip('/')}/flow-runs/flow-run/{flow_run_id}"
+    Prefect's UI address is not configured), or ``None`` outside a flow run (asked of
+    :func:`vfops.orchestration.current_flow_run`, Prefect's one home)."""
+    return current_flow_run()
 
 
 def prefect_run_tags() -> dict[str, str]:

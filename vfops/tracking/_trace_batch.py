@@ -231,3 +231,53 @@ def write_traces(
         spans += trace_spans
     client.log_spans(experiment_id, spans)
     return len(records)
+
+
+_CHUNK: Final = 250
+"""Traces written per batch (one transaction for all their spans)."""
+
+
+class TraceWriter:
+    """Logs rollouts as traces of one MLflow run, in batches
+    (:func:`write_traces`)."""
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str,
+        experiment_id: str,
+        mlflow_run_id: str,
+        tags: dict[str, str],
+        pass_threshold: float = 1.0,
+        skip_logged: bool = False,
+    ) -> None:
+        self._tracking_uri = tracking_uri
+        self._experiment_id = experiment_id
+        self._mlflow_run_id = mlflow_run_id
+        self._tags = tags
+        self._pass_threshold = pass_threshold
+        from vfops.tracking._traces import logged_trace_ids
+
+        self._logged = (
+            logged_trace_ids(tracking_uri, experiment_id, mlflow_run_id) if skip_logged else set()
+        )
+        self.count = 0
+
+    def log(self, records: Sequence[RolloutRecord]) -> int:
+        """Log ``records`` (those not logged before); return how many were logged."""
+        from vfops.tracking._client import quiet
+
+        todo = [r for r in records if r.trace_id not in self._logged]
+        for start in range(0, len(todo), _CHUNK):
+            with quiet():
+                write_traces(
+                    todo[start : start + _CHUNK],
+                    tracking_uri=self._tracking_uri,
+                    experiment_id=self._experiment_id,
+                    mlflow_run_id=self._mlflow_run_id,
+                    tags=self._tags,
+                    pass_threshold=self._pass_threshold,
+                )
+        self._logged.update(r.trace_id for r in todo)
+        self.count += len(todo)
+        return len(todo)

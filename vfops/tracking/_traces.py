@@ -28,8 +28,6 @@ TRACE_ID_TAG: Final = "vfops.trace_id"
 REWARD_NAME: Final = "reward"
 EXPECTED_NAME: Final = "expected_answer"
 SOURCE_ID: Final = "vfops"
-_CHUNK: Final = 250
-"""Traces written per batch (one transaction for all their spans)."""
 
 
 def _failed(reward: float | None, error_type: str | None, pass_threshold: float) -> bool:
@@ -132,51 +130,6 @@ class TraceSampler:
         chosen, self._reserve = self._reserve[:room], []
         self._passing += len(chosen)
         return chosen
-
-
-class TraceWriter:
-    """Logs rollouts as traces of one MLflow run, in batches
-    (:mod:`vfops.tracking._trace_batch`)."""
-
-    def __init__(
-        self,
-        *,
-        tracking_uri: str,
-        experiment_id: str,
-        mlflow_run_id: str,
-        tags: dict[str, str],
-        pass_threshold: float = 1.0,
-        skip_logged: bool = False,
-    ) -> None:
-        self._tracking_uri = tracking_uri
-        self._experiment_id = experiment_id
-        self._mlflow_run_id = mlflow_run_id
-        self._tags = tags
-        self._pass_threshold = pass_threshold
-        self._logged = (
-            logged_trace_ids(tracking_uri, experiment_id, mlflow_run_id) if skip_logged else set()
-        )
-        self.count = 0
-
-    def log(self, records: Sequence[RolloutRecord]) -> int:
-        """Log ``records`` (those not logged before); return how many were logged."""
-        from vfops.tracking._client import quiet
-        from vfops.tracking._trace_batch import write_traces
-
-        todo = [r for r in records if r.trace_id not in self._logged]
-        for start in range(0, len(todo), _CHUNK):
-            with quiet():
-                write_traces(
-                    todo[start : start + _CHUNK],
-                    tracking_uri=self._tracking_uri,
-                    experiment_id=self._experiment_id,
-                    mlflow_run_id=self._mlflow_run_id,
-                    tags=self._tags,
-                    pass_threshold=self._pass_threshold,
-                )
-        self._logged.update(r.trace_id for r in todo)
-        self.count += len(todo)
-        return len(todo)
 
 
 def rollout_failed(record: RolloutRecord, pass_threshold: float) -> bool:

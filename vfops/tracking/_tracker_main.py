@@ -34,7 +34,8 @@ import orjson  # noqa: E402  (after the settings above)
 if TYPE_CHECKING:
     from vfops._rollout import RolloutRecord
     from vfops.tracking._eval_runs import OpenedRun
-    from vfops.tracking._traces import TraceSampler, TraceWriter
+    from vfops.tracking._trace_batch import TraceWriter
+    from vfops.tracking._traces import TraceSampler
 
 # The protocol gets the original stdout to itself; anything a library prints
 # (MLflow announces runs on stdout) goes to stderr instead.
@@ -179,7 +180,8 @@ class _RunLog:
         from vfops._settings import trace_rollouts
         from vfops.tracking import tracking_uri
         from vfops.tracking._eval_runs import RUN_ID_TAG, open_mlflow_run
-        from vfops.tracking._traces import TraceSampler, TraceWriter
+        from vfops.tracking._trace_batch import TraceWriter
+        from vfops.tracking._traces import TraceSampler
 
         info: dict[str, Any] = command["info"]
         self.opened: OpenedRun = open_mlflow_run(info, parent_run_id=command.get("parent_run_id"))

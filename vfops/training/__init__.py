@@ -36,9 +36,9 @@ if TYPE_CHECKING:
         load_config,
     )
     from vfops.training._generation_hf import HFBackend
+    from vfops.training._progress import Progress
     from vfops.training._recipe import GRPORecipe
     from vfops.training._run import (
-        Progress,
         TrainingProcessError,
         TrainResult,
         check_resume,
@@ -82,7 +82,7 @@ _LAZY = {
     "load_config": "vfops.training._config",
     "HFBackend": "vfops.training._generation_hf",
     "GRPORecipe": "vfops.training._recipe",
-    "Progress": "vfops.training._run",
+    "Progress": "vfops.training._progress",
     "TrainResult": "vfops.training._run",
     "check_resume": "vfops.training._run",
     "TrainingProcessError": "vfops.training._run",

@@ -16,14 +16,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, TypedDict, runtime_checkable
 
+from vfops._errors import VfopsError
 from vfops.clients import TOKENS_KEY
 
-__all__ = ["TOKENS_KEY", "GenerationBackend", "TurnTokens"]
+__all__ = ["TOKENS_KEY", "GenerationBackend", "SamplingArgsError", "TurnTokens"]
 
 if TYPE_CHECKING:
     import torch
 
     from vfops.clients import ModelClient
+
+
+class SamplingArgsError(VfopsError, ValueError):
+    """The environment asked a training backend for sampling it cannot do (``top_p`` in
+    the in-process one, ``n > 1``, streaming). A user error (the environment's or the
+    run's ``sampling_args``), and still a ``ValueError`` for callers that caught one."""
 
 
 class TurnTokens(TypedDict):

@@ -35,7 +35,7 @@ from vfops.local._batched import (
     assistant_message,
     derive_seed,
 )
-from vfops.training._backend import TOKENS_KEY, TurnTokens
+from vfops.training._backend import TOKENS_KEY, SamplingArgsError, TurnTokens
 from vfops.training._continuation import PROMPT_SOURCE_KEY, Prompt, TokenMode, Turn, TurnMemory
 from vfops.training._weights import full_state_dict
 
@@ -216,7 +216,10 @@ def _check_args(args: SamplingArgs) -> dict[str, Any]:
         if value is not None and value != _NEUTRAL.get(key):
             # The loss needs the behaviour policy's exact logprobs: truncated
             # sampling would make them wrong, so refuse instead of ignoring.
-            raise ValueError(f"the hf training backend does not support {key}={value!r}")
+            raise SamplingArgsError(
+                f"the hf training backend does not support {key}={value!r}; drop it from the "
+                "environment's sampling_args (the loss needs untruncated log-probs)"
+            )
     if "max_completion_tokens" in merged and merged["max_completion_tokens"] is not None:
         merged["max_tokens"] = merged["max_completion_tokens"]
     return {k: v for k, v in merged.items() if v is not None}

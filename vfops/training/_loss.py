@@ -1,7 +1,10 @@
 """GRPO maths: group-relative advantages and the token-level clipped policy-gradient loss.
 
 Heavy module (torch), imported lazily. Pure functions of tensors, so the loss
-variants and the masking are unit-testable without a model.
+variants and the masking are unit-testable without a model: the loss takes its
+tensors as one :class:`LossInputs` and its settings as the ``[loss]`` section
+(:class:`~vfops.training._config.LossConfig`) itself, so a new setting is one field
+of the config, not a parameter threaded through every caller.
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from vfops._errors import InvalidArgumentError
+from vfops.training._config import LossConfig
 
 
 def group_advantages(rewards: Sequence[float], *, scale: bool, eps: float = 1e-4) -> list[float]:
@@ -78,22 +84,30 @@ def _accepts_logits_to_keep(model: Any) -> bool:
     return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
+@dataclass(frozen=True, slots=True)
+class LossInputs:
+    """The tensors of one micro-batch's loss, aligned ``[B, T]`` (``advantages``: ``[B]``).
+
+    ``logprobs``: the trainer's log-probs of each next token (with grad);
+    ``behaviour_logprobs``: what the sampler reported for the same tokens; ``mask``: 1 on
+    trained tokens; ``ref_logprobs``: the frozen reference model's (``beta > 0`` only).
+    One object rather than five positional tensors, so a new input is one field.
+    """
+
+    logprobs: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+
+
 def policy_loss(
-    logprobs: torch.Tensor,
-    behaviour_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    loss_type: str,
-    norm: LossNorm,
-    clip_low: float,
-    clip_high: float,
-    beta: float = 0.0,
-    ref_logprobs: torch.Tensor | None = None,
-    correction: str = "none",
-    importance_cap: float = 2.0,
+    inputs: LossInputs, config: LossConfig, norm: LossNorm
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the step's loss, and sums for the step's metrics.
+
+    The settings are ``[loss]``'s (:class:`LossConfig`): ``type``, ``clip_low``/``clip_high``,
+    ``beta``, ``importance_correction`` (``correction`` below) and ``importance_cap``.
 
     ``correction = "none"``: the behaviour log-probs (what the sampler reported) are
     the old policy. Per token ``-min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)``
@@ -114,7 +128,11 @@ def policy_loss(
     trained tokens: the k3 estimate of ``KL(behaviour || trainer)``, the extreme
     ratios ``exp(logp - logp_behaviour)``, and how many weights hit the cap.
     """
-    mask = mask.to(logprobs.dtype)
+    logprobs, behaviour_logprobs = inputs.logprobs, inputs.behaviour_logprobs
+    clip_low, clip_high, beta = config.clip_low, config.clip_high, config.beta
+    correction, importance_cap = config.importance_correction, config.importance_cap
+    ref_logprobs = inputs.ref_logprobs
+    mask = inputs.mask.to(logprobs.dtype)
     trained = mask > 0
     with torch.no_grad():
         log_mismatch = torch.where(trained, logprobs - behaviour_logprobs, 0.0)
@@ -126,8 +144,8 @@ def policy_loss(
         ratio = torch.exp(logprobs - logprobs.detach())
         weight = torch.clamp(mismatch, max=importance_cap)
     else:
-        raise ValueError(f"unknown importance correction {correction!r}; use none or tis")
-    adv = advantages.unsqueeze(-1)
+        raise InvalidArgumentError(f"unknown importance correction {correction!r}; use none or tis")
+    adv = inputs.advantages.unsqueeze(-1)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.min(unclipped, clipped) * weight
@@ -136,7 +154,7 @@ def policy_loss(
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1.0
         per_token = per_token + beta * kl
-    loss = _reduce(per_token, mask, loss_type, norm)
+    loss = _reduce(per_token, mask, config.type, norm)
     with torch.no_grad():
         was_clipped = ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).to(mask.dtype)
         sums = {
@@ -189,4 +207,4 @@ def _reduce(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, norm: L
         return masked.sum() / max(norm.tokens, 1)
     if loss_type == "dr_grpo":
         return masked.sum() / max(norm.all_sequences * norm.max_tokens, 1)
-    raise ValueError(f"unknown loss type {loss_type!r}; use grpo, dr_grpo or bnpo")
+    raise InvalidArgumentError(f"unknown loss type {loss_type!r}; use grpo, dr_grpo or bnpo")

@@ -26,18 +26,18 @@ import contextlib
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vfops._errors import MissingExtraError, VfopsError
+from vfops._net import free_port
 from vfops.training._config import GRPOConfig, load_config
+from vfops.training._progress import Progress
 
 if TYPE_CHECKING:
     from vfops.training._recipe import GRPORecipe
@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 LAUNCHED_ENV = "VFOPS_TRAIN_LAUNCHED"
 """Set in launched training processes: :func:`train` there trains, it does not launch."""
 
-Progress = Callable[[str, int, dict[str, float]], None]
-"""``progress(kind, step, metrics)``: ``kind`` is ``"step"`` or ``"eval"``."""
 
 _POLL_S = 0.2
 
@@ -346,7 +344,7 @@ def _child_env(num_processes: int) -> dict[str, str]:
     env = {**os.environ, LAUNCHED_ENV: "1"}
     if num_processes == 1:
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        env.setdefault("MASTER_PORT", str(_free_port()))
+        env.setdefault("MASTER_PORT", str(free_port(address="127.0.0.1")))
     return env
 
 
@@ -421,9 +419,3 @@ def _collect(files: LaunchFiles, code: int) -> TrainResult:
     raise TrainingProcessError(
         f"the training processes exited with code {code}; their output is above"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

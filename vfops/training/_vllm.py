@@ -1,8 +1,11 @@
-"""Generation through a vLLM server: token-in/token-out turns and weight sync.
+"""Generation through a vLLM server: token-in/token-out turns, and the backend.
 
 :class:`VLLMBackend` implements :class:`~vfops.training._backend.GenerationBackend`
 against a vLLM OpenAI-compatible server started by ``vfops vllm serve`` (see
-``vfops/training/VLLM.md``).
+``vfops/training/VLLM.md``). Its parts, one job each: this module's client (the
+turns), :mod:`vfops.training._vllm_server` (the config, the HTTP routes, the
+errors) and :mod:`vfops.training._vllm_sync` (weight sync, filesystem or NCCL, after
+each optimizer step).
 
 Generation uses ``/v1/completions`` with a **token-id prompt**: chat messages are
 rendered with the tokenizer's chat template here (tools included), so the exact ids
@@ -19,49 +22,20 @@ its prompt was made in ``raw["vfops_prompt_source"]`` (``"continued"``,
 ``"rendered"`` or ``"given"``). The core can override all of this with
 ``prompt_ids_fn``.
 
-Weight sync, after each optimizer step:
-
-- ``filesystem``: the model is saved as safetensors (+ config) under ``sync_dir``,
-  the server reloads in place through ``POST /collective_rpc`` with vLLM's own
-  ``vfops_load_weights(weights_path=...)`` (vfops' worker extension,
-  :mod:`vfops.training._vllm_worker`; dev-mode endpoint), then ``POST
-  /reset_prefix_cache``. Works on the CPU build of vLLM too.
-- ``nccl``: vLLM's native weight-transfer API (server started with
-  ``--weight-transfer-config '{"backend": "nccl"}'``): once, ``/init_weight_transfer_engine``
-  while this process joins the NCCL group as rank 0; each sync,
-  ``/start_weight_update``, ``/update_weights`` (names, dtypes, shapes) while every
-  parameter is broadcast, ``/finish_weight_update``, ``/reset_prefix_cache``.
-  Needs ``vllm`` importable in the trainer's Python and a CUDA device.
-
 Heavy imports (torch, safetensors, vllm) happen inside functions only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib
-import logging
-import os
-import shutil
-import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any
 
-import orjson
-from pydantic import ConfigDict, Field
-
-from vfops._errors import VfopsError
 from vfops._types import Message, Messages, SamplingArgs
-from vfops.clients._base import ChatResponse, PromptTooLongError
-from vfops.clients._errors import APIConnectionError, APIStatusError, MalformedResponseError
-from vfops.clients._http import HTTPTransport
-from vfops.clients._openai import is_context_error
-from vfops.clients._retry import RetryPolicy
-from vfops.training._backend import TOKENS_KEY, TurnTokens
-from vfops.training._config import VLLMServerSettings
+from vfops.clients._base import ChatResponse
+from vfops.clients._errors import MalformedResponseError
+from vfops.training._backend import TOKENS_KEY, SamplingArgsError, TurnTokens
 from vfops.training._continuation import (
     PROMPT_SOURCE_KEY,
     PromptSource,
@@ -69,172 +43,29 @@ from vfops.training._continuation import (
     Turn,
     TurnMemory,
 )
+from vfops.training._vllm_server import VLLMBackendError, VLLMGenerationConfig, VLLMServer
+from vfops.training._vllm_sync import (
+    ChannelFactory,
+    NcclChannel,
+    WeightSync,
+    open_vllm_nccl_channel,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from vfops.clients import ModelClient
 
-log = logging.getLogger("vfops.training.vllm")
-
-
-class VLLMBackendError(VfopsError):
-    """The vLLM server is unreachable, misconfigured, or refused a request."""
-
-
-class VLLMGenerationConfig(VLLMServerSettings):
-    """How the trainer reaches a vLLM server and syncs weights into it: ``[generation]``'s
-    server fields (same names, defaults and checks) plus the client's own settings."""
-
-    model_config = ConfigDict(frozen=True)
-
-    model: str | None = Field(
-        default=None, description="Served model name; default: the first one /v1/models lists."
-    )
-    timeout_s: float = Field(
-        default=600.0, gt=0, description="Seconds one generation request may take."
-    )
-    max_retries: int = Field(
-        default=3, ge=0, description="Retries of a generation request on 429/5xx/connection errors."
-    )
-    sync_timeout_s: float = Field(
-        default=600.0, gt=0, description="Seconds one weight-sync request may take."
-    )
-    nccl_master_address: str = Field(
-        default="127.0.0.1",
-        description="nccl sync: address of this (trainer) host that the server can reach.",
-    )
-    nccl_master_port: int = Field(
-        default=0, ge=0, le=65535, description="nccl sync: rendezvous port; 0 picks a free one."
-    )
-    prompt_cache_size: int = Field(
-        default=8192,
-        ge=1,
-        description=(
-            "Conversations remembered for multi-turn token continuation (LRU); at "
-            "least the number of rollouts in flight."
-        ),
-    )
-
-    @staticmethod
-    def help() -> dict[str, str]:
-        """Field name -> help string."""
-        return VLLMGenerationConfig.field_help()
-
-
-# --------------------------------------------------------------------------- HTTP
-
-
-def _split_base_url(base_url: str) -> tuple[str, str]:
-    """(server root, OpenAI API base): vLLM's admin routes live at the root, not /v1."""
-    root = base_url.rstrip("/")
-    if root.endswith("/v1"):
-        root = root[: -len("/v1")]
-    return root, root + "/v1"
-
-
-def _error_detail(exc: APIStatusError) -> str:
-    return exc.message[:300]  # already one line, from vLLM's {"error": {"message": ...}}
-
-
-class _Server:
-    """The HTTP side: generation with retries, admin calls without (they are not
-    always idempotent and a failure must surface, not be hidden by a retry)."""
-
-    def __init__(self, config: VLLMGenerationConfig) -> None:
-        self.root, self.api = _split_base_url(config.base_url)
-        self.retry = RetryPolicy(max_retries=config.max_retries)
-        self.sync_timeout_s = config.sync_timeout_s
-        api_key = os.environ.get(config.api_key_var) if config.api_key_var else None
-        if config.api_key_var and not api_key:
-            raise VLLMBackendError(
-                f"generation.api_key_var names {config.api_key_var!r}, which is not set; "
-                "export it or drop api_key_var"
-            )
-        self._http = HTTPTransport(
-            self.api,
-            headers={
-                "Authorization": f"Bearer {api_key or 'EMPTY'}",
-                "Content-Type": "application/json",
-            },
-            timeout_s=config.timeout_s,
-            max_connections=1024,
-        )
-
-    def _unreachable(self, exc: BaseException) -> VLLMBackendError:
-        return VLLMBackendError(
-            f"cannot reach the vLLM server at {self.root} ({type(exc).__name__}); "
-            "start it with `vfops vllm serve MODEL_DIR` or fix generation.base_url"
-        )
-
-    async def completion(self, body: dict[str, Any]) -> dict[str, Any]:
-        payload = orjson.dumps(body)
-        attempt = 0
-        while True:
-            try:
-                content = await self._http.request("POST", self.api + "/completions", payload)
-                data: dict[str, Any] = _decode_json(content)
-                return data
-            except APIStatusError as exc:
-                if is_context_error(exc):
-                    raise PromptTooLongError(
-                        f"prompt too long for the vLLM server: {_error_detail(exc)}"
-                    ) from exc
-                if attempt >= self.retry.max_retries or not self.retry.is_retryable(exc):
-                    raise VLLMBackendError(
-                        f"vLLM server at {self.root} refused a completion "
-                        f"(HTTP {exc.status_code}: {_error_detail(exc)})"
-                    ) from exc
-                delay = self.retry.delay_for(attempt, exc.retry_after_s)
-            except Exception as exc:
-                if attempt >= self.retry.max_retries or not self.retry.is_retryable(exc):
-                    if isinstance(exc, APIConnectionError):
-                        raise self._unreachable(exc) from exc
-                    raise
-                delay = self.retry.delay_for(attempt, None)
-            log.debug(
-                "completion: retry %d/%d in %.2fs", attempt + 1, self.retry.max_retries, delay
-            )
-            await asyncio.sleep(delay)
-            attempt += 1
-
-    async def admin(
-        self,
-        method: Literal["GET", "POST"],
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        what: str,
-        fix: str = "check the vLLM server log",
-    ) -> Any:
-        """Call a root-level admin route; any failure is a one-line VLLMBackendError."""
-        url = self.root + path
-        payload = None if method == "GET" else orjson.dumps(body if body is not None else {})
-        try:
-            content = await self._http.request(method, url, payload, timeout_s=self.sync_timeout_s)
-        except APIStatusError as exc:
-            if exc.status_code == 404:
-                fix = (
-                    "the server has no such route: start it with `vfops vllm serve` "
-                    "(it sets VLLM_SERVER_DEV_MODE=1)"
-                )
-            raise VLLMBackendError(
-                f"vLLM server at {self.root} failed {what} "
-                f"(HTTP {exc.status_code}: {_error_detail(exc)}); {fix}"
-            ) from exc
-        except APIConnectionError as exc:
-            raise self._unreachable(exc) from exc
-        return _decode_json(content) if content else None
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-
-def _decode_json(content: bytes) -> Any:
-    try:
-        return orjson.loads(content)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedResponseError(f"vLLM response is not valid JSON: {exc}") from None
+__all__ = [
+    "PROMPT_SOURCE_KEY",
+    "ChannelFactory",
+    "NcclChannel",
+    "VLLMBackend",
+    "VLLMBackendError",
+    "VLLMClient",
+    "VLLMGenerationConfig",
+    "open_vllm_nccl_channel",
+]
 
 
 # --------------------------------------------------------------------------- client
@@ -264,9 +95,11 @@ def _completion_body(
     if isinstance(extra, dict):
         args.update(extra)
     if int(args.get("n") or 1) != 1:
-        raise ValueError("VLLMBackend's client returns one message; sampling_args n must be 1")
+        raise SamplingArgsError(
+            "VLLMBackend's client returns one message; sampling_args n must be 1"
+        )
     if args.get("stream"):
-        raise ValueError("VLLMBackend's client does not stream; drop 'stream'")
+        raise SamplingArgsError("VLLMBackend's client does not stream; drop 'stream'")
     body: dict[str, Any] = {
         "model": model,
         "prompt": prompt_ids,
@@ -397,107 +230,6 @@ class VLLMClient:
         """The backend owns the connection; close it with ``VLLMBackend.aclose``."""
 
 
-# --------------------------------------------------------------------------- weight sync
-
-
-def _save_weights(model: torch.nn.Module, target: Path) -> None:
-    """Write ``model`` as a checkpoint directory vLLM can load (atomically renamed)."""
-    tmp = target.with_name(target.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_pretrained = getattr(model, "save_pretrained", None)
-    if callable(save_pretrained):
-        # Hugging Face models: checkpoint names, tied weights dropped, config.json.
-        from vfops.local._tiny import quiet_progress
-
-        with quiet_progress():
-            save_pretrained(str(tmp), max_shard_size="1000GB")
-    else:
-        from safetensors.torch import save_model
-
-        save_model(model, str(tmp / "model.safetensors"))
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
-
-
-def _named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Checkpoint-named parameters, each shared tensor once (tied embeddings)."""
-    return [(name, p.detach()) for name, p in model.named_parameters()]
-
-
-class NcclChannel(Protocol):
-    """The trainer's end (rank 0) of the NCCL group with the vLLM workers."""
-
-    def broadcast(self, tensors: list[torch.Tensor]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-ChannelFactory = Callable[[str, int, int, "torch.device"], NcclChannel]
-"""(master address, master port, world size, device) -> an open channel (blocks
-until every vLLM worker has joined)."""
-
-
-class _PyNcclChannel:
-    def __init__(self, group: Any) -> None:
-        self._group = group
-
-    def broadcast(self, tensors: list[torch.Tensor]) -> None:
-        import torch
-
-        stream = torch.cuda.current_stream()
-        for tensor in tensors:
-            # NCCL sends numel elements from data_ptr(): never a strided view.
-            self._group.broadcast(tensor.contiguous(), src=0, stream=stream)
-        stream.synchronize()
-
-    def close(self) -> None:
-        destroy = getattr(self._group, "destroy", None)
-        if callable(destroy):
-            destroy()
-
-
-def open_vllm_nccl_channel(
-    address: str, port: int, world_size: int, device: torch.device
-) -> NcclChannel:
-    """Join vLLM's weight-transfer NCCL group as rank 0 (needs ``vllm`` and CUDA)."""
-    import torch
-
-    try:
-        importlib.import_module("vllm")
-    except ImportError as exc:
-        raise VLLMBackendError(
-            "generation.sync='nccl' needs vllm importable in the trainer's Python "
-            "(pip install vllm in its venv), or use sync='filesystem'"
-        ) from exc
-    if device.type != "cuda":
-        raise VLLMBackendError(
-            f"generation.sync='nccl' needs the model on a CUDA device (it is on {device}); "
-            "use sync='filesystem'"
-        )
-    torch.cuda.set_device(device)
-    group: Any
-    try:  # vLLM >= 0.2x: the helper its own trainer engine uses
-        common: Any = importlib.import_module("vllm.distributed.weight_transfer.nccl_common")
-        group = common.trainer_init(
-            {"master_address": address, "master_port": port, "world_size": world_size}
-        )
-    except (ImportError, AttributeError):  # older vLLM: the TRL-era pattern
-        pynccl: Any = importlib.import_module("vllm.distributed.device_communicators.pynccl")
-        utils: Any = importlib.import_module("vllm.distributed.utils")
-        pg = utils.StatelessProcessGroup.create(
-            host=address, port=port, rank=0, world_size=world_size
-        )
-        group = pynccl.PyNcclCommunicator(pg, device=device)
-    return _PyNcclChannel(group)
-
-
-def _free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
-
-
 # --------------------------------------------------------------------------- backend
 
 
@@ -528,7 +260,7 @@ class VLLMBackend:
                 "pass AutoTokenizer.from_pretrained(MODEL_DIR)"
             )
         self.config = config
-        self.server = _Server(config)
+        self.server = VLLMServer(config)
         self.policy_version = 0
         self.syncs = 0
         self._served: str | None = config.model
@@ -537,10 +269,7 @@ class VLLMBackend:
             TurnMemory(tokenizer, mode=multiturn_tokens, capacity=config.prompt_cache_size),
             prompt_ids_fn,
         )
-        self._sync_dir, self._own_sync_dir = self._make_sync_dir(config)
-        self._last_dir: Path | None = None
-        self._open_channel: ChannelFactory = nccl_channel or open_vllm_nccl_channel
-        self._channel: NcclChannel | None = None
+        self._weights = WeightSync(config, self.server, nccl_channel)
         self._sync_lock = asyncio.Lock()
 
     @classmethod
@@ -553,24 +282,6 @@ class VLLMBackend:
                 f"VLLMBackend.from_config needs a VLLMGenerationConfig, got {type(config).__name__}"
             )
         return cls(config, tokenizer, **kwargs)
-
-    @staticmethod
-    def _make_sync_dir(config: VLLMGenerationConfig) -> tuple[Path | None, bool]:
-        if config.sync != "filesystem":
-            return None, False
-        if not config.sync_dir:
-            import tempfile
-
-            return Path(tempfile.mkdtemp(prefix="vfops-vllm-sync-")), True
-        path = Path(config.sync_dir)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise VLLMBackendError(
-                f"generation.sync_dir {str(path)!r} cannot be created ({exc.strerror}); "
-                "pick a writable directory the server can read"
-            ) from exc
-        return path, False
 
     @property
     def client(self) -> ModelClient:
@@ -603,139 +314,15 @@ class VLLMBackend:
         after this returns carry ``policy_version``."""
         async with self._sync_lock:
             start = time.perf_counter()
-            if self.config.sync == "filesystem":
-                await self._sync_filesystem(model, policy_version)
-            else:
-                await self._sync_nccl(model, policy_version)
-            await self._reset_prefix_cache()
+            await self._weights.load(model, policy_version)
             self.policy_version = policy_version
             self.syncs += 1
             return time.perf_counter() - start
 
-    async def _sync_filesystem(self, model: torch.nn.Module, version: int) -> None:
-        assert self._sync_dir is not None
-        target = self._sync_dir / f"policy-{version:08d}"
-        try:
-            await asyncio.to_thread(_save_weights, model, target)
-        except OSError as exc:
-            raise VLLMBackendError(
-                f"cannot write weights to {str(target)!r} ({exc.strerror or exc}); "
-                "check generation.sync_dir has room and is writable"
-            ) from exc
-        await self.server.admin(
-            "POST",
-            "/collective_rpc",
-            # Only string arguments cross this endpoint (vLLM's rule).
-            # vfops' worker extension (vfops vllm serve installs it): vLLM's own
-            # reload_weights leaves a tied LM head on the old weights
-            {"method": "vfops_load_weights", "kwargs": {"weights_path": str(target)}},
-            what=f"vfops_load_weights from {target}",
-            fix="start the server with `vfops vllm serve` (it adds the vfops worker "
-            "extension), and check it can read generation.sync_dir",
-        )
-        previous, self._last_dir = self._last_dir, target
-        if previous is not None and previous != target:
-            shutil.rmtree(previous, ignore_errors=True)
-
-    async def _sync_nccl(self, model: torch.nn.Module, version: int) -> None:
-        weights = _named_weights(model)
-        if not weights:
-            raise VLLMBackendError("the model has no parameters to sync")
-        channel = self._channel or await self._init_nccl(weights[0][1].device)
-        update_info = {
-            "names": [name for name, _ in weights],
-            "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in weights],
-            "shapes": [list(t.shape) for _, t in weights],
-        }
-        await self.server.admin("POST", "/start_weight_update", what="start_weight_update")
-        # The workers receive inside /update_weights: it must be in flight while
-        # this process broadcasts (both meet in the same NCCL calls).
-        receive = asyncio.ensure_future(
-            self.server.admin(
-                "POST", "/update_weights", {"update_info": update_info}, what="update_weights"
-            )
-        )
-        try:
-            await asyncio.to_thread(channel.broadcast, [t for _, t in weights])
-        except BaseException:
-            receive.cancel()
-            raise
-        await receive
-        await self.server.admin(
-            "POST",
-            "/finish_weight_update",
-            {"weight_version": str(version)},
-            what="finish_weight_update",
-        )
-
-    async def _init_nccl(self, device: torch.device) -> NcclChannel:
-        info = await self.server.admin(
-            "GET",
-            "/get_world_size?include_dp=true",
-            what="get_world_size",
-            fix="start the server with `vfops vllm serve --sync nccl`",
-        )
-        world_size = 1 + int(info["world_size"])
-        address = self.config.nccl_master_address
-        port = self.config.nccl_master_port or _free_port(address)
-        init = self.server.admin(
-            "POST",
-            "/init_weight_transfer_engine",
-            {
-                "init_info": {
-                    "master_address": address,
-                    "master_port": port,
-                    "rank_offset": 1,
-                    "world_size": world_size,
-                    "packed": False,
-                }
-            },
-            what="init_weight_transfer_engine",
-            fix="start the server with `vfops vllm serve --sync nccl`",
-        )
-        # Workers block in the rendezvous until this process joins: run both at once.
-        results = await asyncio.gather(
-            init,
-            asyncio.to_thread(self._open_channel, address, port, world_size, device),
-            return_exceptions=True,
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                channel = results[1]
-                if not isinstance(channel, BaseException):
-                    channel.close()
-                raise result
-        channel = results[1]
-        assert not isinstance(channel, BaseException)
-        self._channel = channel
-        return channel
-
-    async def _reset_prefix_cache(self) -> None:
-        """Cached KV of shared prefixes was computed by the old weights: drop it."""
-        for running in ("false", "true"):
-            # Fails while running requests hold blocks; the second try resets
-            # those too (they are recomputed with the new weights).
-            data = await self.server.admin(
-                "POST",
-                f"/reset_prefix_cache?reset_running_requests={running}",
-                what="reset_prefix_cache",
-            )
-            if not isinstance(data, dict) or data.get("success", True):
-                return
-        raise VLLMBackendError(
-            f"vLLM server at {self.server.root} could not reset its prefix cache after a "
-            "weight sync; check the server log"
-        )
-
     async def aclose(self) -> None:
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            with contextlib.suppress(VLLMBackendError):
-                await self.server.admin("POST", "/shutdown_weight_transfer_engine", what="shutdown")
-            channel.close()
+        await self._weights.close_channel()
         await self.server.aclose()
-        if self._own_sync_dir and self._sync_dir is not None:
-            shutil.rmtree(self._sync_dir, ignore_errors=True)
+        self._weights.remove_own_sync_dir()
 
     async def __aenter__(self) -> VLLMBackend:
         return self

@@ -10,7 +10,7 @@ import pytest
 
 from vfops.clients import ScriptedClient
 from vfops.envs import load_environment
-from vfops.evaluation import EvalRequest, evaluate_async, iter_records
+from vfops.evaluation import EvalRequest, RunOptions, evaluate_async, iter_records
 from vfops.testing._stub_server import arithmetic_reply
 
 _EXPR = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
@@ -109,7 +109,7 @@ async def test_stub_server_replies_score_full_marks(tmp_path: Path) -> None:
         env_name="arithmetic", model="scripted", num_examples=30, rollouts_per_example=2
     )
     result = await evaluate_async(
-        request, environment=env, client=client, output_root=tmp_path, registry=False
+        request, RunOptions(output_root=tmp_path, registry=False), environment=env, client=client
     )
     assert result.status == "completed"
     assert result.summary.rollouts == 60
@@ -136,8 +136,7 @@ async def test_eval_half_right(tmp_path: Path) -> None:
         ),
         environment=env,
         client=ScriptedClient(reply),
-        output_root=tmp_path,
-        registry=False,
+        options=RunOptions(output_root=tmp_path, registry=False),
     )
     assert result.summary.rollouts == 4
     assert result.summary.metrics["correct_answer"].mean == pytest.approx(0.5)

@@ -12,7 +12,7 @@ import pytest
 
 from vfops.clients import ScriptedClient
 from vfops.envs import Example, load_environment, tool_schema
-from vfops.evaluation import EvalRequest, evaluate_async, iter_records
+from vfops.evaluation import EvalRequest, RunOptions, evaluate_async, iter_records
 
 _ids = itertools.count()
 
@@ -227,8 +227,7 @@ async def test_eval_end_to_end_with_tool_calls(tmp_path: Path) -> None:
         ),
         environment=env,
         client=ScriptedClient(_tool_using_solver),
-        output_root=tmp_path,
-        registry=False,
+        options=RunOptions(output_root=tmp_path, registry=False),
     )
     assert result.status == "completed"
     assert result.summary.rollouts == 16

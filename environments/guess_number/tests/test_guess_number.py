@@ -11,7 +11,7 @@ import pytest
 
 from vfops.clients import ScriptedClient
 from vfops.envs import Example, load_environment
-from vfops.evaluation import EvalRequest, evaluate_async, iter_records
+from vfops.evaluation import EvalRequest, RunOptions, evaluate_async, iter_records
 
 
 def _game(secret: int, lo: int = 1, hi: int = 100) -> Example:
@@ -148,8 +148,7 @@ async def test_eval_with_binary_search_solves_every_game(tmp_path: Path) -> None
         ),
         environment=env,
         client=ScriptedClient(_binary_search_player),
-        output_root=tmp_path,
-        registry=False,
+        options=RunOptions(output_root=tmp_path, registry=False),
     )
     assert result.status == "completed"
     assert result.summary.rollouts == 12

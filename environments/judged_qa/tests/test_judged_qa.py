@@ -10,7 +10,7 @@ import pytest
 
 from vfops.clients import OpenAIClient, ScriptedClient
 from vfops.envs import Example, load_environment
-from vfops.evaluation import EvalRequest, evaluate_async, iter_records
+from vfops.evaluation import EvalRequest, RunOptions, evaluate_async, iter_records
 
 
 def _judge_from_prompt(messages: list[dict[str, Any]], tools: object) -> str:
@@ -125,8 +125,7 @@ async def test_eval_end_to_end_with_a_scripted_judge(tmp_path: Path) -> None:
         EvalRequest(env_name="judged_qa", model="scripted", num_examples=6, rollouts_per_example=2),
         environment=env,
         client=ScriptedClient(model),
-        output_root=tmp_path,
-        registry=False,
+        options=RunOptions(output_root=tmp_path, registry=False),
     )
     assert result.status == "completed"
     assert result.summary.rollouts == 12

@@ -11,7 +11,7 @@ import pytest
 
 from vfops.clients import ScriptedClient
 from vfops.envs import EnvGroup, load_environment
-from vfops.evaluation import EvalRequest, evaluate_async, iter_records
+from vfops.evaluation import EvalRequest, RunOptions, evaluate_async, iter_records
 from vfops.testing._stub_server import arithmetic_reply
 
 
@@ -73,8 +73,7 @@ async def test_rollouts_and_scores_route_to_each_member(tmp_path: Path) -> None:
         EvalRequest(env_name="mixed", model="scripted", num_examples=-1, rollouts_per_example=2),
         environment=env,
         client=client,
-        output_root=tmp_path,
-        registry=False,
+        options=RunOptions(output_root=tmp_path, registry=False),
     )
     assert result.status == "completed"
     assert result.summary.rollouts == 12

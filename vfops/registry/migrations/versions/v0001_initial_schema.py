@@ -38,6 +38,16 @@ def _created_at() -> sa.Column[dt.datetime]:
 
 
 def upgrade() -> None:
+    # one helper per table group, in the order the tables were always created
+    _environments()
+    _judge_cache()
+    _environment_versions()
+    _eval_runs()
+    _rollouts()
+
+
+def _environments() -> None:
+    """Environment names."""
     op.create_table(
         "environments",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -46,6 +56,10 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_environments")),
         sa.UniqueConstraint("name", name=op.f("uq_environments_name")),
     )
+
+
+def _judge_cache() -> None:
+    """Judge replies by request hash."""
     op.create_table(
         "judge_cache",
         sa.Column("key", sa.String(length=64), nullable=False),
@@ -55,6 +69,10 @@ def upgrade() -> None:
         _created_at(),
         sa.PrimaryKeyConstraint("key", name=op.f("pk_judge_cache")),
     )
+
+
+def _environment_versions() -> None:
+    """Published versions (immutable) and their lookup indexes."""
     op.create_table(
         "environment_versions",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -97,6 +115,10 @@ def upgrade() -> None:
         "environment_versions",
         ["environment_id", "code_hash"],
     )
+
+
+def _eval_runs() -> None:
+    """Eval runs and their lookup indexes."""
     op.create_table(
         "eval_runs",
         sa.Column("id", sa.String(length=32), nullable=False),
@@ -130,6 +152,10 @@ def upgrade() -> None:
     op.create_index(
         "ix_eval_runs_environment_started", "eval_runs", ["environment_name", "started_at"]
     )
+
+
+def _rollouts() -> None:
+    """Rollouts, one per (run, example, rollout index)."""
     op.create_table(
         "rollouts",
         sa.Column("id", BIGINT_PK, autoincrement=True, nullable=False),

@@ -1,112 +1,31 @@
-"""Budgets as Prefect global concurrency limits, shared by every worker.
+"""The request limiter over a budget's Prefect global limits, shared by every worker.
 
-A budget named ``N`` (see :func:`vfops.budget.limit_name`) is up to two global
-limits on the Prefect server:
-
-- ``N``: a concurrency limit of ``max_concurrent`` slots; each request holds one
-  slot while in flight, under a lease (``lease_duration_s``), so the slots of a
-  process that dies come back when the lease expires instead of leaking (Prefect
-  issue #17415);
-- ``N-rate``: a rate limit of ``requests_per_s`` (``slot_decay_per_second``) with
-  ``limit`` = about one second of requests. Rate-limit slots are never released:
-  they decay, so nothing can hold them.
-
-Prefect is imported inside the functions: ``import vfops`` never imports it.
+:class:`PrefectRequestLimiter` is a :class:`vfops.clients.RequestLimiter`; the budget
+package keeps the limiters that need no Prefect (local, adaptive, peer-synced). Prefect
+is imported inside the methods: ``import vfops`` never imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from vfops._errors import VfopsError
-from vfops.budget._config import check_budget_values, rate_limit_batch, rate_limit_name
-from vfops.budget._limiter import LoopLocalLock, Pacer
-
-if TYPE_CHECKING:
-    from prefect.client.orchestration import PrefectClient
+from vfops._errors import InvalidArgumentError, VfopsError
+from vfops.budget import (
+    LoopLocalLock,
+    Pacer,
+    check_budget_values,
+    rate_limit_batch,
+    rate_limit_name,
+)
+from vfops.orchestration._limits import ensure_limits, read_rate_limit
+from vfops.orchestration._pools import prefect_client
 
 DEFAULT_LEASE_DURATION_S = 60.0
 """Lease of a concurrency slot (Prefect's minimum); renewed while the request runs."""
 DEFAULT_ACQUIRE_TIMEOUT_S = 600.0
 """How long a request waits for its budget before failing with a TimeoutError."""
-
-
-@dataclass(frozen=True, slots=True)
-class LimitsInfo:
-    """What :func:`ensure_limits` left on the server (``None``: not managed)."""
-
-    name: str
-    concurrency_limit: str | None
-    rate_limit: str | None
-    max_concurrent: int | None
-    requests_per_s: float | None
-
-
-async def _upsert(
-    client: PrefectClient, name: str, limit: int, slot_decay_per_second: float
-) -> None:
-    from prefect.client.schemas.actions import (
-        GlobalConcurrencyLimitCreate,
-        GlobalConcurrencyLimitUpdate,
-    )
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-
-    try:
-        existing = await client.read_global_concurrency_limit_by_name(name)
-    except ObjectNotFound:
-        try:
-            await client.create_global_concurrency_limit(
-                GlobalConcurrencyLimitCreate(
-                    name=name, limit=limit, slot_decay_per_second=slot_decay_per_second
-                )
-            )
-            return
-        except ObjectAlreadyExists:  # created meanwhile by another worker: update it
-            existing = await client.read_global_concurrency_limit_by_name(name)
-    if (
-        existing.limit != limit
-        or not math.isclose(existing.slot_decay_per_second, slot_decay_per_second)
-        or not existing.active
-    ):
-        await client.update_global_concurrency_limit(
-            name,
-            GlobalConcurrencyLimitUpdate(
-                limit=limit, slot_decay_per_second=slot_decay_per_second, active=True
-            ),
-        )
-
-
-async def ensure_limits(
-    name: str, *, max_concurrent: int | None, requests_per_s: float | None
-) -> LimitsInfo:
-    """Create or update the global limits of budget ``name`` (idempotent).
-
-    ``max_concurrent`` sets the concurrency limit ``name``; ``requests_per_s`` the
-    rate limit ``name-rate``. ``None`` leaves that limit as it is on the server
-    (absent or configured elsewhere, e.g. ``prefect gcl create``).
-    """
-    check_budget_values(max_concurrent, requests_per_s, where=f"budget {name!r}")
-    from prefect.client.orchestration import get_client
-
-    async with get_client() as client:
-        if max_concurrent is not None:
-            await _upsert(client, name, max_concurrent, 0.0)
-        if requests_per_s is not None:
-            await _upsert(
-                client, rate_limit_name(name), rate_limit_batch(requests_per_s), requests_per_s
-            )
-    return LimitsInfo(
-        name=name,
-        concurrency_limit=name if max_concurrent is not None else None,
-        rate_limit=rate_limit_name(name) if requests_per_s is not None else None,
-        max_concurrent=max_concurrent,
-        requests_per_s=requests_per_s,
-    )
 
 
 async def prefect_limiter(
@@ -121,12 +40,11 @@ async def prefect_limiter(
     limits exist and are active on the server (also ones made elsewhere, e.g. with
     ``prefect gcl create``); ``None`` when there are none. ``concurrency_slots``:
     see :class:`PrefectRequestLimiter` (this process leases that many slots)."""
-    from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
     await ensure_limits(name, max_concurrent=max_concurrent, requests_per_s=requests_per_s)
     active: dict[str, bool] = {}
-    async with get_client() as client:
+    async with prefect_client() as client:
         for limit in (name, rate_limit_name(name)):
             try:
                 found = await client.read_global_concurrency_limit_by_name(limit)
@@ -147,29 +65,6 @@ async def prefect_limiter(
         requests_per_s=requests_per_s if rate else None,
         acquire_timeout_s=acquire_timeout_s,
     )
-
-
-async def read_rate_limit(name: str) -> tuple[int, float]:
-    """``(limit, requests_per_s)`` of the rate limit of budget ``name`` on the server."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    limit_name = rate_limit_name(name)
-    async with get_client() as client:
-        try:
-            found = await client.read_global_concurrency_limit_by_name(limit_name)
-        except ObjectNotFound:
-            raise VfopsError(
-                f"no Prefect global concurrency limit {limit_name!r}; create it with "
-                f"vfops.budget.ensure_limits({name!r}, requests_per_s=...) or "
-                f"`prefect gcl create {limit_name} --limit N --slot-decay-per-second R`"
-            ) from None
-    if found.slot_decay_per_second <= 0:
-        raise VfopsError(
-            f"Prefect global concurrency limit {limit_name!r} has no slot decay, so it is "
-            "not a rate limit; set --slot-decay-per-second to the requests per second"
-        )
-    return found.limit, found.slot_decay_per_second
 
 
 class PrefectRequestLimiter:
@@ -213,10 +108,10 @@ class PrefectRequestLimiter:
         strict: bool = True,
     ) -> None:
         if not rate and not concurrency:
-            raise ValueError("PrefectRequestLimiter needs rate=True or concurrency=True")
+            raise InvalidArgumentError("PrefectRequestLimiter needs rate=True or concurrency=True")
         check_budget_values(concurrency_slots, requests_per_s, where=f"limiter {name!r}")
         if lease_duration_s < 60:
-            raise ValueError("lease_duration_s must be at least 60 (Prefect's minimum)")
+            raise InvalidArgumentError("lease_duration_s must be at least 60 (Prefect's minimum)")
         self.name = name
         self.rate = rate
         self.concurrency = concurrency
@@ -289,16 +184,15 @@ class PrefectRequestLimiter:
         async with self._init_lock.lock():
             if self._held is None:
                 assert self.concurrency_slots is not None
-                from prefect.client.orchestration import get_client
                 from prefect.exceptions import ObjectNotFound
 
-                async with get_client() as client:
+                async with prefect_client() as client:
                     try:
                         found = await client.read_global_concurrency_limit_by_name(self.name)
                     except ObjectNotFound:
                         raise VfopsError(
                             f"no Prefect global concurrency limit {self.name!r}; create it with "
-                            f"vfops.budget.ensure_limits({self.name!r}, max_concurrent=...)"
+                            f"vfops.orchestration.ensure_limits({self.name!r}, max_concurrent=...)"
                         ) from None
                 slots = max(1, min(self.concurrency_slots, found.limit))
                 loop = asyncio.get_running_loop()

@@ -1,0 +1,95 @@
+"""``verifiers`` as an environment library of vfops (registered as
+``verifiers = "vfops.adapters:VERIFIERS"`` in ``vfops.environment_libraries``).
+
+A ``verifiers`` environment package declares no entry point: by that library's
+convention its module is named after the environment (``vf-eval my-env`` imports
+``my_env``) and exposes ``load_environment(**kwargs)`` returning a ``vf.Environment``.
+Such a package is one that requires ``verifiers`` (not only for an extra) and
+declares no ``vfops.environments`` entry point (that would make it a vfops
+environment that uses ``verifiers``' helpers). Finding one reads package metadata
+only, and only when ``verifiers`` itself is installed, so a vfops-only install pays
+nothing; this module imports no ``verifiers`` (``_verifiers`` does, seconds, on load).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, distribution, distributions
+from typing import Any
+
+from vfops.envs import (
+    Environment,
+    EnvironmentEntry,
+    EnvironmentLibrary,
+    EnvironmentPackage,
+    requires,
+)
+
+_NATIVE_GROUP = "vfops.environments"
+_NOT_ENVIRONMENTS = frozenset({"verifiers", "vfops"})
+"""Distributions that require ``verifiers`` (or provide it) but hold no environment."""
+
+
+class VerifiersLibrary(EnvironmentLibrary):
+    """Environments written for ``verifiers`` (the 0.3 line's classic API)."""
+
+    name = "verifiers"
+
+    def environments(self, package: EnvironmentPackage) -> dict[str, str]:
+        if not package.depends_on("verifiers") or package.entry_points.get(_NATIVE_GROUP):
+            return {}
+        module = _module(package)
+        return {module: f"{module}:load_environment"}
+
+    def installed(self) -> list[EnvironmentEntry]:
+        if importlib.util.find_spec("verifiers") is None:
+            return []
+        found: list[EnvironmentEntry] = []
+        for dist in distributions():
+            # the requirements first: most distributions are rejected on them alone
+            if requires(dist.requires or (), "verifiers"):
+                found.extend(self._installed_entries(EnvironmentPackage.from_distribution(dist)))
+        return found
+
+    def find(self, name: str) -> EnvironmentEntry | None:
+        """Cheap for the usual case: the distribution named like the environment; every
+        package's metadata is read (~0.2 s) only when it misses."""
+        if importlib.util.find_spec("verifiers") is None:
+            return None
+        wanted = (name, name.replace("-", "_"))
+        for candidate in dict.fromkeys((name, name.replace("_", "-"), name.replace("-", "_"))):
+            try:
+                dist = distribution(candidate)
+            except PackageNotFoundError:
+                continue
+            for entry in self._installed_entries(EnvironmentPackage.from_distribution(dist)):
+                if entry.name in wanted:
+                    return entry
+        return super().find(name)
+
+    def _installed_entries(self, package: EnvironmentPackage) -> list[EnvironmentEntry]:
+        if package.distribution in _NOT_ENVIRONMENTS:
+            return []
+        return self.entries(package)
+
+    def load(self, entry: EnvironmentEntry, /, **env_args: Any) -> Environment:
+        from vfops.adapters._verifiers import load_verifiers_environment
+
+        return load_verifiers_environment(entry, **env_args)
+
+    def build(self, factory: Callable[..., Any], name: str, /, **env_args: Any) -> Environment:
+        from vfops.adapters._verifiers import build_verifiers_environment
+
+        return build_verifiers_environment(factory, name, **env_args)
+
+
+def _module(package: EnvironmentPackage) -> str:
+    """The environment's module: the one top-level module the package installs, else
+    ``verifiers``' convention (the distribution name with ``_`` for ``-`` and ``.``)."""
+    if len(package.modules) == 1:
+        return package.modules[0]
+    return package.distribution.replace("-", "_").replace(".", "_")
+
+
+VERIFIERS = VerifiersLibrary()

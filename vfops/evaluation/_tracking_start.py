@@ -1,0 +1,56 @@
+"""Starting what records an evaluation: the MLflow tracker and the registry calls.
+
+The tracker (MLflow, in a process of its own) is started before anything else of an
+evaluation, so its imports and the opening of the tracking store overlap the
+environment, the model and the first rollouts; the registry calls go through it
+when it serves them (``vfops eval``), so one recorder process, not two, holds
+SQLAlchemy. A tracking server that does not answer fails here, before a run is
+recorded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from vfops.evaluation._registry_calls import RegistryCalls
+    from vfops.tracking import Tracker
+
+
+async def registry_calls(engine: Engine | None, tracker: Tracker | None) -> RegistryCalls:
+    """The caller's engine in a worker thread, else the default registry in the tracker
+    process when it serves it (``vfops eval`` starts it so), else in a child process of
+    its own (see :mod:`vfops.evaluation._registry_calls`)."""
+    from vfops.evaluation._registry_calls import ChildCalls, ThreadCalls
+
+    if engine is not None:
+        return ThreadCalls(engine)
+    channel = tracker.take_side_channel() if tracker is not None else None
+    return await ChildCalls.over(channel) if channel is not None else await ChildCalls.start()
+
+
+def tracking_on(tracking: bool | None) -> bool:
+    from vfops.tracking import tracking_enabled
+
+    return tracking_enabled() if tracking is None else tracking and tracking_enabled()
+
+
+def start_tracker(env_name: str) -> Tracker:
+    from vfops.tracking import Tracker
+
+    return Tracker.for_run(env_name=env_name)
+
+
+def check_tracking_server() -> None:
+    """A tracking server that does not answer, or an SQLite store whose folder cannot
+    be written, fails now, before a run is recorded (MLflow itself is not imported:
+    the tracker process does that)."""
+    from vfops.tracking import check_sqlite_store, check_tracking, is_embedded, tracking_uri
+
+    uri = tracking_uri()
+    if not is_embedded() and uri.startswith(("http://", "https://")):
+        check_tracking()
+    else:
+        check_sqlite_store(uri)

@@ -1,0 +1,137 @@
+"""What is logged of a registry run: read once from the registry, as plain JSON values.
+
+The run's row becomes a :class:`RunInfo` (no base URL, no keys), which travels as JSON
+to the tracker process that logs it to MLflow (:mod:`vfops.tracking._eval_runs`); the
+MLflow run id comes back here to be stored on the registry run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vfops._errors import VfopsError
+from vfops.tracking._links import prefect_run_tags
+from vfops.tracking._params import flatten_params
+from vfops.tracking._parquet import ARTIFACT_NAME, write_rollouts_parquet
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What is logged of a registry run (read once; no base URL, no keys)."""
+
+    id: str
+    env_name: str
+    env_version: str
+    code_hash: str
+    published: bool
+    model: str
+    sampling_args: dict[str, Any]
+    env_args: dict[str, Any]
+    num_examples: int
+    rollouts_per_example: int
+    status: str
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    summary: dict[str, Any]
+    vfops_version: str
+    tags: list[Any]
+    mlflow_run_id: str | None
+    prefect_tags: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The Prefect flow run that evaluated it (read where it ran: the tracker is elsewhere)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON values (datetimes as ISO strings), for the tracker process."""
+        data = dataclasses.asdict(self)
+        for key in ("started_at", "finished_at"):
+            if data[key] is not None:
+                data[key] = data[key].isoformat()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunInfo:
+        moments = {
+            key: None if data.get(key) is None else dt.datetime.fromisoformat(data[key])
+            for key in ("started_at", "finished_at")
+        }
+        return cls(**{**data, **moments})
+
+    def params(self) -> dict[str, str]:
+        params = {
+            "environment": self.env_name,
+            "environment_version": self.env_version,
+            "environment_code_hash": self.code_hash,
+            "model": self.model,
+            "num_examples": str(self.num_examples),
+            "rollouts_per_example": str(self.rollouts_per_example),
+        }
+        flatten_params("sampling", self.sampling_args, params)
+        flatten_params("env_args", self.env_args, params)
+        return params
+
+
+def read_run(engine: Engine, run_id: str) -> RunInfo:
+    from vfops.registry import get_run, session_scope
+
+    with session_scope(engine, write=False) as session:
+        row = get_run(session, run_id)
+        if row is None:
+            raise VfopsError(f"no eval run {run_id!r} in the registry; see: vfops runs list")
+        return RunInfo(
+            id=row.id,
+            env_name=row.environment_name,
+            env_version=row.environment_version,
+            code_hash=row.environment_content_hash,
+            published=row.environment_version_id is not None,
+            model=row.model,
+            sampling_args=dict(row.sampling_args or {}),
+            env_args=dict(row.env_args or {}),
+            num_examples=row.num_examples,
+            rollouts_per_example=row.rollouts_per_example,
+            status=row.status,
+            started_at=row.started_at,
+            finished_at=row.finished_at,
+            summary=dict(row.summary or {}),
+            vfops_version=row.vfops_version,
+            tags=list(row.tags or []),
+            mlflow_run_id=row.mlflow_run_id,
+            prefect_tags=prefect_run_tags(),
+        )
+
+
+def prepare_run_log(
+    engine: Engine, run_id: str, folder: Path, rollouts_file: str | Path | None = None
+) -> tuple[dict[str, Any], Path]:
+    """What :func:`log_run_info` needs of registry run ``run_id`` (JSON values, no keys)
+    and its rollouts file: ``rollouts_file`` when given (the evaluation's export of the
+    whole run), else a parquet streamed from the registry into ``folder``."""
+    info = read_run(engine, run_id)
+    if rollouts_file is not None:
+        return info.to_json(), Path(rollouts_file)
+    path = folder / ARTIFACT_NAME
+    pass_threshold = float(info.summary.get("pass_threshold", 1.0) or 1.0)
+    counted = write_rollouts_parquet(engine, info.id, path, pass_threshold).to_dict()
+    # statistics from every stored rollout; timings stay the evaluation's own
+    timings: dict[str, Any] = {
+        k: info.summary[k] for k in ("wall_s", "rollouts_per_s") if k in info.summary
+    }
+    return dataclasses.replace(info, summary={**counted, **timings}).to_json(), path
+
+
+def prepare_run_info(engine: Engine, run_id: str) -> dict[str, Any]:
+    """What :func:`open_mlflow_run` needs of registry run ``run_id`` (JSON values, no keys)."""
+    return read_run(engine, run_id).to_json()
+
+
+def link_mlflow_run(engine: Engine, run_id: str, mlflow_run_id: str) -> None:
+    """Store the MLflow run id on the registry run (the link back is the MLflow tag)."""
+    from vfops.registry import session_scope, set_mlflow_run_id
+
+    with session_scope(engine) as session:
+        set_mlflow_run_id(session, run_id, mlflow_run_id)

@@ -1,0 +1,150 @@
+"""The optimiser step: one batch in, one AdamW step out, and the step's metrics.
+
+Heavy module (torch), imported lazily by the recipe. This is the trainer half of
+the recipe (prime-rl's split): it knows nothing of generation, only the
+:class:`~vfops.training._batch.Batch` it is handed. The batch is split into
+``micro_batches`` contiguous chunks; each is padded, its log-probs computed from the
+first trained position on, and its share of the step's loss
+(:func:`~vfops.training._loss.policy_loss`, normalised over the whole step by a
+:class:`~vfops.training._loss.LossNorm`) back-propagated under
+``accelerator.accumulate``; one clipped optimizer step and one LR-schedule step follow.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from vfops.training._batch import Batch, Sample, first_trained_position, pad, split
+from vfops.training._config import GenerationConfig, LossConfig, OptimConfig
+from vfops.training._loss import LossInputs, LossNorm, policy_loss, token_logprobs
+from vfops.training._setup import Policy
+
+
+class OptimizerStep:
+    """Trains ``policy`` on a batch: ``loss`` is ``[loss]``, ``optim`` gives the gradient
+    clipping, ``generation`` the sampling temperature (the loss uses the same) and
+    ``max_tokens`` (``dr_grpo``'s constant denominator)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        loss: LossConfig,
+        optim: OptimConfig,
+        generation: GenerationConfig,
+    ) -> None:
+        self.policy = policy
+        self.loss = loss
+        self.optim = optim
+        self.generation = generation
+
+    def run(self, batch: Batch) -> dict[str, float]:
+        """Accumulate the loss over micro-batches; one optimizer step. Returns the step's
+        sums (``loss``, ``tokens``, ``kl_sum``, ``mismatch_*`` ...) for :func:`step_metrics`."""
+        policy = self.policy
+        accelerator, n_micro = policy.accelerator, policy.micro_batches
+        totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "ratio_sum": 0.0}
+        totals.update(tokens=0.0, entropy_sum=0.0, tokens_total=0.0, grad_norm=0.0)
+        totals.update(mismatch_k3_sum=0.0, is_weight_sum=0.0, is_capped_tokens=0.0)
+        totals.update(mismatch_ratio_max=-math.inf, mismatch_ratio_min=math.inf)
+        norm = LossNorm(
+            sequences=sum(1 for s in batch.samples if s.sequence.completion_tokens),
+            all_sequences=len(batch.samples),
+            tokens=sum(s.sequence.completion_tokens for s in batch.samples),
+            max_tokens=self.generation.max_tokens,
+        )
+        for chunk in split(batch.samples, n_micro):
+            with accelerator.accumulate(policy.model):
+                loss, sums = self._micro_step(chunk, norm) if chunk else (None, {})
+                _accumulate(totals, sums)
+                if loss is not None:
+                    totals["loss"] += float(loss.detach())
+                    # accelerate divides by the accumulation steps; the loss is already
+                    # normalised over the whole step, so undo it.
+                    accelerator.backward(loss * n_micro)
+                if accelerator.sync_gradients and self.optim.max_grad_norm > 0:
+                    grad_norm = accelerator.clip_grad_norm_(
+                        policy.model.parameters(), self.optim.max_grad_norm
+                    )
+                    totals["grad_norm"] = float(grad_norm) if grad_norm is not None else 0.0
+                policy.optimizer.step()
+                policy.optimizer.zero_grad(set_to_none=True)
+        policy.scheduler.step()
+        return totals
+
+    def _micro_step(self, chunk: list[Sample], norm: LossNorm) -> tuple[Any, dict[str, float]]:
+        policy = self.policy
+        device = policy.accelerator.device
+        ids, attention, mask, old = pad([s.sequence for s in chunk], policy.tokenizer, device)
+        advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=device)
+        start = first_trained_position(mask)
+        mask, old = mask[:, start:], old[:, start:]
+        temperature = self.generation.temperature
+        logprobs, entropy = token_logprobs(policy.model, ids, attention, temperature, start)
+        ref = None
+        if policy.ref_model is not None:
+            with torch.no_grad():
+                ref, _ = token_logprobs(policy.ref_model, ids, attention, temperature, start)
+        loss, sums = policy_loss(
+            LossInputs(logprobs, old, advantages, mask, ref_logprobs=ref), self.loss, norm
+        )
+        sums["entropy_sum"] = float((entropy * mask).sum())
+        sums["tokens_total"] = float(attention.sum())
+        return loss, sums
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the last step."""
+        return float(self.policy.scheduler.get_last_lr()[0])
+
+
+def step_metrics(
+    batch: Batch, stats: dict[str, float], *, lr: float, prefix_breaks: int
+) -> dict[str, float]:
+    """The step's logged metrics from its batch and :meth:`OptimizerStep.run`'s sums."""
+    tokens = max(stats["tokens"], 1.0)
+    rewards = batch.rewards or [0.0]
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    return {
+        "reward_mean": mean,
+        "reward_std": std,
+        "loss": stats["loss"],
+        "kl": stats["kl_sum"] / tokens,
+        "entropy": stats["entropy_sum"] / tokens,
+        "clip_fraction": stats["clipped_tokens"] / tokens,
+        "ratio_mean": stats["ratio_sum"] / tokens,
+        "grad_norm": stats["grad_norm"],
+        "lr": lr,
+        "trained_tokens": stats["tokens"],
+        "sequences": float(len(batch.samples)),
+        "rollouts": float(batch.rollouts),
+        "truncated_fraction": batch.truncated / max(batch.rollouts, 1),
+        "prefix_breaks": float(prefix_breaks),
+        # sampler vs trainer on the trained tokens (k3 estimate of KL(behaviour ||
+        # trainer); ratio = exp(trainer - behaviour log-prob)); with async_steps > 0
+        # this includes the lag, not just kernel and precision differences
+        "mismatch_kl": stats["mismatch_k3_sum"] / tokens,
+        "mismatch_ratio_max": _finite_or(stats["mismatch_ratio_max"], 1.0),
+        "mismatch_ratio_min": _finite_or(stats["mismatch_ratio_min"], 1.0),
+        "is_weight_mean": stats["is_weight_sum"] / tokens if stats["tokens"] else 1.0,
+        "is_capped_fraction": stats["is_capped_tokens"] / tokens,
+    }
+
+
+def _accumulate(totals: dict[str, float], sums: dict[str, float]) -> None:
+    """Add a micro-batch's sums into the step's; ``*_max``/``*_min`` keep the extreme."""
+    for key, value in sums.items():
+        if key.endswith("_max"):
+            totals[key] = max(totals[key], value)
+        elif key.endswith("_min"):
+            totals[key] = min(totals[key], value)
+        else:
+            totals[key] += value
+
+
+def _finite_or(value: float, default: float) -> float:
+    return value if math.isfinite(value) else default
