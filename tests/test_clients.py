@@ -84,7 +84,8 @@ def test_public_api() -> None:
          "UnprocessableEntityError", "RateLimitError", "InternalServerError",
          "DEFAULT_API_KEY_VAR", "HTTPTransport", "is_context_error", "is_loopback",
          "DEFAULT_MAX_RETRIES", "DEFAULT_MAX_RETRY_WAIT_S", "DEFAULT_MAX_TIMEOUT_RETRIES",
-         "redact_secrets"]
+         "redact_secrets", "TOKENS_KEY",
+         "ChatRequest", "RequestMiddleware", "PricedRequests", "installed_middleware"]
     )  # fmt: skip
     assert isinstance(OpenAIClient("http://127.0.0.1:1/v1"), ModelClient)
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import orjson
 
-from vfops._errors import InvalidArgumentError
 from vfops._types import Message, Messages, State
 from vfops.envs._environment import Scorer
 from vfops.envs._multiturn import MultiTurnEnv
@@ -113,6 +112,7 @@ class ToolEnv(MultiTurnEnv):
 
 
 def _decode_arguments(raw: Any) -> dict[str, Any]:
+    # ValueError, as verifiers raises it: the model reads "Error: ValueError: ..." back
     if raw is None or raw == "":
         return {}
     if isinstance(raw, dict):
@@ -120,9 +120,9 @@ def _decode_arguments(raw: Any) -> dict[str, Any]:
     try:
         decoded = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"tool arguments are not valid JSON: {exc}") from exc
+        raise ValueError(f"tool arguments are not valid JSON: {exc}") from exc
     if not isinstance(decoded, dict):
-        raise InvalidArgumentError("tool arguments must be a JSON object")
+        raise ValueError("tool arguments must be a JSON object")
     return decoded
 
 
