@@ -295,6 +295,12 @@ class _Rescorer:
         if charged.cost_usd is not None:
             ids = record.example_id, record.rollout_index
             run_id = self.result.run_id
-            await asyncio.to_thread(add_rollout_cost, self.engine, run_id, *ids, charged.cost_usd)
+            await asyncio.to_thread(_add_cost, self.engine, run_id, ids, charged.cost_usd)
             self.result.cost_usd = (self.result.cost_usd or 0.0) + charged.cost_usd
         return text
+
+
+def _add_cost(engine: Engine, run_id: str, ids: tuple[int, int], usd: float) -> None:
+    """One rollout's judge cost, in a transaction of its own (from a worker thread)."""
+    with session_scope(engine) as session:
+        add_rollout_cost(session, run_id, *ids, usd)

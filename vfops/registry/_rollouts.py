@@ -4,7 +4,6 @@ Like every registry function, each takes a :class:`~sqlalchemy.orm.Session` and 
 in the caller's transaction (``with session_scope(engine) as session: ...``;
 ``write=False`` for reads), so a caller can group a batch with its other writes. The
 statements stay Core on the session's connection: no ORM object is built per rollout.
-(:func:`add_rollout_cost` is the exception: one rollout's cost, its own transaction.)
 The columns, their order and the row building all come from the rollout schema's
 declaration (:data:`vfops._rollout.ROLLOUT_COLUMNS`, via ``ROLLOUT_RECORD_COLUMNS``).
 """
@@ -16,14 +15,13 @@ from operator import itemgetter
 from typing import Any, Final
 
 import orjson
-from sqlalchemy import Engine, Text, bindparam, cast, func, select, tuple_
+from sqlalchemy import Text, bindparam, cast, func, select, tuple_
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from vfops._errors import InvalidArgumentError, VfopsError
 from vfops._rollout import RolloutRecord, record_builder, row_tuples_builder
-from vfops.registry._db import transaction
 from vfops.registry._models import ROLLOUT_RECORD_COLUMNS, Base, EvalRunRow
 from vfops.registry._sql import on_conflict_insert
 
@@ -223,19 +221,18 @@ def rollouts_for_example(session: Session, run_id: str, example_id: int) -> list
 
 
 def add_rollout_cost(
-    engine: Engine, run_id: str, example_id: int, rollout_index: int, usd: float
+    session: Session, run_id: str, example_id: int, rollout_index: int, usd: float
 ) -> bool:
     """Add ``usd`` to one stored rollout's cost (a judge's call that re-scored it, made
-    after the rollout was written); whether the rollout exists. One transaction."""
+    after the rollout was written); whether the rollout exists."""
     table = Base.metadata.tables["rollouts"]
-    with transaction(engine) as connection:
-        changed = connection.execute(
-            table.update()
-            .where(
-                table.c.run_id == run_id,
-                table.c.example_id == example_id,
-                table.c.rollout_index == rollout_index,
-            )
-            .values(cost_usd=func.coalesce(table.c.cost_usd, 0.0) + usd)
+    changed = session.connection().execute(
+        table.update()
+        .where(
+            table.c.run_id == run_id,
+            table.c.example_id == example_id,
+            table.c.rollout_index == rollout_index,
         )
+        .values(cost_usd=func.coalesce(table.c.cost_usd, 0.0) + usd)
+    )
     return bool(changed.rowcount)
