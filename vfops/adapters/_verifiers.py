@@ -37,7 +37,8 @@ import orjson
 from vfops._errors import MissingExtraError, VfopsError
 from vfops._rollout import ErrorStage, RolloutError, StopReason, TokenUsage
 from vfops._types import Message, Messages, SamplingArgs, State
-from vfops.clients._base import TOKENS_KEY, ChatResponse, ModelClient, PromptTooLongError
+from vfops.adapters._wire import completion_json
+from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
 from vfops.costs import BudgetExhausted
 from vfops.envs._dataset import Example
 from vfops.envs._environment import Environment
@@ -432,7 +433,7 @@ class _Wire:
         turn = _TURN_RESPONSES.get()
         if turn is not None:
             turn.append(response)
-        return _Posted(orjson.dumps(_completion_json(response, model)))
+        return _Posted(orjson.dumps(completion_json(response, model)))
 
 
 # --------------------------------------------------------------------------- conversions
@@ -442,46 +443,6 @@ def _wire_message(message: Any) -> dict[str, Any]:
     """An OpenAI message param (a dict from ``verifiers``' converter) without ``None``s,
     which some servers reject (``"tool_calls": null``)."""
     return {k: v for k, v in dict(message).items() if v is not None}
-
-
-def _completion_json(response: ChatResponse, model: str) -> dict[str, Any]:
-    """An OpenAI ``ChatCompletion`` body for ``verifiers``' response parser. Token ids
-    and log-probs, when the backend reports them, travel as vLLM names them
-    (``prompt_token_ids``, ``choices[0].token_ids``, ``logprobs.content``)."""
-    raw = response.raw if isinstance(response.raw, Mapping) else {}
-    message: dict[str, Any] = {"role": "assistant", "content": response.message.get("content")}
-    if response.message.get("tool_calls"):
-        message["tool_calls"] = response.message["tool_calls"]
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": message,
-        "finish_reason": response.finish_reason or "stop",
-    }
-    body: dict[str, Any] = {
-        "id": str(raw.get("id") or "vfops"),
-        "object": "chat.completion",
-        "created": int(raw.get("created") or 0),
-        "model": str(raw.get("model") or model),
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": response.prompt_tokens,
-            "completion_tokens": response.completion_tokens,
-            "total_tokens": response.prompt_tokens + response.completion_tokens,
-        },
-    }
-    tokens = raw.get(TOKENS_KEY)
-    if isinstance(tokens, Mapping) and tokens.get("completion_ids") is not None:
-        body["prompt_token_ids"] = list(tokens.get("prompt_ids") or [])
-        choice["token_ids"] = list(tokens["completion_ids"])
-        choice["logprobs"] = {
-            "content": [
-                {"token": str(t), "logprob": float(lp), "bytes": None, "top_logprobs": []}
-                for t, lp in zip(
-                    tokens["completion_ids"], tokens.get("completion_logprobs") or [], strict=False
-                )
-            ]
-        }
-    return body
 
 
 def to_messages(messages: Any) -> Messages:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, distribution, distributions
 from typing import Any
 
+from vfops.adapters._verifiers_line import installed_line
 from vfops.envs import (
     Environment,
     EnvironmentEntry,
@@ -39,11 +40,13 @@ class VerifiersLibrary(EnvironmentLibrary):
     def environments(self, package: EnvironmentPackage) -> dict[str, str]:
         if not package.depends_on("verifiers") or package.entry_points.get(_NATIVE_GROUP):
             return {}
+        if installed_line() == "v1":  # its packages are v1 tasksets (vfops.adapters._v1_library)
+            return {}
         module = _module(package)
         return {module: f"{module}:load_environment"}
 
     def installed(self) -> list[EnvironmentEntry]:
-        if importlib.util.find_spec("verifiers") is None:
+        if not _classic_installed():
             return []
         found: list[EnvironmentEntry] = []
         for dist in distributions():
@@ -55,7 +58,7 @@ class VerifiersLibrary(EnvironmentLibrary):
     def find(self, name: str) -> EnvironmentEntry | None:
         """Cheap for the usual case: the distribution named like the environment; every
         package's metadata is read (~0.2 s) only when it misses."""
-        if importlib.util.find_spec("verifiers") is None:
+        if not _classic_installed():
             return None
         wanted = (name, name.replace("-", "_"))
         for candidate in dict.fromkeys((name, name.replace("_", "-"), name.replace("-", "_"))):
@@ -82,6 +85,12 @@ class VerifiersLibrary(EnvironmentLibrary):
         from vfops.adapters._verifiers import build_verifiers_environment
 
         return build_verifiers_environment(factory, name, **env_args)
+
+
+def _classic_installed() -> bool:
+    """Whether a ``verifiers`` other than the v1-only line (0.4 on) is installed: with 0.4
+    installed, its packages are v1 tasksets, found by :mod:`vfops.adapters._v1_library`."""
+    return importlib.util.find_spec("verifiers") is not None and installed_line() != "v1"
 
 
 def _module(package: EnvironmentPackage) -> str:

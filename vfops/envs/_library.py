@@ -61,8 +61,9 @@ _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 @dataclass(frozen=True)
 class EnvironmentEntry:
-    """An installed environment: its name, where its ``load_environment`` lives, the
-    library it is written against and the distribution that installed it."""
+    """An installed environment: its name, where its ``load_environment`` lives (``attr``
+    empty: the module is what the library loads), the library it is written against and
+    the distribution that installed it."""
 
     name: str
     module: str
@@ -70,10 +71,11 @@ class EnvironmentEntry:
     library: str
     dist: Distribution | None
 
-    def load(self) -> Callable[..., Any]:
-        """Import the module and return its ``load_environment``."""
-        factory: Callable[..., Any] = getattr(importlib.import_module(self.module), self.attr)
-        return factory
+    def load(self) -> Any:
+        """Import the module and return its ``load_environment`` (the module itself when
+        ``attr`` is empty: a library that reads the module, as verifiers v1's does)."""
+        module = importlib.import_module(self.module)
+        return getattr(module, self.attr) if self.attr else module
 
     @property
     def version(self) -> str | None:

@@ -130,7 +130,9 @@ def load_from_source(project: EnvironmentProject) -> Environment:
     with _source_on_path(project.path, project.top_level_module):
         try:
             module = importlib.import_module(module_name)
-            factory = getattr(module, attr or "load_environment")
+            # "module" alone: the library finds what it needs in the module (verifiers
+            # v1 takes the Taskset its __all__ exports)
+            factory = getattr(module, attr) if attr else module
             with quiet_datasets():  # environments build their datasets with Dataset.map
                 env = library.build(factory, project.env_name)
                 env.splits()  # built while its source is the one imported

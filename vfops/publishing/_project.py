@@ -22,7 +22,7 @@ class EnvironmentProject:
     path: Path
     distribution: str
     env_name: str
-    entry_point: str  # "module:function"
+    entry_point: str  # "module:function", or "module" where the library reads the module
     version: str
     """Canonical (``0.1.00`` in the file is ``0.1.0`` here): what is compared and stored."""
     description: str | None

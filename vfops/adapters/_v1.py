@@ -1,0 +1,369 @@
+"""Tasksets written for today's ``verifiers`` (0.4 on: ``import verifiers.v1 as vf``) run
+by vfops: evaluated, swept, gated, published and trained on like its own environments.
+
+``verifiers``' own objects run as ``verifiers`` runs them: the taskset's ``load()`` and
+its ``TasksetConfig``/``TaskConfig`` (validated by ``verifiers``' config classes, so a
+wrong ``-a`` field is refused naming it), its ``Env`` (``SingleAgentEnv``, or the
+taskset's own, e.g. a scripted user replaying turns through an ``interaction``), each
+episode's ``Agent`` and ``Rollout`` (setup, ``@stop`` hooks, limits, interceptors,
+finalize, ``@reward``/``@metric`` scoring with weights, judges) and its ``Trace``. What vfops
+supplies: the harness (``null``'s chat loop in this process,
+:mod:`vfops.adapters._v1_harness`), the model calls (through a vfops client:
+:mod:`vfops.adapters._v1_transport`) and everything around an episode — the rows it
+records, the registry, MLflow, sweeps and training.
+
+Not run (refused in one line before any request): a task that needs a container
+(``NEEDS_CONTAINER``, an ``image``), a taskset that ships its own harness or an ``Env``
+with more than one agent, and infinite tasksets (vfops evaluates a dataset of known size).
+Toolsets run as ``verifiers`` runs them, their MCP servers as local subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from vfops._errors import InvalidArgumentError, MissingExtraError, VfopsError
+from vfops._rollout import ErrorStage, RolloutError, StopReason, TokenUsage
+from vfops._types import Messages, SamplingArgs, State
+from vfops.adapters._verifiers_line import installed_line
+from vfops.clients._base import ModelClient
+from vfops.envs._dataset import Example
+from vfops.envs._environment import Environment
+from vfops.rubrics import RolloutScore
+
+SUPPORTED_VERIFIERS_V1 = ">=0.4.0,<0.5"
+
+
+def _import_v1() -> Any:
+    if installed_line() != "v1":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("verifiers")
+        except PackageNotFoundError:
+            raise MissingExtraError("verifiers-v1", "verifiers") from None
+        raise VfopsError(
+            f"verifiers {found} is installed; v1 tasksets need verifiers "
+            f"{SUPPORTED_VERIFIERS_V1}: pip install 'vfops[verifiers-v1]' (its own virtualenv)"
+        )
+    import verifiers.v1 as vf
+
+    # verifiers' import leaves ~360,000 objects (the openai, anthropic and sympy types it
+    # loads) that live as long as the process; every full collection of the cyclic GC
+    # would walk them again: frozen, the rollout loop took 3.3 s of CPU instead of 4.3 s
+    # for 2,000 rollouts (bench/README.md)
+    gc.freeze()
+
+    from vfops.adapters import _v1_harness, _v1_speedups
+
+    _v1_harness.install()
+    _v1_speedups.install()
+    return vf
+
+
+def load_taskset_environment(module: str, name: str, /, **args: Any) -> TasksetEnvironment:
+    """The v1 taskset of ``module`` (its ``__all__``'s ``Taskset``) with its config fields
+    set from ``args`` (``{"task": {...}}`` for its ``TaskConfig``), as a vfops environment."""
+    vf = _import_v1()
+    from vfops.adapters._v1_config import env_config
+
+    config = env_config(vf, module, name, args)
+    try:
+        env = vf.load_environment(config)
+    except VfopsError:
+        raise
+    except Exception as exc:
+        raise VfopsError(
+            f"taskset '{name}' could not be built: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
+    return TasksetEnvironment(env, name=name)
+
+
+class TasksetEnvironment(Environment):
+    """A ``verifiers`` v1 ``Env`` (its taskset inside) seen as a vfops :class:`Environment`.
+
+    Rows are the taskset's tasks (``example_id`` is the task's ``idx``; ``info`` keeps its
+    ``key`` and ``hash``, the task data's identity, and the data's own fields). A rollout
+    is one episode of ``verifiers``' ``Env.run_episode`` on that task; its trace becomes
+    the vfops state: messages, per-function rewards and metrics, stop condition, errors,
+    usage and cost of its model calls, timing.
+    """
+
+    library = "verifiers-v1"
+
+    def __init__(self, vf_env: Any, *, name: str) -> None:
+        self.vf_env = vf_env
+        self._tasks: dict[int, Any] = {}
+        self._serving: _Serving | None = None
+        super().__init__(eval_dataset=self._rows, name=name)
+
+    def _rows(self) -> list[dict[str, Any]]:
+        from vfops.adapters._v1_support import check_supported, task_row
+
+        taskset = self.vf_env.taskset
+        if not taskset.bounded:
+            raise InvalidArgumentError(
+                f"taskset '{self.name}' is infinite ({type(taskset).__name__}.INFINITE); vfops "
+                "evaluates a taskset of known size: give it a size through its config"
+            )
+        harness = self.vf_env._harnesses  # loaded by the Env: one per role
+        rows = []
+        for task in taskset:
+            check_supported(self.name, task, harness)
+            self._tasks[int(task.data.idx)] = task
+            rows.append(task_row(task))
+        return rows
+
+    async def aclose(self) -> None:
+        serving, self._serving = self._serving, None
+        if serving is not None:
+            await serving.close()
+
+    async def rollout(
+        self,
+        client: ModelClient,
+        model: str,
+        example: Example,
+        *,
+        rollout_index: int = 0,
+        sampling_args: SamplingArgs | None = None,
+    ) -> State:
+        states, _ = await self.run_group_states(
+            client, model, example, [rollout_index], sampling_args=sampling_args
+        )
+        return states[0]
+
+    async def run_group_states(
+        self,
+        client: ModelClient,
+        model: str,
+        example: Example,
+        rollout_indices: Sequence[int],
+        *,
+        sampling_args: SamplingArgs | None = None,
+        limiter: asyncio.Semaphore | None = None,
+    ) -> tuple[list[State], list[RolloutScore]]:
+        task = self._task_for(example)
+        serving = await self._serve()
+        ctx = serving.context(client, model, self.merged_sampling_args(sampling_args))
+
+        async def one(index: int) -> tuple[State, RolloutScore]:
+            async with limiter or contextlib.nullcontext():
+                return await serving.episode(task, ctx, example, index)
+
+        done = await asyncio.gather(*(one(i) for i in rollout_indices))
+        return [state for state, _ in done], [score for _, score in done]
+
+    def _task_for(self, example: Example) -> Any:
+        if not self._tasks:
+            self._rows()
+        task = self._tasks.get(example.example_id)
+        if task is None:
+            raise VfopsError(
+                f"taskset '{self.name}' has no task with idx {example.example_id}; "
+                "rows of a v1 taskset come from its load()"
+            )
+        return task
+
+    async def _serve(self) -> _Serving:
+        loop = asyncio.get_running_loop()
+        if self._serving is not None and self._serving.loop is not loop:
+            self._serving = None  # a previous event loop's (a trainer's earlier step)
+        if self._serving is None:
+            self._serving = _Serving(self.vf_env, loop)
+        await self._serving.started()
+        return self._serving
+
+
+class _Serving:
+    """The env-level resources of ``Env.serving()`` (shared tool servers, the interception)
+    held by a task of their own, so that they are entered and left in one task (MCP's
+    AnyIO scopes require it) while rollouts run in others."""
+
+    def __init__(self, vf_env: Any, loop: asyncio.AbstractEventLoop) -> None:
+        from vfops.adapters._v1_transport import ClientDirectory
+
+        self.vf_env = vf_env
+        self.loop = loop
+        self.directory = ClientDirectory()
+        self._up = asyncio.Event()
+        self._down = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def started(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._hold())
+        await self._up.wait()
+        if self._failure is not None:
+            raise VfopsError(
+                f"taskset '{self.vf_env.config.env_id}' could not start its servers: "
+                f"{type(self._failure).__name__}: {self._failure}"
+            ) from self._failure
+
+    async def _hold(self) -> None:
+        from vfops.adapters._v1_transport import InProcessInterception, register, unregister
+
+        env = self.vf_env
+        try:
+            async with env.shared_tools() as shared, InProcessInterception(
+                self.directory
+            ) as interception:
+                register(interception)
+                # Env.serving()'s assignments: the env's agents borrow these
+                env._shared_tools, env._interception = shared, interception
+                try:
+                    await env.start()
+                    self._up.set()
+                    await self._down.wait()
+                finally:
+                    try:
+                        await env.stop()
+                    finally:
+                        env._shared_tools, env._interception = {}, None
+                        unregister(interception)
+        except Exception as exc:
+            self._failure = exc
+        finally:
+            self._up.set()
+
+    async def close(self) -> None:
+        self._down.set()
+        if self._task is not None:
+            await self._task
+
+    def context(self, client: ModelClient, model: str, sampling: SamplingArgs) -> Any:
+        from verifiers.v1.clients import ModelContext
+        from verifiers.v1.types import SamplingConfig
+
+        return ModelContext(
+            model=model,
+            client=self.directory.config_for(client),
+            sampling=SamplingConfig.model_validate(dict(sampling)),
+        )
+
+    async def episode(
+        self, task: Any, ctx: Any, example: Example, index: int
+    ) -> tuple[State, RolloutScore]:
+        from vfops.adapters._v1_transport import ledger
+
+        started = time.perf_counter()
+        with ledger() as found:
+            episode = await self.vf_env.run_episode(task, ctx)
+        if found.stopped_by is not None:
+            raise found.stopped_by
+        return trace_state(episode, example, index, found.responses, started)
+
+
+def trace_state(
+    episode: Any, example: Example, index: int, responses: list[Any], started: float
+) -> tuple[State, RolloutScore]:
+    """One episode's (single) trace as a vfops state and score."""
+    if not episode.traces:
+        error = RolloutError(type="EnvError", message=_first_error(episode), stage="environment")
+        return _failed_state(example, index, error, started), RolloutScore(reward=None)
+    trace = episode.traces[-1]
+    prompt, completion = split_messages(trace)
+    usage = TokenUsage()
+    for response in responses:
+        usage.add(response.prompt_tokens, response.completion_tokens, response.cached_tokens)
+        usage.add_cost(response.cost_usd)
+    error = trace_error(trace, episode)
+    state: State = {
+        "example_id": example.example_id,
+        "rollout_index": index,
+        "prompt": prompt or example.prompt,
+        "completion": completion,
+        "answer": example.answer,
+        "info": example.info,
+        "task": example.task,
+        "turn": trace.num_turns,
+        "responses": responses,
+        "usage": usage,
+        "stop_reason": stop_reason(trace, error),
+        "error": error,
+        "generation_ms": _span_ms(trace.timing.agent) or (time.perf_counter() - started) * 1000,
+        "verifiers_stop_condition": trace.stop_condition,
+        "trace_id": trace.id,
+    }
+    metrics = {name: float(r.score) for name, r in trace.rewards.items() if r is not None}
+    metrics.update((name, float(v)) for name, v in trace.metrics.items() if v is not None)
+    reward = float(trace.reward) if error is None else None
+    scoring_ms = _span_ms(trace.timing.scoring)
+    return state, RolloutScore(reward=reward, metrics=metrics, scoring_ms=scoring_ms)
+
+
+def split_messages(trace: Any) -> tuple[Messages, Messages]:
+    """The trace's final branch as (what the model saw before its first reply, the rest)."""
+    from verifiers.v1.dialects.chat import message_to_wire
+
+    messages = [_clean(message_to_wire(m)) for m in trace.messages]
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+    return messages[:first], messages[first:]
+
+
+def _clean(message: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if v is not None}
+
+
+_GENERATION_ERRORS = frozenset({"ProviderError", "InterceptionError"})
+
+
+def trace_error(trace: Any, episode: Any) -> RolloutError | None:
+    """The trace's last error (or the episode's) as a vfops rollout error; None when the
+    rollout succeeded. A failed scoring hook is a scoring error: the reward is unknown."""
+    if trace.ok and not episode.errors:
+        return None
+    found = trace.last_error or (episode.errors[-1] if episode.errors else None)
+    if found is None:
+        return RolloutError(type="RolloutError", message="rollout failed", stage="environment")
+    stage: ErrorStage = "generation" if found.type in _GENERATION_ERRORS else "environment"
+    if "scoring" in (found.message or "") and found.type == "TaskError":
+        stage = "scoring"
+    return RolloutError(type=found.type, message=(found.message or found.type)[:2000], stage=stage)
+
+
+def stop_reason(trace: Any, error: RolloutError | None) -> StopReason:
+    condition = str(trace.stop_condition or "")
+    if error is not None:
+        return "error"
+    if condition.endswith("_timeout"):
+        return "timeout"
+    if condition == "max_turns":
+        return "max_turns"
+    if trace.is_truncated:
+        return "length"
+    return "completed"
+
+
+def _span_ms(span: Any) -> float:
+    start, end = getattr(span, "start", 0.0), getattr(span, "end", 0.0)
+    return (end - start) * 1000.0 if start and end and end >= start else 0.0
+
+
+def _first_error(episode: Any) -> str:
+    return episode.errors[-1].message if episode.errors else "the episode ran no agent"
+
+
+def _failed_state(example: Example, index: int, error: RolloutError, started: float) -> State:
+    return {
+        "example_id": example.example_id,
+        "rollout_index": index,
+        "prompt": example.prompt,
+        "completion": [],
+        "answer": example.answer,
+        "info": example.info,
+        "task": example.task,
+        "turn": 0,
+        "responses": [],
+        "usage": TokenUsage(),
+        "stop_reason": "error",
+        "error": error,
+        "generation_ms": (time.perf_counter() - started) * 1000,
+    }

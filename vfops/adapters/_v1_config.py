@@ -1,0 +1,68 @@
+"""A v1 taskset's run configuration from vfops's environment arguments.
+
+``-a`` (and a sweep's or nightly spec's ``env_args``) sets the taskset's
+``TasksetConfig`` fields, ``{"task": {...}}`` its ``TaskConfig``'s, validated by
+``verifiers``' own config classes; a wrong one is refused in one line naming the field.
+Each agent role runs vfops's in-process harness (``vfops``) on a local runtime: what a
+role's author pinned otherwise (a coding-agent CLI, a container) is refused, as is an
+``Env`` with more than one agent (a vfops rollout is one agent's trace).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vfops._errors import InvalidArgumentError, VfopsError
+from vfops.adapters._v1_harness import HARNESS_ID
+
+_IN_PROCESS_HARNESSES = frozenset({"null", HARNESS_ID})
+"""The harnesses whose loop vfops runs in-process: ``null`` is the one it replaces."""
+
+
+def env_config(vf: Any, module: str, name: str, args: dict[str, Any]) -> Any:
+    from pydantic import ValidationError
+
+    raw: dict[str, Any] = {"taskset": {**args, "id": module}}
+    try:
+        config = vf.resolve_env_config(raw)
+    except ValidationError as exc:
+        raise _argument_error(name, exc) from exc
+    except (ModuleNotFoundError, TypeError, AttributeError) as exc:
+        raise VfopsError(
+            f"'{name}' is not a verifiers v1 taskset ({str(exc).splitlines()[0]}); a package "
+            "written for verifiers' classic API runs with verifiers 0.3: pip install "
+            "'vfops[verifiers]' in its own virtualenv"
+        ) from exc
+    roles = vf.agent_config_fields(config) if hasattr(vf, "agent_config_fields") else None
+    roles = roles if roles is not None else _roles(config)
+    if len(roles) != 1:
+        raise VfopsError(
+            f"taskset '{name}' runs an Env of {len(roles)} agents ({', '.join(sorted(roles))}); "
+            "vfops records one agent's trace per rollout: evaluate it with verifiers' own eval"
+        )
+    ((role, spec),) = roles.items()
+    pinned = spec.harness.id if spec.harness is not None else vf.default_harness_id(module)
+    if pinned not in _IN_PROCESS_HARNESSES and pinned != "bash":
+        raise VfopsError(
+            f"taskset '{name}' runs in the '{pinned}' harness, which needs its own program "
+            "and runtime; vfops runs the tool-less chat harness (null) in-process"
+        )
+    raw[role] = {"harness": {"id": HARNESS_ID}, "runtime": {"type": "subprocess"}}
+    return vf.resolve_env_config(raw)
+
+
+def _roles(config: Any) -> dict[str, Any]:
+    from verifiers.v1.configs.agent import agent_config_fields
+
+    found: dict[str, Any] = agent_config_fields(config)
+    return found
+
+
+def _argument_error(name: str, exc: Any) -> InvalidArgumentError:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"][1:]) or "taskset"
+    return InvalidArgumentError(
+        f"taskset '{name}': argument '{where}': {first['msg']}; "
+        "set its TasksetConfig fields with -a '{\"field\": value}' and its TaskConfig's "
+        "under \"task\""
+    )

@@ -1,0 +1,119 @@
+"""Tasksets written for today's ``verifiers`` (0.4 on: only ``verifiers.v1``) as an
+environment library of vfops, registered as ``verifiers-v1 = "vfops.adapters:VERIFIERS_V1"``
+in ``vfops.environment_libraries``.
+
+A v1 taskset package declares no entry point either: ``vf-eval <taskset-id>`` imports the
+module named like the id and takes the ``Taskset`` subclass its ``__all__`` exports. vfops
+finds it the same way: an installed package that requires ``verifiers`` (listed by
+``vfops env list``), or any installed module named like the id (found by name, as
+``vf-eval`` finds ``reverse_text``, whose package declares only ``datasets``). Only while
+verifiers 0.4 or later is installed: with the classic line installed,
+:mod:`vfops.adapters._verifiers_library` finds the packages instead. This module imports
+no ``verifiers``; :mod:`vfops.adapters._v1` does, on load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, distribution, distributions, version
+from typing import Any
+
+from vfops.adapters._verifiers_line import installed_line
+from vfops.envs import (
+    Environment,
+    EnvironmentEntry,
+    EnvironmentLibrary,
+    EnvironmentPackage,
+    requires,
+)
+
+_NATIVE_GROUP = "vfops.environments"
+_NOT_TASKSETS = frozenset({"verifiers", "vfops", "prime-rl"})
+"""Distributions that require ``verifiers`` (or provide it) but hold no taskset."""
+
+
+class VerifiersV1Library(EnvironmentLibrary):
+    """Tasksets written for ``verifiers.v1`` (verifiers 0.4 on), run by vfops in-process."""
+
+    name = "verifiers-v1"
+
+    def environments(self, package: EnvironmentPackage) -> dict[str, str]:
+        if installed_line() != "v1" or package.entry_points.get(_NATIVE_GROUP):
+            return {}
+        if not package.depends_on("verifiers") or package.distribution in _NOT_TASKSETS:
+            return {}
+        module = _module(package)
+        # the module alone: its Taskset is the one its __all__ exports (verifiers' rule)
+        return {module: module}
+
+    def installed(self) -> list[EnvironmentEntry]:
+        if installed_line() != "v1":
+            return []
+        found: list[EnvironmentEntry] = []
+        for dist in distributions():
+            # the requirements first: most distributions are rejected on them alone
+            if requires(dist.requires or (), "verifiers"):
+                found.extend(self.entries(EnvironmentPackage.from_distribution(dist)))
+        return found
+
+    def find(self, name: str) -> EnvironmentEntry | None:
+        """The distribution named like the taskset, else any importable module of that
+        name (the way ``vf-eval <taskset-id>`` resolves an id; whether it holds a
+        ``Taskset`` is checked when it is loaded, in one line)."""
+        if installed_line() != "v1":
+            return None
+        module = _taskset_module(name)
+        for candidate in dict.fromkeys((name, name.replace("_", "-"), name.replace("-", "_"))):
+            try:
+                dist = distribution(candidate)
+            except PackageNotFoundError:
+                continue
+            package = EnvironmentPackage.from_distribution(dist)
+            if package.entry_points.get(_NATIVE_GROUP):
+                return None  # a vfops environment of that name
+            return EnvironmentEntry(module, module, "", self.name, dist)
+        if importlib.util.find_spec(module) is not None:
+            return EnvironmentEntry(module, module, "", self.name, None)
+        return None
+
+    def load(self, entry: EnvironmentEntry, /, **env_args: Any) -> Environment:
+        from vfops.adapters._v1 import load_taskset_environment
+
+        return load_taskset_environment(entry.module, entry.name, **env_args)
+
+    def build(self, factory: Callable[..., Any], name: str, /, **env_args: Any) -> Environment:
+        """``factory`` is the taskset's module (the entry names no function)."""
+        from vfops.adapters._v1 import load_taskset_environment
+
+        module = getattr(factory, "__name__", None) or name
+        return load_taskset_environment(str(module), name, **env_args)
+
+    def version(self) -> str | None:
+        try:
+            return version("verifiers")
+        except PackageNotFoundError:
+            return None
+
+    def entries(self, package: EnvironmentPackage) -> list[EnvironmentEntry]:
+        return [
+            EnvironmentEntry(name, module, "", self.name, package.dist)
+            for name, module in self.environments(package).items()
+        ]
+
+
+def _taskset_module(taskset_id: str) -> str:
+    """The module ``vf-eval`` imports for a taskset id (``owner/name@1.0`` -> ``name``)."""
+    return taskset_id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
+
+
+def _module(package: EnvironmentPackage) -> str:
+    """The taskset's module: the one top-level module the package installs, else the
+    distribution name with ``_`` for ``-`` and ``.`` (verifiers' convention)."""
+    if len(package.modules) == 1:
+        return package.modules[0]
+    return package.distribution.replace("-", "_").replace(".", "_")
+
+
+VERIFIERS_V1 = VerifiersV1Library()
+"""Tasksets written for ``verifiers.v1`` (verifiers 0.4 on), run by vfops."""

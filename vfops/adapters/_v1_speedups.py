@@ -1,0 +1,119 @@
+"""Two costs of ``verifiers`` 0.4 that vfops removes in its own process, each behaviour-
+preserving, applied once when a v1 taskset is loaded (:func:`install`).
+
+Measured on 2,000 single-turn rollouts of a tool-less taskset against a 0 ms stub, CPU
+seconds of the rollout loop: 8.25 s as ``verifiers`` ships, 6.34 s with the first, 4.34 s
+with both (``bench/v1_eval.py``; ``bench/README.md``).
+
+1. **A default factory's signature, once.** pydantic 2.14 asks
+   ``inspect.signature`` of every field's ``default_factory`` on every
+   ``model_construct`` (``FieldInfo.default_factory_takes_validated_data`` caches it only
+   for private attributes); ``verifiers`` constructs message-graph nodes with
+   ``model_construct`` at every turn, and the signature of a builtin such as ``list`` is
+   parsed from its text each time. The answer depends on the callable only, so it is
+   memoised per callable.
+2. **A rollout's working folder only when something uses it.** The ``subprocess``
+   runtime makes a folder per rollout at start and removes it in a thread at stop; a
+   tool-less rollout never touches it. vfops's runtime is that runtime with the folder
+   made on first use (a command, a file, a tool server) and removed only if made.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+_INSTALLED = False
+
+
+def install() -> None:
+    """Apply both (idempotent)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _memoise_factory_signatures()
+    _lazy_subprocess_folders()
+    _INSTALLED = True
+
+
+def _memoise_factory_signatures() -> None:
+    from pydantic._internal import _fields
+
+    original: Callable[[Any], bool] = _fields.takes_validated_data_argument
+    known: dict[Any, bool] = {}
+
+    @functools.wraps(original)
+    def takes_validated_data_argument(default_factory: Any) -> bool:
+        try:
+            return known[default_factory]
+        except KeyError:
+            found = known[default_factory] = original(default_factory)
+            return found
+        except TypeError:  # unhashable: ask every time, as pydantic does
+            return original(default_factory)
+
+    _fields.takes_validated_data_argument = takes_validated_data_argument
+
+
+def _lazy_subprocess_folders() -> None:
+    import verifiers.v1.rollout as rollout
+    from verifiers.v1.runtimes.subprocess import CACHE_DIR, SubprocessRuntime
+
+    original = rollout.make_runtime
+    lazy = _lazy_runtime_class(SubprocessRuntime, CACHE_DIR / "runtimes" / "subprocess")
+
+    def make_runtime(config: Any, name: str | None = None) -> Any:
+        if getattr(config, "type", None) != "subprocess":
+            return original(config, name)
+        from verifiers.v1.runtimes import register
+
+        runtime = lazy(config, name)
+        register(runtime)
+        return runtime
+
+    rollout.make_runtime = make_runtime
+
+
+def _lazy_runtime_class(base: type, folder_root: Any) -> type:
+    class LocalRuntime(base):  # type: ignore[misc, valid-type]
+        """``verifiers``' subprocess runtime, its folder made on first use."""
+
+        _made = False
+
+        async def start(self) -> None:
+            # SubprocessRuntime.start without its mkdir: the folder's name and the info
+            self.workdir = folder_root / self.name
+            self.info.id = str(self.workdir)
+
+        def _folder(self) -> None:
+            if not self._made and self.workdir is not None:
+                self.workdir.mkdir(parents=True, exist_ok=True)
+                self._made = True
+
+        async def run(self, *args: Any, **kwargs: Any) -> Any:
+            self._folder()
+            return await super().run(*args, **kwargs)
+
+        async def open_process(self, *args: Any, **kwargs: Any) -> Any:
+            self._folder()
+            return await super().open_process(*args, **kwargs)
+
+        async def run_background(self, *args: Any, **kwargs: Any) -> Any:
+            self._folder()
+            return await super().run_background(*args, **kwargs)
+
+        async def _read(self, *args: Any, **kwargs: Any) -> Any:
+            self._folder()
+            return await super()._read(*args, **kwargs)
+
+        async def write(self, *args: Any, **kwargs: Any) -> Any:
+            self._folder()
+            return await super().write(*args, **kwargs)
+
+        async def teardown(self) -> None:
+            if not self._made:
+                self.workdir = None  # nothing to remove
+            await super().teardown()
+
+    return LocalRuntime
