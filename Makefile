@@ -5,9 +5,12 @@ ENV_PACKAGES := $(sort $(wildcard environments/*/pyproject.toml))
 # environments written for verifiers, the adapter's test material (tests/test_verifiers_adapter.py):
 # installed by the tests' set-up only, so they never show in a user's `vfops env list`
 VF_TEST_PACKAGES := $(sort $(wildcard tests/verifiers_envs/*/pyproject.toml))
+# v1 tasksets (verifiers 0.4), the v1 adapter's test material (tests/v1/): their own venv
+V1_VENV ?= .venv-v1
+V1_TEST_PACKAGES := $(sort $(wildcard tests/verifiers_v1_envs/*/pyproject.toml))
 DEMO_DIR ?= .vfops-demo
 
-.PHONY: setup test-setup demo test lint
+.PHONY: setup test-setup setup-v1 test-v1 demo test lint
 
 # Byte-compiled once here: with PYTHONDONTWRITEBYTECODE set, an editable install
 # would compile every module at every start (~0.4 s of each vfops command).
@@ -42,15 +45,32 @@ $(VENV)/.installed-tests: $(VENV)/.installed $(VF_TEST_PACKAGES)
 		$(foreach p,$(VF_TEST_PACKAGES),-e $(dir $(p)))
 	touch $@
 
+# verifiers 0.4 (v1 tasksets only) cannot share a venv with the [verifiers] extra's 0.3:
+# the [verifiers-v1] extra, vfops's environments and the v1 test tasksets get their own
+# (hatchling and editables: the upstream tasksets' build backend, used without isolation).
+setup-v1: $(V1_VENV)/.installed
+$(V1_VENV)/.installed: pyproject.toml $(ENV_PACKAGES) $(V1_TEST_PACKAGES)
+	test -x $(V1_VENV)/bin/python || python3 -m venv $(V1_VENV)
+	$(V1_VENV)/bin/python -m pip install --quiet --quiet --upgrade pip
+	$(V1_VENV)/bin/python -m pip install --quiet --quiet torch==2.13.0 'setuptools>=77' wheel uv==0.13.9 hatchling editables
+	$(V1_VENV)/bin/uv pip install --python $(V1_VENV)/bin/python --quiet --compile-bytecode --no-build-isolation \
+		-e '.[dev,train,verifiers-v1]' $(foreach p,$(ENV_PACKAGES) $(V1_TEST_PACKAGES),-e $(dir $(p)))
+	touch $@
+
+# The v1 adapter's tests, in that venv (tests/v1/; the main passes leave them out).
+test-v1: setup-v1
+	VFOPS_TEST_V1=1 $(V1_VENV)/bin/pytest tests/v1
+
 # The whole loop (publish, evaluate, train, register, promote, nightly) in a fresh folder.
 demo: setup
 	rm -rf $(DEMO_DIR)
 	$(VENV)/bin/vfops demo --dir $(DEMO_DIR)
 
-test: setup test-setup
+test: setup test-setup setup-v1
 	$(VENV)/bin/ruff check vfops flows tests environments bench
 	$(VENV)/bin/mypy
 	bash tests/run_passes.sh $(VENV)  # two pytest passes at once; see tests/conftest.py
+	VFOPS_TEST_V1=1 $(V1_VENV)/bin/pytest -p no:cacheprovider tests/v1  # verifiers 0.4's venv
 
 lint: setup
 	$(VENV)/bin/ruff check vfops flows tests environments bench

@@ -43,6 +43,11 @@ pytest_plugins = [
     "tests.model_fixtures",
 ]
 
+# tests/v1: the verifiers-v1 adapter's tests need verifiers 0.4, which cannot share a
+# venv with the 0.3 the suite's venv holds; `make test-v1` runs them in .venv-v1 (and CI
+# does, .ci/run), with VFOPS_TEST_V1=1. The two passes over the main venv leave them out.
+collect_ignore_glob = [] if os.environ.get("VFOPS_TEST_V1") == "1" else ["v1/*"]
+
 # `make test` runs the suite in two passes, started together (tests/run_passes.sh):
 # most files on two pytest-xdist workers (`-n 2 --dist loadfile -m "not second_pass"`:
 # most tests wait on subprocesses and servers, so two at a time nearly halve the wall

@@ -212,9 +212,10 @@ class _Serving:
 
         env = self.vf_env
         try:
-            async with env.shared_tools() as shared, InProcessInterception(
-                self.directory
-            ) as interception:
+            async with (
+                env.shared_tools() as shared,
+                InProcessInterception(self.directory) as interception,
+            ):
                 register(interception)
                 # Env.serving()'s assignments: the env's agents borrow these
                 env._shared_tools, env._interception = shared, interception
@@ -266,8 +267,8 @@ def trace_state(
 ) -> tuple[State, RolloutScore]:
     """One episode's (single) trace as a vfops state and score."""
     if not episode.traces:
-        error = RolloutError(type="EnvError", message=_first_error(episode), stage="environment")
-        return _failed_state(example, index, error, started), RolloutScore(reward=None)
+        failed = RolloutError(type="EnvError", message=_first_error(episode), stage="environment")
+        return _failed_state(example, index, failed, started), RolloutScore(reward=None)
     trace = episode.traces[-1]
     prompt, completion = split_messages(trace)
     usage = TokenUsage()

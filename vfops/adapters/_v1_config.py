@@ -64,5 +64,5 @@ def _argument_error(name: str, exc: Any) -> InvalidArgumentError:
     return InvalidArgumentError(
         f"taskset '{name}': argument '{where}': {first['msg']}; "
         "set its TasksetConfig fields with -a '{\"field\": value}' and its TaskConfig's "
-        "under \"task\""
+        'under "task"'
     )

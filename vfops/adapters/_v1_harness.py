@@ -135,10 +135,12 @@ class _ChatLoop:
             if decision["action"] == "stop":
                 return None
             if decision["action"] == "deny":
-                return bound_tool_message(decision["message"])
+                denied: dict[str, Any] = bound_tool_message(decision["message"])
+                return denied
         content = await self._run_tool(name, raw)
         message = {"role": "tool", "tool_call_id": call["id"], "content": content, "name": name}
-        return bound_tool_message(message)
+        bounded: dict[str, Any] = bound_tool_message(message)
+        return bounded
 
     async def _run_tool(self, name: str, raw: str) -> Any:
         # the same answers as verifiers' chat program, which the model reads back

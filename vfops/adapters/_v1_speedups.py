@@ -53,7 +53,7 @@ def _memoise_factory_signatures() -> None:
         except TypeError:  # unhashable: ask every time, as pydantic does
             return original(default_factory)
 
-    _fields.takes_validated_data_argument = takes_validated_data_argument
+    _fields.takes_validated_data_argument = takes_validated_data_argument  # type: ignore[assignment]
 
 
 def _lazy_subprocess_folders() -> None:
@@ -76,7 +76,7 @@ def _lazy_subprocess_folders() -> None:
 
 
 def _lazy_runtime_class(base: type, folder_root: Any) -> type:
-    class LocalRuntime(base):  # type: ignore[misc, valid-type]
+    class LocalRuntime(base):  # type: ignore[misc]
         """``verifiers``' subprocess runtime, its folder made on first use."""
 
         _made = False

@@ -109,7 +109,7 @@ def _host(config: BaseClientConfig) -> str:
     return str(config.base_url).split("//", 1)[-1].split("/", 1)[0]
 
 
-class VfopsModelClient(Client):
+class VfopsModelClient(Client):  # type: ignore[misc]
     """A ``verifiers`` client whose transport is a vfops :class:`ModelClient`."""
 
     def __init__(self, model_client: ModelClient) -> None:

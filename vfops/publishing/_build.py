@@ -16,6 +16,7 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vfops._errors import VfopsError
 from vfops.envs import Environment, environment_library, quiet_datasets
@@ -132,7 +133,7 @@ def load_from_source(project: EnvironmentProject) -> Environment:
             module = importlib.import_module(module_name)
             # "module" alone: the library finds what it needs in the module (verifiers
             # v1 takes the Taskset its __all__ exports)
-            factory = getattr(module, attr) if attr else module
+            factory: Any = getattr(module, attr) if attr else module
             with quiet_datasets():  # environments build their datasets with Dataset.map
                 env = library.build(factory, project.env_name)
                 env.splits()  # built while its source is the one imported

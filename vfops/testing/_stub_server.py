@@ -1,6 +1,6 @@
 """An OpenAI-compatible stub server for tests and benchmarks.
 
-Serves ``POST /v1/chat/completions`` (non-streaming, with ``n``), ``GET /v1/models``
+Serves ``POST /v1/chat/completions`` (with ``n``; streamed when asked), ``GET /v1/models``
 and ``GET /stats`` on aiohttp. Latency is an ``asyncio.sleep``, so one process
 holds thousands of concurrent requests; per-request work is a regex and two
 orjson calls. Faults are injected by seeded probabilities (``rate_429``,
@@ -34,6 +34,7 @@ import orjson
 from aiohttp import web
 
 from vfops._errors import InvalidArgumentError
+from vfops.testing._stub_sse import sse_events
 
 ReplyFn = Callable[[dict[str, Any]], dict[str, Any]]
 """``(request_json) -> assistant message dict`` for in-process use."""
@@ -474,6 +475,10 @@ class _StubApp:
             },
         }
         self.stats["ok"] += 1
+        if payload.get("stream"):
+            usage = bool((payload.get("stream_options") or {}).get("include_usage"))
+            events = sse_events(body, include_usage=usage)
+            return web.Response(body=events, content_type="text/event-stream")
         return web.Response(body=orjson.dumps(body), headers=_JSON_HEADERS)
 
     def _reply(self, payload: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,3 @@
+from interception.taskset import InterceptionTaskset
+
+__all__ = ["InterceptionTaskset"]

@@ -1,0 +1,3 @@
+from v1_arith.taskset import ArithTaskset
+
+__all__ = ["ArithTaskset"]
