@@ -31,6 +31,17 @@ VFOPS = str(VENV_BIN / "vfops")
 VF_EVAL = str(VENV_BIN / "vf-eval")
 
 
+Outcome = tuple[float | None, dict[str, float], str]
+"""A rollout's reward, its per-function scores and metrics, and verifiers' stop condition."""
+
+EXPECTED_STOPS = {
+    "v1_arith": {"agent_completed"},
+    "glossary": {"agent_completed"},
+    # the response stop ends one rollout; the interceptors rewrite the others
+    "interception": {"agent_completed", "stop_guard"},
+}
+
+
 def reply(request: dict[str, Any]) -> dict[str, Any]:
     """The stub's answers: a tool call when tools are offered and no result came back
     yet (glossary), the tool's result in tags after one; else the arith hint echoed."""
@@ -89,7 +100,7 @@ def judge(stub: StubServer) -> dict[str, str]:
 
 def vfops_rewards(
     taskset: str, stub: StubServer, n: int, env: dict[str, str], cwd: Path
-) -> dict[int, tuple[float | None, dict[str, float]]]:
+) -> dict[int, Outcome]:
     args = {"task": {"judge": judge(stub)}} if taskset == "interception" else {}
     done = vfops(
         ["eval", taskset, "-m", "stub-model", "-b", stub.base_url, "-n", str(n), "-r", "1",
@@ -101,13 +112,13 @@ def vfops_rewards(
     found = {}
     for line in results.read_bytes().splitlines():
         row = orjson.loads(line)
-        found[row["example_id"]] = (row["reward"], row["metrics"])
+        found[row["example_id"]] = (row["reward"], row["metrics"], row["info"]["stop_condition"])
     return found
 
 
 def vf_eval_rewards(
     taskset: str, stub: StubServer, n: int, env: dict[str, str], cwd: Path
-) -> dict[int, tuple[float | None, dict[str, float]]]:
+) -> dict[int, Outcome]:
     """verifiers' own eval, in-process runner, its tool-less ``null`` harness on the
     subprocess runtime (what vfops's in-process harness stands in for)."""
     done = subprocess.run(
@@ -127,7 +138,8 @@ def vf_eval_rewards(
         assert trace["ok"], trace["errors"]
         scores = {k: v["score"] for k, v in trace["rewards"].items() if v is not None}
         reward = sum(v["score"] * v["weight"] for v in trace["rewards"].values() if v)
-        found[trace["task"]["data"]["idx"]] = (reward, {**scores, **trace["metrics"]})
+        outcome = (reward, {**scores, **trace["metrics"]}, trace["stop_condition"])
+        found[trace["task"]["data"]["idx"]] = outcome
     return found
 
 
@@ -139,8 +151,9 @@ def test_per_rollout_rewards_equal_vf_eval(
     theirs = vf_eval_rewards(taskset, stub, n, home, tmp_path)
     assert sorted(ours) == sorted(theirs) == list(range(n))
     assert ours == theirs
-    # the runs are not all one value: a right and a wrong answer each scored as such
-    assert len({reward for reward, _ in ours.values()}) > 1 or taskset != "v1_arith"
+    assert {stop for _, _, stop in ours.values()} == EXPECTED_STOPS[taskset]
+    if taskset == "v1_arith":  # right and wrong answers, each scored as such
+        assert {reward for reward, _, _ in ours.values()} == {0.0, 1.0}
 
 
 def test_listed_by_library_and_arguments_checked(

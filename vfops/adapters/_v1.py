@@ -112,10 +112,9 @@ class TasksetEnvironment(Environment):
                 f"taskset '{self.name}' is infinite ({type(taskset).__name__}.INFINITE); vfops "
                 "evaluates a taskset of known size: give it a size through its config"
             )
-        harness = self.vf_env._harnesses  # loaded by the Env: one per role
         rows = []
         for task in taskset:
-            check_supported(self.name, task, harness)
+            check_supported(self.name, task)
             self._tasks[int(task.data.idx)] = task
             rows.append(task_row(task))
         return rows
@@ -282,7 +281,9 @@ def trace_state(
         "prompt": prompt or example.prompt,
         "completion": completion,
         "answer": example.answer,
-        "info": example.info,
+        # verifiers' own stop condition (a task's @stop by name, a limit...): vfops's
+        # stop_reason says only which kind it was
+        "info": {**example.info, "stop_condition": trace.stop_condition},
         "task": example.task,
         "turn": trace.num_turns,
         "responses": responses,
@@ -290,8 +291,6 @@ def trace_state(
         "stop_reason": stop_reason(trace, error),
         "error": error,
         "generation_ms": _span_ms(trace.timing.agent) or (time.perf_counter() - started) * 1000,
-        "verifiers_stop_condition": trace.stop_condition,
-        "trace_id": trace.id,
     }
     metrics = {name: float(r.score) for name, r in trace.rewards.items() if r is not None}
     metrics.update((name, float(v)) for name, v in trace.metrics.items() if v is not None)

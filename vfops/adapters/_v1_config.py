@@ -33,16 +33,18 @@ def env_config(vf: Any, module: str, name: str, args: dict[str, Any]) -> Any:
             "written for verifiers' classic API runs with verifiers 0.3: pip install "
             "'vfops[verifiers]' in its own virtualenv"
         ) from exc
-    roles = vf.agent_config_fields(config) if hasattr(vf, "agent_config_fields") else None
-    roles = roles if roles is not None else _roles(config)
+    roles = _roles(config)
     if len(roles) != 1:
         raise VfopsError(
             f"taskset '{name}' runs an Env of {len(roles)} agents ({', '.join(sorted(roles))}); "
             "vfops records one agent's trace per rollout: evaluate it with verifiers' own eval"
         )
     ((role, spec),) = roles.items()
+    # unpinned, a taskset without a harness of its own runs verifiers' default (bash): the
+    # chat loop it stands for; a harness pinned by the role or shipped by the taskset is a
+    # program, but for null
     pinned = spec.harness.id if spec.harness is not None else vf.default_harness_id(module)
-    if pinned not in _IN_PROCESS_HARNESSES and pinned != "bash":
+    if pinned not in _IN_PROCESS_HARNESSES and (spec.harness is not None or pinned != "bash"):
         raise VfopsError(
             f"taskset '{name}' runs in the '{pinned}' harness, which needs its own program "
             "and runtime; vfops runs the tool-less chat harness (null) in-process"

@@ -16,7 +16,7 @@ _TASK_DATA_FIELDS = frozenset(
 """``TaskData``'s own fields: the rest of a task's data is the taskset's (its answer...)."""
 
 
-def check_supported(name: str, task: Any, harnesses: dict[str, Any]) -> None:
+def check_supported(name: str, task: Any) -> None:
     """Refuse, in one line naming what it needs, a task vfops does not run in-process."""
     data = task.data
     where = f"task {data.idx} of taskset '{name}'"
@@ -31,11 +31,6 @@ def check_supported(name: str, task: Any, harnesses: dict[str, Any]) -> None:
             f"{where} needs a sandbox (agent_user, artifacts or a GPU); vfops runs v1 tasks "
             "in-process: run it with verifiers' own eval in a container runtime"
         )
-    for harness in harnesses.values():
-        if getattr(harness, "NEEDS_CONTAINER", False) and harness.config.id != "vfops":
-            raise VfopsError(
-                f"{where} runs the '{harness.config.id}' harness, which needs a container"
-            )
 
 
 def task_row(task: Any) -> dict[str, Any]:

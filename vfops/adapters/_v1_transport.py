@@ -199,9 +199,7 @@ class InProcessInterception(InterceptionServer):  # type: ignore[misc]
         # A task of its own, as aiohttp gives each request: the handler adopts the task it
         # runs in, and the rollout cancels its adopted tasks when it concludes
         response = await asyncio.ensure_future(self._chat_handler(request))
-        payload = response.body
-        data = orjson.loads(payload if isinstance(payload, bytes) else payload._value)
-        return int(response.status), data
+        return int(response.status), orjson.loads(response.body)
 
     async def decide_tool(
         self, secret: str, call_id: str, name: str, arguments: object
