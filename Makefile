@@ -51,7 +51,6 @@ $(VENV)/.installed-tests: $(VENV)/.installed $(VF_TEST_PACKAGES)
 setup-v1: $(V1_VENV)/.installed
 $(V1_VENV)/.installed: pyproject.toml $(ENV_PACKAGES) $(V1_TEST_PACKAGES)
 	test -x $(V1_VENV)/bin/python || python3 -m venv $(V1_VENV)
-	$(V1_VENV)/bin/python -m pip install --quiet --quiet --upgrade pip
 	$(V1_VENV)/bin/python -m pip install --quiet --quiet torch==2.13.0 'setuptools>=77' wheel uv==0.13.9 hatchling editables
 	$(V1_VENV)/bin/uv pip install --python $(V1_VENV)/bin/python --quiet --compile-bytecode --no-build-isolation \
 		-e '.[dev,train,verifiers-v1]' $(foreach p,$(ENV_PACKAGES) $(V1_TEST_PACKAGES),-e $(dir $(p)))
