@@ -41,6 +41,7 @@ pytest_plugins = [
     "tests.prefect_fixtures",
     "tests.env_fixtures",
     "tests.model_fixtures",
+    "tests.vllm_fixtures",
 ]
 
 # tests/v1: the verifiers-v1 adapter's tests need verifiers 0.4, which cannot share a

@@ -100,10 +100,18 @@ class TasksetEnvironment(Environment):
     def __init__(self, vf_env: Any, *, name: str) -> None:
         self.vf_env = vf_env
         self._tasks: dict[int, Any] = {}
+        self._built: list[dict[str, Any]] | None = None
         self._serving: _Serving | None = None
-        super().__init__(eval_dataset=self._rows, name=name)
+        # a taskset has no splits (its config may select one): the trainer's split and
+        # the held-out one are the taskset as configured
+        super().__init__(dataset=self._rows, eval_dataset=self._rows, name=name)
 
     def _rows(self) -> list[dict[str, Any]]:
+        if self._built is None:
+            self._built = self._load_rows()
+        return self._built
+
+    def _load_rows(self) -> list[dict[str, Any]]:
         from vfops.adapters._v1_support import check_supported, task_row
 
         taskset = self.vf_env.taskset

@@ -1,0 +1,3 @@
+from v1_lucky_digit.taskset import LuckyDigitTaskset
+
+__all__ = ["LuckyDigitTaskset"]
