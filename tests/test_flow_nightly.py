@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 import random
 import re
 import socket
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +18,8 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 
 import pytest
 
+from tests.env_fixtures import published_and_installed
 from vfops.cli._env import init_environment
-from vfops.publishing import install_published, publish_environment
 from vfops.registry import dispose_engines
 from vfops.testing import StubConfig, StubServer
 
@@ -40,21 +38,9 @@ _QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")
 def published_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A published environment, installed into a folder on sys.path (not the venv)."""
     root = tmp_path_factory.mktemp("nightly")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VFOPS_DATABASE_URL", f"sqlite:///{root / 'registry.db'}")
-        patch.setenv("VFOPS_ARTIFACTS", (root / "artifacts").as_uri())
-        patch.setenv("VFOPS_HOME", str(root / "home"))
-        patch.delenv("OPENAI_API_KEY", raising=False)
-        package = init_environment("nightly_env", root / "src")
-        publish_environment(package)
-        site = root / "site"
-        install_published("nightly_env@latest", target=site, no_deps=True)
-        sys.path.insert(0, str(site))
-        importlib.invalidate_caches()
-        try:
-            yield str(root)
-        finally:
-            sys.path.remove(str(site))
+    package = init_environment("nightly_env", root / "src")
+    with published_and_installed(root, package, "nightly_env"):
+        yield str(root)
     dispose_engines()
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import sys
 import tempfile
 import textwrap
@@ -44,6 +43,7 @@ import verifiers as vf
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from tests.env_fixtures import published_and_installed
 from tests.mlflow_fixtures import MlflowServer, fake_aws_env
 from tests.model_fixtures import checkpoint
 from tests.prefect_fixtures import flow_run_artifacts
@@ -469,10 +469,6 @@ def test_verifiers_environments_gate_a_promotion(
 def published_vf_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A verifiers package (a renamed copy of vf_xml_math) published, then installed from
     the registry into a folder on sys.path: what ``nightly-eval`` evaluates at @latest."""
-    import importlib
-
-    from vfops.publishing import install_published, publish_environment
-
     root = tmp_path_factory.mktemp("vf-nightly")
     source = Path(__file__).resolve().parent / "verifiers_envs" / "vf_xml_math"
     package = root / "src" / "vf_night_math"
@@ -484,21 +480,8 @@ def published_vf_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         .replace("vf-xml-math", "vf-night-math")
         .replace("vf_xml_math", "vf_night_math")
     )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VFOPS_DATABASE_URL", f"sqlite:///{root / 'registry.db'}")
-        patch.setenv("VFOPS_ARTIFACTS", (root / "artifacts").as_uri())
-        patch.setenv("VFOPS_HOME", str(root / "home"))
-        patch.delenv("OPENAI_API_KEY", raising=False)
-        publish_environment(package)
-        site = root / "site"
-        install_published("vf_night_math@latest", target=site, no_deps=True)
-        shutil.rmtree(package)  # what runs is the installed wheel
-        sys.path.insert(0, str(site))
-        importlib.invalidate_caches()
-        try:
-            yield str(root)
-        finally:
-            sys.path.remove(str(site))
+    with published_and_installed(root, package, "vf_night_math"):
+        yield str(root)
     dispose_engines()
 
 

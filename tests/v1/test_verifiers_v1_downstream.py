@@ -23,6 +23,7 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vfops-prefect-hom
 
 import pytest
 
+from tests.env_fixtures import published_and_installed
 from tests.model_fixtures import checkpoint
 from tests.registry_fixtures import DIALECTS, database_url, stored_count, stored_rollouts
 from vfops.registry import EvalRunRow, dispose_engines, get_engine, get_run, session_scope
@@ -126,10 +127,6 @@ async def test_a_v1_cell_runs_is_priced_and_is_reused_on_both_dialects(
 def published_v1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """v1_arith renamed v1_night, published, then installed from the registry into a
     folder on sys.path: what ``nightly-eval`` evaluates at @latest."""
-    import importlib
-
-    from vfops.publishing import install_published, publish_environment
-
     root = tmp_path_factory.mktemp("v1-nightly")
     source = Path(__file__).resolve().parents[1] / "verifiers_v1_envs" / "v1_arith"
     package = root / "src" / "v1_night"
@@ -138,21 +135,8 @@ def published_v1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     for path in (package / "pyproject.toml", *(package / "v1_night").glob("*.py")):
         text = path.read_text().replace("v1-arith", "v1-night").replace("v1_arith", "v1_night")
         path.write_text(text)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VFOPS_DATABASE_URL", f"sqlite:///{root / 'registry.db'}")
-        patch.setenv("VFOPS_ARTIFACTS", (root / "artifacts").as_uri())
-        patch.setenv("VFOPS_HOME", str(root / "home"))
-        patch.delenv("OPENAI_API_KEY", raising=False)
-        publish_environment(package)
-        site = root / "site"
-        install_published("v1_night@latest", target=site, no_deps=True)
-        shutil.rmtree(package)  # what runs is the installed wheel
-        sys.path.insert(0, str(site))
-        importlib.invalidate_caches()
-        try:
-            yield str(root)
-        finally:
-            sys.path.remove(str(site))
+    with published_and_installed(root, package, "v1_night"):
+        yield str(root)
     dispose_engines()
 
 

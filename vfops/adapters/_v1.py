@@ -30,10 +30,10 @@ from typing import Any
 from vfops._errors import InvalidArgumentError, MissingExtraError, VfopsError
 from vfops._rollout import ErrorStage, RolloutError, StopReason, TokenUsage
 from vfops._types import Messages, SamplingArgs, State
+from vfops.adapters._group import GroupEnvironment
 from vfops.adapters._verifiers_line import installed_line
 from vfops.clients._base import ModelClient
 from vfops.envs._dataset import Example
-from vfops.envs._environment import Environment
 from vfops.rubrics import RolloutScore
 
 SUPPORTED_VERIFIERS_V1 = ">=0.4.0,<0.5"
@@ -85,7 +85,7 @@ def load_taskset_environment(module: str, name: str, /, **args: Any) -> TasksetE
     return TasksetEnvironment(env, name=name)
 
 
-class TasksetEnvironment(Environment):
+class TasksetEnvironment(GroupEnvironment):
     """A ``verifiers`` v1 ``Env`` (its taskset inside) seen as a vfops :class:`Environment`.
 
     Rows are the taskset's tasks (``example_id`` is the task's ``idx``; ``info`` keeps its
@@ -131,20 +131,6 @@ class TasksetEnvironment(Environment):
         serving, self._serving = self._serving, None
         if serving is not None:
             await serving.close()
-
-    async def rollout(
-        self,
-        client: ModelClient,
-        model: str,
-        example: Example,
-        *,
-        rollout_index: int = 0,
-        sampling_args: SamplingArgs | None = None,
-    ) -> State:
-        states, _ = await self.run_group_states(
-            client, model, example, [rollout_index], sampling_args=sampling_args
-        )
-        return states[0]
 
     async def run_group_states(
         self,

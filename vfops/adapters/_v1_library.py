@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, distribution, distributions, version
+from importlib.metadata import PackageNotFoundError, distribution, version
 from typing import Any
 
-from vfops.adapters._verifiers_line import installed_line
+from vfops.adapters._verifiers_line import NATIVE_GROUP, dependents, installed_line, module_of
 from vfops.envs import (
     Environment,
     EnvironmentEntry,
     EnvironmentLibrary,
     EnvironmentPackage,
-    requires,
 )
 
-_NATIVE_GROUP = "vfops.environments"
 _NOT_TASKSETS = frozenset({"verifiers", "vfops", "prime-rl"})
 """Distributions that require ``verifiers`` (or provide it) but hold no taskset."""
 
@@ -39,23 +37,18 @@ class VerifiersV1Library(EnvironmentLibrary):
     name = "verifiers-v1"
 
     def environments(self, package: EnvironmentPackage) -> dict[str, str]:
-        if installed_line() != "v1" or package.entry_points.get(_NATIVE_GROUP):
+        if installed_line() != "v1" or package.entry_points.get(NATIVE_GROUP):
             return {}
         if not package.depends_on("verifiers") or package.distribution in _NOT_TASKSETS:
             return {}
-        module = _module(package)
+        module = module_of(package)
         # the module alone: its Taskset is the one its __all__ exports (verifiers' rule)
         return {module: module}
 
     def installed(self) -> list[EnvironmentEntry]:
         if installed_line() != "v1":
             return []
-        found: list[EnvironmentEntry] = []
-        for dist in distributions():
-            # the requirements first: most distributions are rejected on them alone
-            if requires(dist.requires or (), "verifiers"):
-                found.extend(self.entries(EnvironmentPackage.from_distribution(dist)))
-        return found
+        return [entry for package in dependents() for entry in self.entries(package)]
 
     def find(self, name: str) -> EnvironmentEntry | None:
         """The distribution named like the taskset, else any importable module of that
@@ -70,7 +63,7 @@ class VerifiersV1Library(EnvironmentLibrary):
             except PackageNotFoundError:
                 continue
             package = EnvironmentPackage.from_distribution(dist)
-            if package.entry_points.get(_NATIVE_GROUP):
+            if package.entry_points.get(NATIVE_GROUP):
                 return None  # a vfops environment of that name
             return EnvironmentEntry(module, module, "", self.name, dist)
         if importlib.util.find_spec(module) is not None:
@@ -105,14 +98,6 @@ class VerifiersV1Library(EnvironmentLibrary):
 def _taskset_module(taskset_id: str) -> str:
     """The module ``vf-eval`` imports for a taskset id (``owner/name@1.0`` -> ``name``)."""
     return taskset_id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
-
-
-def _module(package: EnvironmentPackage) -> str:
-    """The taskset's module: the one top-level module the package installs, else the
-    distribution name with ``_`` for ``-`` and ``.`` (verifiers' convention)."""
-    if len(package.modules) == 1:
-        return package.modules[0]
-    return package.distribution.replace("-", "_").replace(".", "_")
 
 
 VERIFIERS_V1 = VerifiersV1Library()

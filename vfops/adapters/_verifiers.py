@@ -37,11 +37,11 @@ import orjson
 from vfops._errors import MissingExtraError, VfopsError
 from vfops._rollout import ErrorStage, RolloutError, StopReason, TokenUsage
 from vfops._types import Message, Messages, SamplingArgs, State
+from vfops.adapters._group import GroupEnvironment
 from vfops.adapters._wire import completion_json
 from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
 from vfops.costs import BudgetExhausted
 from vfops.envs._dataset import Example
-from vfops.envs._environment import Environment
 from vfops.rubrics import RolloutScore
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ def _keep_signal_handlers() -> None:
         environment.signal = _HandlersKeptByVfops()
 
 
-class VerifiersEnvironment(Environment):
+class VerifiersEnvironment(GroupEnvironment):
     """A ``verifiers`` ``Environment`` seen as a vfops :class:`Environment`.
 
     Rows are ``verifiers``' formatted rows (``prompt``, ``answer``, ``info``, ``task``,
@@ -216,20 +216,6 @@ class VerifiersEnvironment(Environment):
         }
 
     # --- rollouts ---------------------------------------------------------------
-    async def rollout(
-        self,
-        client: ModelClient,
-        model: str,
-        example: Example,
-        *,
-        rollout_index: int = 0,
-        sampling_args: SamplingArgs | None = None,
-    ) -> State:
-        states, _ = await self.run_group_states(
-            client, model, example, [rollout_index], sampling_args=sampling_args
-        )
-        return states[0]
-
     async def run_group_states(
         self,
         client: ModelClient,

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, distribution, distributions
+from importlib.metadata import PackageNotFoundError, distribution
 from typing import Any
 
-from vfops.adapters._verifiers_line import installed_line
+from vfops.adapters._verifiers_line import NATIVE_GROUP, dependents, installed_line, module_of
 from vfops.envs import (
     Environment,
     EnvironmentEntry,
     EnvironmentLibrary,
     EnvironmentPackage,
-    requires,
 )
 
-_NATIVE_GROUP = "vfops.environments"
 _NOT_ENVIRONMENTS = frozenset({"verifiers", "vfops"})
 """Distributions that require ``verifiers`` (or provide it) but hold no environment."""
 
@@ -38,21 +36,19 @@ class VerifiersLibrary(EnvironmentLibrary):
     name = "verifiers"
 
     def environments(self, package: EnvironmentPackage) -> dict[str, str]:
-        if not package.depends_on("verifiers") or package.entry_points.get(_NATIVE_GROUP):
+        if not package.depends_on("verifiers") or package.entry_points.get(NATIVE_GROUP):
             return {}
         if installed_line() == "v1":  # its packages are v1 tasksets (vfops.adapters._v1_library)
             return {}
-        module = _module(package)
+        module = module_of(package)
         return {module: f"{module}:load_environment"}
 
     def installed(self) -> list[EnvironmentEntry]:
         if not _classic_installed():
             return []
         found: list[EnvironmentEntry] = []
-        for dist in distributions():
-            # the requirements first: most distributions are rejected on them alone
-            if requires(dist.requires or (), "verifiers"):
-                found.extend(self._installed_entries(EnvironmentPackage.from_distribution(dist)))
+        for package in dependents():
+            found.extend(self._installed_entries(package))
         return found
 
     def find(self, name: str) -> EnvironmentEntry | None:
@@ -91,14 +87,6 @@ def _classic_installed() -> bool:
     """Whether a ``verifiers`` other than the v1-only line (0.4 on) is installed: with 0.4
     installed, its packages are v1 tasksets, found by :mod:`vfops.adapters._v1_library`."""
     return importlib.util.find_spec("verifiers") is not None and installed_line() != "v1"
-
-
-def _module(package: EnvironmentPackage) -> str:
-    """The environment's module: the one top-level module the package installs, else
-    ``verifiers``' convention (the distribution name with ``_`` for ``-`` and ``.``)."""
-    if len(package.modules) == 1:
-        return package.modules[0]
-    return package.distribution.replace("-", "_").replace(".", "_")
 
 
 VERIFIERS = VerifiersLibrary()

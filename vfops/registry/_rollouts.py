@@ -20,9 +20,10 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
-from vfops._errors import InvalidArgumentError, VfopsError
+from vfops._errors import InvalidArgumentError
 from vfops._rollout import RolloutRecord, record_builder, row_tuples_builder
-from vfops.registry._models import ROLLOUT_RECORD_COLUMNS, Base, EvalRunRow
+from vfops.registry._models import ROLLOUT_RECORD_COLUMNS, Base
+from vfops.registry._runs import run_model
 from vfops.registry._sql import on_conflict_insert
 
 _ROLLOUTS: Final = Base.metadata.tables["rollouts"]
@@ -171,16 +172,6 @@ def count_rollouts(session: Session, run_id: str) -> int:
 _to_record = record_builder(ROLLOUT_RECORD_COLUMNS, by_name=False, decode_json=False)
 
 
-def _run_model(session: Session, run_id: str) -> tuple[str, dict[str, Any]]:
-    """The model and sampling arguments of a run (what its rollouts share)."""
-    row = session.execute(
-        select(EvalRunRow.model, EvalRunRow.sampling_args).where(EvalRunRow.id == run_id)
-    ).one_or_none()
-    if row is None:
-        raise VfopsError(f"no eval run with id {run_id!r}")
-    return row[0], row[1]
-
-
 def iter_rollouts(session: Session, run_id: str, batch_size: int = 1000) -> Iterator[RolloutRecord]:
     """Stream a run's rollouts ordered by (example_id, rollout_index).
 
@@ -190,7 +181,7 @@ def iter_rollouts(session: Session, run_id: str, batch_size: int = 1000) -> Iter
     """
     if batch_size < 1:
         raise InvalidArgumentError(f"batch_size must be at least 1, got {batch_size}")
-    model, sampling_args = _run_model(session, run_id)
+    model, sampling_args = run_model(session, run_id)
     key = tuple_(_ROLLOUTS.c.example_id, _ROLLOUTS.c.rollout_index)
     base = (
         select(*_RECORD_SELECT)
@@ -211,7 +202,7 @@ def iter_rollouts(session: Session, run_id: str, batch_size: int = 1000) -> Iter
 
 def rollouts_for_example(session: Session, run_id: str, example_id: int) -> list[RolloutRecord]:
     """The rollouts of one example of a run, by rollout_index."""
-    model, sampling_args = _run_model(session, run_id)
+    model, sampling_args = run_model(session, run_id)
     query = (
         select(*_RECORD_SELECT)
         .where(_ROLLOUTS.c.run_id == run_id, _ROLLOUTS.c.example_id == example_id)
