@@ -78,6 +78,16 @@ def _new_figure(width: float, height: float) -> Any:
     return fig
 
 
+def _legend(fig: Any, ax: Any, *, handles: Any = None, title: str | None = None) -> None:
+    """The legend beside the axes, at a fixed place: matplotlib's default ("best") searches
+    the axes for a free corner and warns when that is slow, which it was on a loaded
+    machine (warnings are errors in the tests)."""
+    if handles is None:
+        handles, _ = ax.get_legend_handles_labels()
+    labels = [handle.get_label() for handle in handles]
+    fig.legend(handles, labels, loc="outside right upper", title=title, fontsize=8)
+
+
 def _to_png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -136,11 +146,8 @@ def sweep_chart(cells: Sequence[Mapping[str, Any]], *, title: str = "Reward per 
     if len(models) > 1:
         from matplotlib.patches import Patch
 
-        ax.legend(
-            handles=[Patch(color=palette[i], label=m) for i, m in enumerate(models)],
-            title="model",
-            fontsize=8,
-        )
+        patches = [Patch(color=palette[i], label=m) for i, m in enumerate(models)]
+        _legend(fig, ax, handles=patches, title="model")
     return _to_png(fig)
 
 
@@ -181,7 +188,7 @@ def nightly_trend_chart(
     ax.set_xlabel("night")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(title="environment", fontsize=8)
+    _legend(fig, ax, title="environment")
     return _to_png(fig)
 
 
@@ -219,5 +226,5 @@ def training_curve_chart(
     ax.set_ylabel("reward")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(fig, ax)
     return _to_png(fig)
