@@ -167,12 +167,12 @@ def test_listed_by_library_and_arguments_checked(
 
     wrong = vfops(
         ["eval", "v1_arith", "-m", "stub-model", "-b", stub.base_url, "-n", "2",
-         "-a", '{"task": {"format_weight": "heavy"}}'],
+         "-a", '{"task": {"rewards": {"formatted": {"weight": "heavy"}}}}'],
         home, tmp_path,
     )  # fmt: skip
     assert wrong.returncode == 2, wrong.stdout + wrong.stderr
     (line,) = wrong.stderr.strip().splitlines()
-    assert "task.format_weight" in line and "-a" in line
+    assert "task.rewards.formatted.weight" in line and "-a" in line
     unknown = vfops(
         ["eval", "v1_arith", "-m", "stub-model", "-b", stub.base_url, "-a", '{"sizes": 3}'],
         home, tmp_path,

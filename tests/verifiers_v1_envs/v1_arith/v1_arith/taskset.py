@@ -1,6 +1,7 @@
 """Additions whose prompt carries the stub endpoint's answer (``ANSWER_HINT: n``), right
 with probability ``accuracy``: the mean reward of a run is that accuracy, within noise.
-A weighted reward, a zero-weight one, a metric and a stop hook exercise the task hooks."""
+A weighted reward, a zero-weight one (its weight set through verifiers' own
+``task.rewards`` plug), a metric and a stop hook exercise the task hooks."""
 
 import random
 import re
@@ -12,11 +13,7 @@ class ArithData(vf.TaskData):
     answer: str
 
 
-class ArithTaskConfig(vf.TaskConfig):
-    format_weight: float = 0.0
-
-
-class ArithTask(vf.Task[ArithData, vf.State, ArithTaskConfig]):
+class ArithTask(vf.Task[ArithData]):
     @vf.reward(weight=1.0)
     async def correct(self, trace: vf.Trace) -> float:
         found = re.search(r"<answer>(.*?)</answer>", trace.last_reply or "")
@@ -39,7 +36,6 @@ class ArithConfig(vf.TasksetConfig):
     size: int = 100
     accuracy: float = 0.7
     seed: int = 0
-    task: ArithTaskConfig = ArithTaskConfig()
 
 
 class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
