@@ -228,3 +228,36 @@ def test_a_run_is_recorded_shown_and_published(
     published = vfops(["env", "publish", str(source)], home, tmp_path)
     assert published.returncode == 0, published.stderr + published.stdout
     assert "v1_arith" in published.stdout or "v1-arith" in published.stdout
+
+
+def test_a_taskset_with_its_own_harness_is_refused_before_any_request(
+    stub: StubServer, home: dict[str, str], tmp_path: Path
+) -> None:
+    """A taskset that ships a harness (a program it runs in) is refused: vfops runs the
+    tool-less chat loop only."""
+    package = tmp_path / "site" / "own_harness"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        textwrap.dedent(
+            """
+            import verifiers.v1 as vf
+            from verifiers.v1.harnesses.null import NullHarness
+
+            class ProgramHarness(NullHarness):
+                pass
+
+            class PlainTaskset(vf.Taskset[vf.Task, vf.TasksetConfig]):
+                def load(self):
+                    return [vf.Task(vf.TaskData(prompt="hi"))]
+
+            __all__ = ["PlainTaskset", "ProgramHarness"]
+            """
+        )
+    )
+    env = {**home, "PYTHONPATH": str(tmp_path / "site")}
+    before = stub.stats["requests"]
+    done = vfops(["eval", "own_harness", "-m", "stub-model", "-b", stub.base_url], env, tmp_path)
+    assert done.returncode != 0
+    (line,) = done.stderr.strip().splitlines()
+    assert "runs in the 'own_harness' harness" in line, line
+    assert stub.stats["requests"] == before
