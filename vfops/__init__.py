@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vfops._cpu_kernels import pin_cpu_kernels
 from vfops._lazy import lazy_exports
 from vfops._version import __version__
+
+pin_cpu_kernels()  # before anything imports torch: the same CPU numbers on every x86 machine
 
 _EXPORTS: dict[str, str] = {
     # environments
