@@ -118,7 +118,7 @@ class TasksetEnvironment(GroupEnvironment):
         if not taskset.bounded:
             raise InvalidArgumentError(
                 f"taskset '{self.name}' is infinite ({type(taskset).__name__}.INFINITE); vfops "
-                "evaluates a taskset of known size: give it a size through its config"
+                "runs finite tasksets only: evaluate this one with verifiers' own eval and -n"
             )
         rows = []
         for task in taskset:
