@@ -39,6 +39,7 @@ EXPECTED_STOPS = {
     "glossary": {"agent_completed"},
     # the response stop ends one rollout; the interceptors rewrite the others
     "interception": {"agent_completed", "stop_guard"},
+    "v1_scripted_user": {"user_closed"},  # the scripted user ends each exchange
 }
 
 
@@ -143,7 +144,10 @@ def vf_eval_rewards(
     return found
 
 
-@pytest.mark.parametrize(("taskset", "n"), [("v1_arith", 20), ("glossary", 5), ("interception", 4)])
+@pytest.mark.parametrize(
+    ("taskset", "n"),
+    [("v1_arith", 20), ("glossary", 5), ("interception", 4), ("v1_scripted_user", 6)],
+)
 def test_per_rollout_rewards_equal_vf_eval(
     taskset: str, n: int, stub: StubServer, home: dict[str, str], tmp_path: Path
 ) -> None:
@@ -154,6 +158,17 @@ def test_per_rollout_rewards_equal_vf_eval(
     assert {stop for _, _, stop in ours.values()} == EXPECTED_STOPS[taskset]
     if taskset == "v1_arith":  # right and wrong answers, each scored as such
         assert {reward for reward, _, _ in ours.values()} == {0.0, 1.0}
+    if taskset == "v1_scripted_user":  # one conversation: every turn answered in it
+        (results,) = (tmp_path / "out").rglob("results.jsonl")
+        for line in results.read_bytes().splitlines():
+            row = orjson.loads(line)
+            assert [m["role"] for m in row["prompt"]] == ["user"]
+            roles = [m["role"] for m in row["completion"]]
+            assert roles == ["assistant", "user", "assistant", "user", "assistant"], roles
+            asked = [
+                m["content"] for m in [*row["prompt"], *row["completion"]] if m["role"] == "user"
+            ]
+            assert [t.split(":")[0] for t in asked] == ["Turn 1", "Turn 2", "Turn 3"]
 
 
 def test_listed_by_library_and_arguments_checked(

@@ -1,0 +1,3 @@
+from v1_scripted_user.taskset import ScriptedUserEnv, ScriptedUserTaskset
+
+__all__ = ["ScriptedUserEnv", "ScriptedUserTaskset"]
