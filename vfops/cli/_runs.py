@@ -37,7 +37,7 @@ def list_command(
     ] = False,
 ) -> None:
     """List eval runs, newest first."""
-    from vfops.registry import RunFilter, count_rollouts, list_runs, session_scope
+    from vfops.registry import RunFilter, list_runs, session_scope
 
     engine = _engine()
     if quiet:
@@ -64,7 +64,7 @@ def list_command(
                 f"{run.environment_name} {run.environment_version}",
                 run.model,
                 run.status,
-                f"{count_rollouts(session, run.id)}/{run.num_examples * run.rollouts_per_example}",
+                f"{run.rollouts_stored}/{run.num_examples * run.rollouts_per_example}",
                 "-" if reward is None else f"{reward:.3f}",
                 run.started_at.strftime("%m-%d %H:%M"),
             )
@@ -106,7 +106,7 @@ def show_command(
     and their results, the expected answer, each reward function's score, the error
     and the token counts.
     """
-    from vfops.evaluation import format_transcript, rollout_failed, run_metadata
+    from vfops.evaluation import rollout_failed, run_metadata
     from vfops.registry import iter_rollouts, session_scope
 
     engine = _engine()
@@ -115,20 +115,32 @@ def show_command(
     console.print(_run_table(metadata))
     # one read transaction while the rollouts stream (pages of batch_size)
     with session_scope(engine, write=False) as session:
-        records = iter_rollouts(session, metadata["run_id"], batch_size=max(limit, 100))
-        if example is None and rollout is None and not failed:
-            for record in itertools.islice(records, limit):
-                console.print(_preview(record), markup=False, highlight=False)
-            return
-        chosen = _select(records, example=example, rollout=rollout, failed=failed,
-                         passes=lambda r: not rollout_failed(r, pass_threshold))  # fmt: skip
-        shown = 0
-        for record in itertools.islice(chosen, limit):
-            print()
-            print(format_transcript(record, width=max(console.width, 60)))
-            shown += 1
+        if example is None and rollout is not None and not failed:
+            # the run's N-th rollout: the index skips to it, no earlier transcript is read
+            one = iter_rollouts(session, metadata["run_id"], batch_size=1, start=rollout)
+            shown = _print_transcripts(itertools.islice(one, 1), console)
+        else:
+            records = iter_rollouts(session, metadata["run_id"], batch_size=max(limit, 100))
+            if example is None and rollout is None and not failed:
+                for record in itertools.islice(records, limit):
+                    console.print(_preview(record), markup=False, highlight=False)
+                return
+            chosen = _select(records, example=example, rollout=rollout, failed=failed,
+                             passes=lambda r: not rollout_failed(r, pass_threshold))  # fmt: skip
+            shown = _print_transcripts(itertools.islice(chosen, limit), console)
     if not shown:
         raise VfopsError(f"run {metadata['run_id'][:12]}: {_selection(example, rollout, failed)}")
+
+
+def _print_transcripts(records: Iterator[Any], console: Console) -> int:
+    from vfops.evaluation import format_transcript
+
+    shown = 0
+    for record in records:
+        print()
+        print(format_transcript(record, width=max(console.width, 60)))
+        shown += 1
+    return shown
 
 
 def _run_table(metadata: dict[str, Any]) -> Table:

@@ -48,12 +48,12 @@ class RunComparison:
 
 def per_example_rewards(engine: Engine, run_id: str) -> dict[int, list[float]]:
     """Rewards of each example (errored rollouts count as 0.0: they did not pass)."""
-    from vfops.registry import iter_rollouts, session_scope
+    from vfops.registry import iter_rollout_scores, session_scope
 
     rewards: dict[int, list[float]] = {}
     with session_scope(engine, write=False) as session:
-        for record in iter_rollouts(session, run_id):
-            rewards.setdefault(record.example_id, []).append(record.reward or 0.0)
+        for score in iter_rollout_scores(session, run_id):
+            rewards.setdefault(score.example_id, []).append(score.reward or 0.0)
     return rewards
 
 

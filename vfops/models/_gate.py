@@ -88,19 +88,19 @@ def metric_values(engine: Engine, run_id: str, metric: str) -> dict[int, list[fl
 
     Errored rollouts count as 0.0, as in :func:`vfops.evaluation._compare.per_example_rewards`.
     """
-    from vfops.registry import iter_rollouts, session_scope
+    from vfops.registry import iter_rollout_scores, session_scope
 
     key = metric.removesuffix("_mean")
     values: dict[int, list[float]] = {}
     seen: set[str] = set()
     with session_scope(engine, write=False) as session:
-        for record in iter_rollouts(session, run_id):
+        for record in iter_rollout_scores(session, run_id):
             if key == "reward":
                 value = record.reward
             else:
                 seen.update(record.metrics)
                 raw = record.metrics.get(key)
-                if raw is None and record.error is None:
+                if raw is None and not record.errored:
                     raise VfopsError(
                         f"metric {metric!r} is not in the rollouts of run {run_id} "
                         f"(have: reward, {', '.join(sorted(seen)) or 'no rubric metrics'}); "

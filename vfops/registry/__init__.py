@@ -70,10 +70,12 @@ from vfops.registry._models import (
 )
 from vfops.registry._pushback import Pushback, bump_pushback, pushback_epoch, read_pushback
 from vfops.registry._rollouts import (
+    RolloutScore,
     add_rollout_cost,
     completed_keys,
     count_rollouts,
     insert_rollouts,
+    iter_rollout_scores,
     iter_rollouts,
     rollouts_for_example,
 )
@@ -119,6 +121,7 @@ __all__ = [
     "Pushback",
     "RegistryJudgeCache",
     "RolloutRow",
+    "RolloutScore",
     "RunBusyError",
     "RunCost",
     "RunFilter",
@@ -145,6 +148,7 @@ __all__ = [
     "head_revision",
     "insert_rollouts",
     "is_known_revision",
+    "iter_rollout_scores",
     "iter_rollouts",
     "list_alias_events",
     "list_environments",

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from sqlalchemy import case, delete, func, insert, select, update
+from sqlalchemy import case, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from vfops.costs import CAP_TOLERANCE_USD
@@ -26,7 +26,6 @@ from vfops.registry._models import (
     Base,
     CostBudgetRow,
     CostReservationRow,
-    RolloutRow,
     utcnow,
 )
 from vfops.registry._sql import on_conflict_insert, session_dialect
@@ -171,11 +170,11 @@ def release_run_reservations(session: Session, run_id: str) -> int:
 
 def run_cost(session: Session, run_id: str) -> float | None:
     """The sum of a run's rollout costs; ``None`` when no rollout is priced."""
-    cost = RolloutRow.__table__.c.cost_usd
-    total = session.execute(
-        select(func.sum(cost)).where(RolloutRow.__table__.c.run_id == run_id)
-    ).scalar_one()
-    return None if total is None else float(total)
+    from vfops.registry._models import EvalRunRow
+
+    return session.execute(
+        select(EvalRunRow.cost_usd).where(EvalRunRow.id == run_id)
+    ).scalar_one_or_none()
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,25 +198,23 @@ def run_costs(
     model: str | None = None,
     since: dt.datetime | None = None,
 ) -> list[RunCost]:
-    """Every run's cost (oldest first), filtered by environment, model, start time."""
+    """Every run's cost (oldest first), filtered by environment, model, start time.
+
+    Read from the totals each run keeps (see ``_rollouts.py``): one row per run, however
+    many rollouts are stored.
+    """
     from vfops.registry._models import EvalRunRow
 
-    rollouts = RolloutRow.__table__.c
-    query = (
-        select(
-            EvalRunRow.id,
-            EvalRunRow.environment_name,
-            EvalRunRow.model,
-            EvalRunRow.started_at,
-            EvalRunRow.status,
-            func.count(rollouts.id),
-            func.count(rollouts.cost_usd),
-            func.sum(rollouts.cost_usd),
-        )
-        .outerjoin(RolloutRow.__table__, rollouts.run_id == EvalRunRow.id)
-        .group_by(EvalRunRow.id)
-        .order_by(EvalRunRow.started_at)
-    )
+    query = select(
+        EvalRunRow.id,
+        EvalRunRow.environment_name,
+        EvalRunRow.model,
+        EvalRunRow.started_at,
+        EvalRunRow.status,
+        EvalRunRow.rollouts_stored,
+        EvalRunRow.rollouts_priced,
+        EvalRunRow.cost_usd,
+    ).order_by(EvalRunRow.started_at, EvalRunRow.id)
     if env_name is not None:
         query = query.where(EvalRunRow.environment_name == env_name)
     if model is not None:

@@ -119,6 +119,8 @@ class EvalRunRow(Base):
     __table_args__ = (
         Index("ix_eval_runs_environment_started", "environment_name", "started_at"),
         Index("ix_eval_runs_config_fingerprint", "config_fingerprint"),
+        # "the newest runs" (runs list, the cost report): a keyset walk, not a sort
+        Index("ix_eval_runs_started_at_id", "started_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -148,6 +150,13 @@ class EvalRunRow(Base):
     # The process working on the run ("host:pid:token") and until when: see _runs.py
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires: Mapped[dt.datetime | None]
+    # The run's rollouts in sum, kept by the functions that write rollouts in their own
+    # transaction (_rollouts.py), so listing and costing runs never reads the rollouts
+    # table, which holds a year of transcripts.
+    rollouts_stored: Mapped[int] = mapped_column(default=0, server_default="0")
+    rollouts_priced: Mapped[int] = mapped_column(default=0, server_default="0")
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    """The sum of its priced rollouts' costs; ``None`` while none is priced."""
 
 
 # The per-rollout columns come from the one declaration of the rollout schema.

@@ -11,18 +11,19 @@ declaration (:data:`vfops._rollout.ROLLOUT_COLUMNS`, via ``ROLLOUT_RECORD_COLUMN
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Final
 
 import orjson
-from sqlalchemy import Text, bindparam, cast, func, select, tuple_
+from sqlalchemy import Text, bindparam, cast, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from vfops._errors import InvalidArgumentError
 from vfops._rollout import RolloutRecord, record_builder, row_tuples_builder
-from vfops.registry._models import ROLLOUT_RECORD_COLUMNS, Base
+from vfops.registry._models import ROLLOUT_RECORD_COLUMNS, Base, EvalRunRow
 from vfops.registry._runs import run_model
 from vfops.registry._sql import on_conflict_insert
 
@@ -36,6 +37,7 @@ _TEXT_POSITIONS: Final = tuple(
     _INSERT_COLUMNS.index(c.name) for c in ROLLOUT_RECORD_COLUMNS if c.kind == "str"
 )
 _texts_of: Final = itemgetter(*_TEXT_POSITIONS)
+_COST_POSITION: Final = _INSERT_COLUMNS.index("cost_usd")
 _RECORD_SELECT: Final = tuple(_ROLLOUTS.c[column.name] for column in ROLLOUT_RECORD_COLUMNS)
 _insert_sql: dict[str, str] = {}
 
@@ -151,7 +153,39 @@ def _insert_rollouts(session: Session, run_id: str, records: Sequence[RolloutRec
     result = session.connection().exec_driver_sql(
         sql, rows, execution_options={"preserve_rowcount": True}
     )
-    return max(result.rowcount, 0)
+    inserted = max(result.rowcount, 0)
+    if inserted == len(rows):  # the usual batch: every row new, the totals are the batch's
+        costs = [row[_COST_POSITION] for row in rows if row[_COST_POSITION] is not None]
+        _add_to_run_totals(session, run_id, inserted, len(costs), sum(costs) if costs else None)
+    elif inserted:  # some rows were stored already: which ones is the database's to say
+        _recount_run_totals(session, run_id)
+    return inserted
+
+
+def _add_to_run_totals(
+    session: Session, run_id: str, stored: int, priced: int, cost_usd: float | None
+) -> None:
+    # relative to the row as stored: writers of one run serialise on its row lock
+    values: dict[str, Any] = {
+        "rollouts_stored": EvalRunRow.rollouts_stored + stored,
+        "rollouts_priced": EvalRunRow.rollouts_priced + priced,
+    }
+    if cost_usd is not None:  # an unpriced batch leaves an unpriced run's cost None, not 0
+        values["cost_usd"] = func.coalesce(EvalRunRow.cost_usd, 0.0) + cost_usd
+    session.connection().execute(update(EvalRunRow).where(EvalRunRow.id == run_id).values(values))
+
+
+def _recount_run_totals(session: Session, run_id: str) -> None:
+    totals = session.execute(
+        select(
+            func.count(), func.count(_ROLLOUTS.c.cost_usd), func.sum(_ROLLOUTS.c.cost_usd)
+        ).where(_ROLLOUTS.c.run_id == run_id)
+    ).one()
+    session.connection().execute(
+        update(EvalRunRow)
+        .where(EvalRunRow.id == run_id)
+        .values(rollouts_stored=totals[0], rollouts_priced=totals[1], cost_usd=totals[2])
+    )
 
 
 def completed_keys(session: Session, run_id: str) -> set[tuple[int, int]]:
@@ -172,15 +206,21 @@ def count_rollouts(session: Session, run_id: str) -> int:
 _to_record = record_builder(ROLLOUT_RECORD_COLUMNS, by_name=False, decode_json=False)
 
 
-def iter_rollouts(session: Session, run_id: str, batch_size: int = 1000) -> Iterator[RolloutRecord]:
-    """Stream a run's rollouts ordered by (example_id, rollout_index).
+def iter_rollouts(
+    session: Session, run_id: str, batch_size: int = 1000, *, start: int = 0
+) -> Iterator[RolloutRecord]:
+    """Stream a run's rollouts ordered by (example_id, rollout_index), from the
+    ``start``-th (0-based).
 
     Keyset pages of ``batch_size`` rows, each one query in the caller's session (keep
     it open while iterating): memory stays bounded and no server-side cursor is held
-    while the caller works through a page.
+    while the caller works through a page. The rollouts before ``start`` are skipped
+    in the index, their transcripts never read.
     """
     if batch_size < 1:
         raise InvalidArgumentError(f"batch_size must be at least 1, got {batch_size}")
+    if start < 0:
+        raise InvalidArgumentError(f"start must be 0 or more, got {start}")
     model, sampling_args = run_model(session, run_id)
     key = tuple_(_ROLLOUTS.c.example_id, _ROLLOUTS.c.rollout_index)
     base = (
@@ -191,10 +231,49 @@ def iter_rollouts(session: Session, run_id: str, batch_size: int = 1000) -> Iter
     )
     last: tuple[int, int] | None = None
     while True:
-        query = base if last is None else base.where(key > tuple_(*last))
+        query = base.offset(start) if last is None else base.where(key > tuple_(*last))
         rows = session.execute(query).all()
         for row in rows:
             yield _to_record(row, model, dict(sampling_args))
+        if len(rows) < batch_size:
+            return
+        last = (rows[-1].example_id, rows[-1].rollout_index)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutScore:
+    """What comparisons read of a rollout: its key, reward, metrics, whether it erred."""
+
+    example_id: int
+    rollout_index: int
+    reward: float | None
+    metrics: dict[str, float]
+    errored: bool
+
+
+def iter_rollout_scores(
+    session: Session, run_id: str, batch_size: int = 5000
+) -> Iterator[RolloutScore]:
+    """Stream a run's scores ordered by (example_id, rollout_index), in keyset pages.
+
+    Reads no transcript: a run's prompts and completions (~10 KB a rollout in a tool
+    environment) are never fetched or decoded to compare runs.
+    """
+    if batch_size < 1:
+        raise InvalidArgumentError(f"batch_size must be at least 1, got {batch_size}")
+    c = _ROLLOUTS.c
+    base = (
+        select(c.example_id, c.rollout_index, c.reward, c.metrics, c.error_type)
+        .where(c.run_id == run_id)
+        .order_by(c.example_id, c.rollout_index)
+        .limit(batch_size)
+    )
+    last: tuple[int, int] | None = None
+    while True:
+        query = base if last is None else base.where(tuple_(c.example_id, c.rollout_index) > last)
+        rows = session.execute(query).all()
+        for example_id, index, reward, metrics, error_type in rows:
+            yield RolloutScore(example_id, index, reward, metrics or {}, error_type is not None)
         if len(rows) < batch_size:
             return
         last = (rows[-1].example_id, rows[-1].rollout_index)
@@ -215,15 +294,23 @@ def add_rollout_cost(
     session: Session, run_id: str, example_id: int, rollout_index: int, usd: float
 ) -> bool:
     """Add ``usd`` to one stored rollout's cost (a judge's call that re-scored it, made
-    after the rollout was written); whether the rollout exists."""
-    table = Base.metadata.tables["rollouts"]
-    changed = session.connection().execute(
-        table.update()
-        .where(
-            table.c.run_id == run_id,
-            table.c.example_id == example_id,
-            table.c.rollout_index == rollout_index,
-        )
-        .values(cost_usd=func.coalesce(table.c.cost_usd, 0.0) + usd)
+    after the rollout was written), and to its run's; whether the rollout exists."""
+    where = (
+        _ROLLOUTS.c.run_id == run_id,
+        _ROLLOUTS.c.example_id == example_id,
+        _ROLLOUTS.c.rollout_index == rollout_index,
     )
-    return bool(changed.rowcount)
+    # locked: a concurrent judge call on the same rollout must see this one's cost
+    before = session.execute(
+        select(_ROLLOUTS.c.cost_usd).where(*where).with_for_update()
+    ).one_or_none()
+    if before is None:
+        return False
+    connection = session.connection()
+    connection.execute(
+        _ROLLOUTS.update()
+        .where(*where)
+        .values(cost_usd=func.coalesce(_ROLLOUTS.c.cost_usd, 0.0) + usd)
+    )
+    _add_to_run_totals(session, run_id, 0, 1 if before[0] is None else 0, usd)
+    return True
