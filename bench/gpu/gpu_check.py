@@ -10,7 +10,11 @@ For a machine with a GPU and no package registry (a short device lease). It meas
    backend, and the share of each step spent in weight sync; with the mismatch
    between vLLM's and the trainer's log-probs (what ``loss.importance_correction``
    corrects). NCCL needs the trainer and the server on different GPUs: with one GPU
-   it is reported as skipped, with the reason.
+   it is reported as skipped, with the reason;
+4. ``train_tokens_sdpa`` / ``train_tokens_flash_attention_2``: training tokens/s of the
+   optimiser step alone on a fixed batch of sequences of varied lengths, with padded
+   and with packed micro-batches (``[optim] packing``), per attention implementation
+   (``[model] attn_implementation``); flash only where flash-attn is installed.
 
 First it checks what it needs and names what is missing in one line (and in the
 JSON), then runs what it can. Each part is a subprocess with its own deadline, inside
@@ -70,9 +74,13 @@ IMPORT_PROBE = (
     "import vfops.training._recipe, vfops.training._generation_hf, vfops.training._vllm, "
     "vfops.cli._vllm, vfops.local"
 )
+TRAIN_TOKENS_S = 120.0
+"""The longest a train_tokens part may take (model load, then 2 x (warm-up + steps))."""
+ATTENTION = ("sdpa", "flash_attention_2")
+"""The attention implementations the train_tokens parts compare."""
 SERVER_START_S = {"cuda": 300.0, "cpu": 240.0}
 """Longest wait for vLLM to answer (GPU: compile and CUDA graphs)."""
-PART_MIN_S = {"hf": 60.0, "vllm_sync": 60.0}
+PART_MIN_S = {"hf": 60.0, "vllm_sync": 60.0, "train_tokens": 45.0}
 """A part is skipped when less than this is left of the budget."""
 
 # (hidden, layers, heads, MLP): ~150M parameters on a GPU, head_dim 64 (vLLM's CPU
@@ -285,7 +293,115 @@ def part_vllm_generation(spec: dict[str, Any]) -> dict[str, Any]:
     return asyncio.run(run())
 
 
-PARTS = {"hf": part_hf, "vllm_generation": part_vllm_generation, "vllm_sync": part_vllm_sync}
+def _token_batch(spec: dict[str, Any], vocab: int) -> Any:
+    """A fixed batch of sequences of varied lengths (seeded): prompt then completion, the
+    completion trained, behaviour log-probs near a random model's, advantages +-1."""
+    import random
+
+    from vfops.training._batch import Batch, Sample
+    from vfops.training._tokens import Sequence
+
+    rng = random.Random(0)
+    samples = []
+    for i in range(spec["tokens_sequences"]):
+        prompt = rng.randint(*spec["tokens_prompt"])
+        completion = rng.randint(*spec["tokens_completion"])
+        ids = [rng.randrange(3, vocab) for _ in range(prompt + completion)]
+        mask = [0] * prompt + [1] * completion
+        old = [-7.0 * m for m in mask]
+        samples.append(Sample(Sequence(ids, mask, old, 0), 1.0 if i % 2 else -1.0))
+    return Batch(0, samples, [0.0] * len(samples), 0.0, 0, 0, len(samples), 0)
+
+
+def _computed_tokens(batch: Any, micro_batches: int, packing: bool) -> int:
+    """Tokens the model runs on per step: the real ones packed, the padded rows padded."""
+    from vfops.training._batch import split
+
+    if packing:
+        return sum(len(s.sequence.input_ids) for s in batch.samples)
+    chunks = split(batch.samples, micro_batches)
+    return sum(len(c) * max(len(s.sequence.input_ids) for s in c) for c in chunks if c)
+
+
+def _time_steps(step: Any, batch: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(spec["tokens_warmup_steps"] + spec["tokens_steps"]):
+        if cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        step.run(batch)
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= spec["tokens_warmup_steps"]:
+            times.append(time.perf_counter() - started)
+    tokens = sum(len(s.sequence.input_ids) for s in batch.samples)
+    median = sorted(times)[len(times) // 2]
+    result = {
+        "tokens": tokens,
+        "computed_tokens": _computed_tokens(batch, step.policy.micro_batches, step.optim.packing),
+        "steps_s": [round(t, 5) for t in times],
+        "median_step_s": round(median, 5),
+        "tokens_per_s": round(tokens / median, 1),
+    }
+    if cuda:
+        result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return result
+
+
+def part_train_tokens(spec: dict[str, Any]) -> dict[str, Any]:
+    """Training tokens/s, padded then packed micro-batches, one attention implementation:
+    the optimiser step alone (generation does not change with either), on one policy."""
+    from vfops.training._optimizer_step import OptimizerStep
+    from vfops.training._setup import attention, build_accelerator, load_model, prepare_policy
+
+    shape = {  # micro-batches per step: tokens_sequences / tokens_micro_batch_size
+        "prompts_per_step": spec["tokens_sequences"] // 2,
+        "group_size": 2,
+        "micro_batch_size": spec["tokens_micro_batch_size"],
+    }
+    config = _config(
+        {**spec, **shape}, "hf", Path(spec["work"]) / f"tokens-{spec['attn']}"
+    ).with_overrides({"model.attn_implementation": spec["attn"]})
+    accelerator, micro_batches = build_accelerator(config)
+    attn = attention(config, accelerator)
+    model, tokenizer, ref_model = load_model(config, accelerator, attn)
+    policy = prepare_policy(
+        config,
+        accelerator,
+        model,
+        tokenizer=tokenizer,
+        ref_model=ref_model,
+        micro_batches=micro_batches,
+        attn_implementation=attn,
+    )
+    batch = _token_batch(spec, len(tokenizer))
+    result: dict[str, Any] = {
+        "attn_implementation": attn,
+        "sequences": len(batch.samples),
+        "micro_batch_size": spec["tokens_micro_batch_size"],
+        "micro_batches": micro_batches,
+    }
+    for mode, packing in (("padded", False), ("packed", True)):
+        optim = config.optim.model_copy(update={"packing": packing})
+        step = OptimizerStep(policy, loss=config.loss, optim=optim, generation=config.generation)
+        result[mode] = _time_steps(step, batch, spec)
+    result["packed_speedup"] = round(
+        result["packed"]["tokens_per_s"] / result["padded"]["tokens_per_s"], 3
+    )
+    return result
+
+
+PARTS = {
+    "hf": part_hf,
+    "vllm_generation": part_vllm_generation,
+    "vllm_sync": part_vllm_sync,
+    "train_tokens": part_train_tokens,
+}
 
 
 def run_part(name: str, spec: dict[str, Any], timeout_s: float, env: dict[str, str]) -> Any:
@@ -401,7 +517,39 @@ def workload(args: argparse.Namespace, work: Path, model_dir: Path) -> dict[str,
         "generation_rollouts": 16 if cpu else 512,
         "generation_max_tokens": 16 if cpu else 128,
         "generation_concurrency": 16 if cpu else 256,
+        # train_tokens: sequences of varied lengths (uniform prompt and completion
+        # lengths, so padding is ~a third of a padded micro-batch)
+        "tokens_sequences": 8 if cpu else 128,
+        "tokens_micro_batch_size": 4 if cpu else 16,
+        "tokens_prompt": [4, 16] if cpu else [32, 256],
+        "tokens_completion": [2, 40] if cpu else [16, 768],
+        "tokens_warmup_steps": 1 if cpu else 2,
+        "tokens_steps": 2 if cpu else 5,
     }
+
+
+def train_tokens_parts(
+    args: argparse.Namespace,
+    spec: dict[str, Any],
+    budget: Budget,
+    report: dict[str, Any],
+    save: Any,
+) -> None:
+    """One train_tokens part per attention implementation this machine can run."""
+    for attn in ATTENTION:
+        name = f"train_tokens_{attn}"
+        if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+            report["parts"][name] = {"skipped": "flash-attn not installed"}
+        elif attn == "flash_attention_2" and args.cpu:
+            report["parts"][name] = {"skipped": "flash-attn needs a CUDA GPU (--cpu)"}
+        elif budget.left() < PART_MIN_S["train_tokens"]:
+            report["parts"][name] = {"skipped": f"budget: {budget.left():.0f} s left"}
+        else:
+            deadline = min(TRAIN_TOKENS_S, budget.left() - 15)
+            report["parts"][name] = run_part(
+                "train_tokens", {**spec, "attn": attn}, deadline, dict(os.environ)
+            )
+        save()
 
 
 def vllm_parts(
@@ -516,10 +664,13 @@ def main() -> None:
             "parameters": parameters,
         }
         save()
+        # what the parts after it need (a hung hf part leaves them this much)
+        after_hf = 150 + 2 * PART_MIN_S["train_tokens"]
         report["parts"]["hf"] = run_part(
-            "hf", spec, max(budget.left() - 150, PART_MIN_S["hf"]), dict(os.environ)
+            "hf", spec, max(budget.left() - after_hf, PART_MIN_S["hf"]), dict(os.environ)
         )
         save()
+        train_tokens_parts(args, spec, budget, report, save)
         if python is not None:
             vllm_parts(args, spec, python, budget, report, save)
     finally:

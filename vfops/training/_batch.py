@@ -3,10 +3,10 @@
 Heavy module (torch, for padding), imported lazily by the recipe. The generation
 scheduler (:mod:`vfops.training._generation`) produces a :class:`Batch` per step
 with :func:`to_batch`; the optimiser step (:mod:`vfops.training._optimizer_step`)
-splits it into micro-batches and pads them. Both halves meet here so that what a
-sample *is* (a sequence, its masks and behaviour log-probs, its group-relative
-advantage) is defined once, and a checkpoint can store the batches generated ahead
-as plain dicts (:func:`batch_from_dict` reads them back).
+splits it into micro-batches and pads them (or packs them: :mod:`vfops.training._packing`).
+Both halves meet here so that what a sample *is* (a sequence, its masks and behaviour
+log-probs, its group-relative advantage) is defined once, and a checkpoint can store
+the batches generated ahead as plain dicts (:func:`batch_from_dict` reads them back).
 """
 
 from __future__ import annotations
@@ -124,16 +124,26 @@ def pad(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = torch.full((len(sequences), width), int(pad_id), dtype=torch.long)
     attention = torch.zeros((len(sequences), width), dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.float32)
-    old = torch.zeros((len(sequences), width), dtype=torch.float32)
     for row, seq in enumerate(sequences):
         n = len(seq.input_ids)
         ids[row, :n] = torch.tensor(seq.input_ids)
         attention[row, :n] = 1
+    mask, old = loss_targets(sequences, device)
+    return ids.to(device), attention.to(device), mask, old
+
+
+def loss_targets(sequences: list[Sequence], device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss mask and behaviour log-probs per sequence, next-token aligned and
+    right-padded (``[N, longest - 1]``: position ``t`` predicts token ``t + 1``): the
+    loss's layout whether the model's input was padded or packed."""
+    width = max(len(s.input_ids) for s in sequences)
+    mask = torch.zeros((len(sequences), width), dtype=torch.float32)
+    old = torch.zeros((len(sequences), width), dtype=torch.float32)
+    for row, seq in enumerate(sequences):
+        n = len(seq.input_ids)
         mask[row, :n] = torch.tensor(seq.loss_mask, dtype=torch.float32)
         old[row, :n] = torch.tensor(seq.old_logprobs, dtype=torch.float32)
-    # position t of the logprobs predicts token t+1
-    return ids.to(device), attention.to(device), mask[:, 1:].to(device), old[:, 1:].to(device)
+    return mask[:, 1:].to(device), old[:, 1:].to(device)
 
 
 def first_trained_position(mask: torch.Tensor) -> int:

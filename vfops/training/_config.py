@@ -44,6 +44,7 @@ TokenMode = Literal["continue", "retokenize"]
 Precision = Literal["auto", "bf16", "fp32"]
 ImportanceCorrection = Literal["none", "tis"]
 SchedulerName = Literal["constant", "linear", "cosine"]
+AttnImplementation = Literal["auto", "flash_attention_2", "sdpa", "eager"]
 
 
 def _http_url(value: str) -> str:
@@ -77,6 +78,16 @@ class ModelConfig(ConfigModel):
         default="",
         description=(
             "Base model name recorded in run tags and checkpoint tags (default: the folder name)."
+        ),
+    )
+    attn_implementation: AttnImplementation = Field(
+        default="auto",
+        description=(
+            "The attention kernels the policy (and reference model) load with: "
+            "'flash_attention_2' (flash-attn, the [gpu] extra; a CUDA GPU and bf16), 'sdpa' "
+            "(PyTorch's scaled_dot_product_attention) or 'eager'. 'auto': flash_attention_2 "
+            "when flash-attn is installed and training runs in bf16 on a CUDA GPU, else sdpa. "
+            "The resolved value is logged as the run's param resolved.attn_implementation."
         ),
     )
 
@@ -261,6 +272,17 @@ class OptimConfig(ConfigModel):
             "ceil(prompts_per_step * group_size / micro_batch_size) micro-batches."
         ),
     )
+    packing: bool = Field(
+        default=False,
+        description=(
+            "Padding-free micro-batches: a micro-batch's sequences concatenated into one row "
+            "with position_ids restarting at 0 per sequence (flash_attention_2 reads the "
+            "sequence boundaries from them; sdpa/eager get a block-diagonal causal mask); "
+            "the loss is the same per sequence as padded. Saves the padding's compute where "
+            "lengths vary; with sdpa/eager the mask is (row tokens)^2, so keep "
+            "micro_batch_size moderate."
+        ),
+    )
 
 
 class LoraSettings(ConfigModel):
@@ -337,6 +359,16 @@ class GRPOConfig(ConfigModel):
                 f"[generation] max_staleness = {gen.max_staleness} is below async_steps = "
                 f"{gen.async_steps}, the lag of every batch generated ahead, so every one "
                 "would be dropped; raise max_staleness or lower async_steps"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _flash_attention_computes_in_half_precision(self) -> Self:
+        if self.model.attn_implementation == "flash_attention_2" and self.run.precision == "fp32":
+            raise ValueError(
+                "[model] attn_implementation = 'flash_attention_2' needs bf16 and [run] "
+                "precision = 'fp32'; set precision = 'bf16' (or 'auto' on a bf16 GPU), or use "
+                "attn_implementation = 'sdpa'"
             )
         return self
 

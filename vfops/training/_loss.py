@@ -61,7 +61,7 @@ def token_logprobs(
     runs out of memory first.
     """
     keep = input_ids.shape[1] - start
-    extra = {"logits_to_keep": keep} if start > 0 and _accepts_logits_to_keep(model) else {}
+    extra = {"logits_to_keep": keep} if start > 0 and accepts_logits_to_keep(model) else {}
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra
     ).logits
@@ -73,7 +73,7 @@ def token_logprobs(
     return chosen, entropy
 
 
-def _accepts_logits_to_keep(model: Any) -> bool:
+def accepts_logits_to_keep(model: Any) -> bool:
     import inspect
 
     inner = model

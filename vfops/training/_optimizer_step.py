@@ -4,7 +4,9 @@ Heavy module (torch), imported lazily by the recipe. This is the trainer half of
 the recipe (prime-rl's split): it knows nothing of generation, only the
 :class:`~vfops.training._batch.Batch` it is handed. The batch is split into
 ``micro_batches`` contiguous chunks; each is padded, its log-probs computed from the
-first trained position on, and its share of the step's loss
+first trained position on (or, with ``[optim] packing``, packed into one row without
+padding: :mod:`~vfops.training._packing`, the same loss per sequence), and its share
+of the step's loss
 (:func:`~vfops.training._loss.policy_loss`, normalised over the whole step by a
 :class:`~vfops.training._loss.LossNorm`) back-propagated under
 ``accelerator.accumulate``; one clipped optimizer step and one LR-schedule step follow.
@@ -13,14 +15,40 @@ first trained position on, and its share of the step's loss
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from vfops.training._batch import Batch, Sample, first_trained_position, pad, split
+from vfops.training._batch import (
+    Batch,
+    Sample,
+    first_trained_position,
+    loss_targets,
+    pad,
+    split,
+)
 from vfops.training._config import GenerationConfig, LossConfig, OptimConfig
 from vfops.training._loss import LossInputs, LossNorm, policy_loss, token_logprobs
+from vfops.training._packing import block_causal_mask, pack, packed_token_logprobs
 from vfops.training._setup import Policy
+from vfops.training._tokens import Sequence
+
+Forward = Callable[[Any], tuple[torch.Tensor, torch.Tensor]]
+"""A micro-batch's forward: model -> (log-probs, entropy), in the loss's layout."""
+
+
+@dataclass(frozen=True, slots=True)
+class _MicroInputs:
+    """One micro-batch as the loss sees it: its forward, mask, behaviour log-probs and
+    token count (padded or packed: the same mask and log-probs either way)."""
+
+    forward: Forward
+    mask: torch.Tensor
+    old: torch.Tensor
+    tokens: int
+    """The micro-batch's real tokens (padding not counted)."""
 
 
 class OptimizerStep:
@@ -78,22 +106,48 @@ class OptimizerStep:
     def _micro_step(self, chunk: list[Sample], norm: LossNorm) -> tuple[Any, dict[str, float]]:
         policy = self.policy
         device = policy.accelerator.device
-        ids, attention, mask, old = pad([s.sequence for s in chunk], policy.tokenizer, device)
+        sequences = [s.sequence for s in chunk]
+        micro = self._packed(sequences) if self.optim.packing else self._padded(sequences)
         advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=device)
-        start = first_trained_position(mask)
-        mask, old = mask[:, start:], old[:, start:]
-        temperature = self.generation.temperature
-        logprobs, entropy = token_logprobs(policy.model, ids, attention, temperature, start)
+        logprobs, entropy = micro.forward(policy.model)
         ref = None
         if policy.ref_model is not None:
             with torch.no_grad():
-                ref, _ = token_logprobs(policy.ref_model, ids, attention, temperature, start)
+                ref, _ = micro.forward(policy.ref_model)
         loss, sums = policy_loss(
-            LossInputs(logprobs, old, advantages, mask, ref_logprobs=ref), self.loss, norm
+            LossInputs(logprobs, micro.old, advantages, micro.mask, ref_logprobs=ref),
+            self.loss,
+            norm,
         )
-        sums["entropy_sum"] = float((entropy * mask).sum())
-        sums["tokens_total"] = float(attention.sum())
+        sums["entropy_sum"] = float((entropy * micro.mask).sum())
+        sums["tokens_total"] = float(micro.tokens)
         return loss, sums
+
+    def _padded(self, sequences: list[Sequence]) -> _MicroInputs:
+        """Right-padded rows; logits from the first position any row trains on."""
+        policy = self.policy
+        ids, attention, mask, old = pad(sequences, policy.tokenizer, policy.accelerator.device)
+        start = first_trained_position(mask)
+        temperature = self.generation.temperature
+
+        def forward(model: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            return token_logprobs(model, ids, attention, temperature, start)
+
+        return _MicroInputs(forward, mask[:, start:], old[:, start:], int(attention.sum()))
+
+    def _packed(self, sequences: list[Sequence]) -> _MicroInputs:
+        """One row without padding; logits only where a next token is trained."""
+        policy = self.policy
+        device = policy.accelerator.device
+        row = pack(sequences, device)
+        mask, old = loss_targets(sequences, device)
+        attention = block_causal_mask(row.position_ids, policy.attn_implementation)
+        temperature = self.generation.temperature
+
+        def forward(model: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            return packed_token_logprobs(model, row, attention, temperature)
+
+        return _MicroInputs(forward, mask, old, row.tokens)
 
     @property
     def lr(self) -> float:

@@ -59,6 +59,7 @@ from vfops.training._optimizer_step import OptimizerStep, step_metrics
 from vfops.training._progress import Progress
 from vfops.training._setup import (
     Policy,
+    attention,
     build_accelerator,
     build_backend,
     load_model,
@@ -116,7 +117,8 @@ class GRPORecipe:
         cfg = self.config
         seed_everything(cfg.run.seed)
         self.accelerator, micro_batches = build_accelerator(cfg)
-        model, self.tokenizer, ref_model = load_model(cfg, self.accelerator)
+        attn = attention(cfg, self.accelerator)
+        model, self.tokenizer, ref_model = load_model(cfg, self.accelerator, attn)
         if self.env is None:
             from vfops.envs import load_environment
 
@@ -129,6 +131,7 @@ class GRPORecipe:
             tokenizer=self.tokenizer,
             ref_model=ref_model,
             micro_batches=micro_batches,
+            attn_implementation=attn,
         )
         self._loop = loop = GenerationLoop(cfg.generation.max_concurrent)
         if self.backend is None:
@@ -149,7 +152,10 @@ class GRPORecipe:
         self._parts = _Parts(generation, trainer, Checkpointer(policy))
         if cfg.run.tracking and self.accelerator.is_main_process:
             self.tracker = TrainingTracker.start(
-                cfg, base_model=self.base_model_name, env_versions=self.env_versions
+                cfg,
+                base_model=self.base_model_name,
+                env_versions=self.env_versions,
+                resolved={"attn_implementation": attn},
             )
 
     def _rollouts(self) -> Rollouts:

@@ -2,7 +2,8 @@
 
 ``vfops train CONFIG.toml`` and the ``train-grpo`` Prefect flow are thin layers
 over it. The run sequence: resolve the config (overrides applied in one place,
-:func:`resolve_config`) and validate it, check the ``[train]`` extra, then
+:func:`resolve_config`) and validate it, check the attention kernels ``[model]
+attn_implementation`` asks for and the ``[train]`` extra, then
 either train in this process or, for several processes or DeepSpeed, launch
 :mod:`vfops.training._launched` under ``accelerate launch``; the recipe trains,
 evaluates, saves and registers the final checkpoint in MLflow when asked
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from vfops._errors import MissingExtraError, VfopsError
 from vfops._net import free_port
+from vfops.training._attention import check_attention
 from vfops.training._config import GRPOConfig, load_config
 from vfops.training._progress import Progress
 
@@ -198,6 +200,8 @@ def train(
     checkpoint = check_resume(resume)
     if num_processes < 1:
         raise VfopsError(f"num_processes = {num_processes}; use 1 or more")
+    # a missing flash-attn: one line, before torch loads or anything is built or written
+    check_attention(cfg)
     require_train_extra()
     if (num_processes > 1 or cfg.run.deepspeed) and not os.environ.get(LAUNCHED_ENV):
         return _launch(cfg, checkpoint, num_processes, progress)

@@ -7,8 +7,10 @@ the seed first, the model before the optimizer, the optimizer's ``prepare`` befo
 the in-process backend copies the weights):
 
 - :func:`build_accelerator`: ``[run]`` precision and DeepSpeed, ``[optim]`` micro-batches;
-- :func:`load_model`: ``[model]`` (a tiny one built when asked), ``[lora]``, the frozen
-  reference model when ``[loss] beta > 0``, gradient checkpointing;
+- :func:`attention`: ``[model] attn_implementation`` resolved for this device;
+- :func:`load_model`: ``[model]`` (a tiny one built when asked) with those attention
+  kernels, ``[lora]``, the frozen reference model when ``[loss] beta > 0``, gradient
+  checkpointing;
 - :func:`prepare_policy`: AdamW and the LR schedule (``[optim]``), all wrapped by accelerate;
 - :func:`load_train_examples` and :func:`build_backend`: the data and the generation side.
 """
@@ -29,6 +31,7 @@ import torch
 from vfops._errors import VfopsError
 from vfops.envs import Environment
 from vfops.envs._dataset import Example, iter_examples
+from vfops.training._attention import resolve_attention
 from vfops.training._backend import GenerationBackend
 from vfops.training._config import GenerationConfig, GRPOConfig, LoraSettings
 from vfops.training._loop import GenerationLoop, MainThreadCompute
@@ -47,6 +50,8 @@ class Policy:
     scheduler: Any
     micro_batches: int
     """Micro-batches accumulated per optimizer step."""
+    attn_implementation: str = "sdpa"
+    """The attention kernels the model runs (how a packed micro-batch marks its sequences)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -108,8 +113,22 @@ def _fill_deepspeed_autos(ds: dict[str, Any], cfg: GRPOConfig, n_micro: int) -> 
         ds["gradient_clipping"] = cfg.optim.max_grad_norm
 
 
-def load_model(config: GRPOConfig, accelerator: Any) -> tuple[Any, Any, Any]:
-    """(model in train mode, tokenizer, frozen reference model or None) from ``[model]``."""
+def attention(config: GRPOConfig, accelerator: Any) -> str:
+    """``[model] attn_implementation`` resolved for the accelerator's device and precision
+    (before the model loads: a missing flash-attn fails here, in one line)."""
+    return resolve_attention(
+        config,
+        cuda=accelerator.device.type == "cuda",
+        mixed_precision=str(accelerator.mixed_precision),
+    )
+
+
+def load_model(
+    config: GRPOConfig, accelerator: Any, attn_implementation: str
+) -> tuple[Any, Any, Any]:
+    """(model in train mode, tokenizer, frozen reference model or None) from ``[model]``,
+    loaded with ``attn_implementation`` (:func:`attention`; the reference model is a copy,
+    so it runs the same kernels)."""
     import transformers
 
     cfg = config
@@ -127,7 +146,10 @@ def load_model(config: GRPOConfig, accelerator: Any) -> tuple[Any, Any, Any]:
         accelerator.wait_for_everyone()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     model: Any = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path), local_files_only=True, dtype=torch.float32
+        str(path),
+        local_files_only=True,
+        dtype=torch.float32,
+        attn_implementation=attn_implementation,
     )
     ref_model = frozen_copy(model).to(accelerator.device) if cfg.loss.beta > 0 else None
     if cfg.run.gradient_checkpointing:
@@ -168,6 +190,7 @@ def prepare_policy(
     tokenizer: Any,
     ref_model: Any,
     micro_batches: int,
+    attn_implementation: str,
 ) -> Policy:
     """AdamW over the trainable parameters and the ``[optim]`` LR schedule; the model,
     optimizer and schedule wrapped by ``accelerator.prepare``."""
@@ -188,7 +211,16 @@ def prepare_policy(
         num_training_steps=max(config.run.steps, 1),
     )
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    return Policy(accelerator, model, tokenizer, ref_model, optimizer, scheduler, micro_batches)
+    return Policy(
+        accelerator,
+        model,
+        tokenizer,
+        ref_model,
+        optimizer,
+        scheduler,
+        micro_batches,
+        attn_implementation,
+    )
 
 
 def load_train_examples(env: Environment) -> list[Example]:

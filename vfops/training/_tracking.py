@@ -29,8 +29,15 @@ class TrainingTracker:
 
     @classmethod
     def start(
-        cls, config: GRPOConfig, *, base_model: str, env_versions: dict[str, str]
+        cls,
+        config: GRPOConfig,
+        *,
+        base_model: str,
+        env_versions: dict[str, str],
+        resolved: dict[str, str] | None = None,
     ) -> TrainingTracker:
+        """A new MLflow run with the config as params (``config.*``) and what the set-up
+        chose for its ``auto`` values as ``resolved.*`` (e.g. the attention kernels)."""
         from mlflow.entities import Param
 
         client = mlflow_client()
@@ -53,6 +60,7 @@ class TrainingTracker:
         params: dict[str, str] = {}
         # Secret-looking names (api keys, tokens, passwords) are dropped by _flatten.
         _flatten("config", config.model_dump(), params)
+        params.update({f"resolved.{k}": v for k, v in (resolved or {}).items()})
         items = [Param(k, v) for k, v in sorted(params.items())]
         for i in range(0, len(items), _PARAM_BATCH):
             client.log_batch(run.info.run_id, params=items[i : i + _PARAM_BATCH])
