@@ -41,6 +41,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -241,73 +242,90 @@ def _summary(records: list[Any]) -> dict[str, Any]:
     }
 
 
-def write_runs(url: str, specs: list[RunSpec]) -> tuple[int, float]:
-    """One writer process: each run through the registry's write path; (rollouts, s)."""
+def _write_run(engine: Any, spec: RunSpec, records: list[Any]) -> int:
+    """One run through the registry's write path, as an eval run writes it."""
     from sqlalchemy import update
 
     from vfops.nightly import nightly_tags
-    from vfops.registry import (
-        NewRun,
-        create_run,
-        finish_run,
-        get_engine,
-        insert_rollouts,
-        session_scope,
-    )
+    from vfops.registry import NewRun, create_run, finish_run, insert_rollouts, session_scope
     from vfops.registry._models import EvalRunRow
+
+    written = 0
+    with session_scope(engine) as session:
+        run = create_run(
+            session,
+            NewRun(
+                environment_name=spec.env_name,
+                environment_version="1.0.0",
+                environment_content_hash=f"{spec.env:064x}",
+                model=spec.model_name,
+                num_examples=EXAMPLES,
+                rollouts_per_example=ROLLOUTS_PER_EXAMPLE,
+                config_fingerprint=f"{spec.seed:064x}",
+                sampling_args={"temperature": 1.0, "max_tokens": 1024},
+                tags=nightly_tags(spec.day),
+            ),
+        )
+        run_id = run.id
+    for offset in range(0, len(records), BATCH):
+        with session_scope(engine) as session:
+            written += insert_rollouts(session, run_id, records[offset : offset + BATCH])
+    with session_scope(engine) as session:
+        finish_run(session, run_id, "completed", _summary(records))
+    started = dt.datetime.combine(spec.day, dt.time(2, 0), dt.UTC) + dt.timedelta(
+        seconds=spec.env * MODELS + spec.model
+    )
+    with session_scope(engine) as session:  # the clock of the night it emulates
+        session.execute(
+            update(EvalRunRow)
+            .where(EvalRunRow.id == run_id)
+            .values(started_at=started, finished_at=started + dt.timedelta(minutes=20))
+        )
+    return written
+
+
+def write_runs(url: str, specs: list[RunSpec], barrier: Any = None) -> tuple[int, float, float]:
+    """One writer process; (rollouts written, start, end) on the wall clock.
+
+    With a ``barrier`` (a rate phase) every run's records are built first and the
+    writers start together, so the rate is the database's and the write path's, not
+    the text generator's; without one (the fill) each run is built before it is written.
+    """
+    from vfops.registry import get_engine
 
     engine = get_engine(url)
     prose = Prose()
-    written, busy = 0, 0.0
+    written = 0
+    if barrier is not None:
+        prepared = [(spec, run_records(spec, prose)) for spec in specs]
+        barrier.wait()
+        start = time.time()
+        for spec, records in prepared:
+            written += _write_run(engine, spec, records)
+        return written, start, time.time()
+    start = time.time()
     for spec in specs:
-        records = run_records(spec, prose)  # generating the text is not part of the rate
-        start = time.perf_counter()
-        with session_scope(engine) as session:
-            run = create_run(
-                session,
-                NewRun(
-                    environment_name=spec.env_name,
-                    environment_version="1.0.0",
-                    environment_content_hash=f"{spec.env:064x}",
-                    model=spec.model_name,
-                    num_examples=EXAMPLES,
-                    rollouts_per_example=ROLLOUTS_PER_EXAMPLE,
-                    config_fingerprint=f"{spec.seed:064x}",
-                    sampling_args={"temperature": 1.0, "max_tokens": 1024},
-                    tags=nightly_tags(spec.day),
-                ),
-            )
-            run_id = run.id
-        for offset in range(0, len(records), BATCH):
-            with session_scope(engine) as session:
-                written += insert_rollouts(session, run_id, records[offset : offset + BATCH])
-        with session_scope(engine) as session:
-            finish_run(session, run_id, "completed", _summary(records))
-        busy += time.perf_counter() - start
-        started = dt.datetime.combine(spec.day, dt.time(2, 0), dt.UTC) + dt.timedelta(
-            seconds=spec.env * MODELS + spec.model
-        )
-        with session_scope(engine) as session:  # the clock of the night it emulates
-            session.execute(
-                update(EvalRunRow)
-                .where(EvalRunRow.id == run_id)
-                .values(started_at=started, finished_at=started + dt.timedelta(minutes=20))
-            )
-    return written, busy
+        written += _write_run(engine, spec, run_records(spec, prose))
+    return written, start, time.time()
 
 
-def fill(url: str, start_run: int, runs: int, writers: int, envs: int = ENVS) -> float:
-    """Write runs ``start_run`` .. ``+runs`` with ``writers`` processes; rollouts/s."""
+def fill(
+    url: str, start_run: int, runs: int, writers: int, envs: int = ENVS, *, rate: bool = False
+) -> float:
+    """Write runs ``start_run`` .. ``+runs`` with ``writers`` processes; rollouts/s (with
+    ``rate``: from the writers' common start to the last one's end)."""
     specs = run_specs(start_run, runs, envs)
     chunks = [specs[i::writers] for i in range(writers)]
-    began = time.perf_counter()
-    with ProcessPoolExecutor(writers, mp_context=get_context("spawn")) as pool:
-        results = list(pool.map(write_runs, [url] * writers, chunks))
-    wall = time.perf_counter() - began
-    rollouts = sum(written for written, _ in results)
+    context = get_context("spawn")
+    with context.Manager() as manager, ProcessPoolExecutor(writers, mp_context=context) as pool:
+        barrier = manager.Barrier(writers) if rate else None
+        began = time.time()
+        results = list(pool.map(write_runs, [url] * writers, chunks, [barrier] * writers))
+    rollouts = sum(written for written, _, _ in results)
     if rollouts != runs * RUN_SIZE:
         raise SystemExit(f"wrote {rollouts} rollouts, expected {runs * RUN_SIZE}")
-    return rollouts / wall
+    start = min(start for _, start, _ in results) if rate else began
+    return rollouts / (max(end for _, _, end in results) - start)
 
 
 # --- measuring ----------------------------------------------------------------------
@@ -380,163 +398,285 @@ else:
 """
 
 
+def _cell_runs(url: str, env: str, model: str) -> list[str]:
+    return [
+        row[0]
+        for row in rows(
+            url,
+            f"SELECT id FROM eval_runs WHERE environment_name = '{env}' AND model = '{model}' "
+            "ORDER BY started_at",
+        )
+    ]
+
+
+def rows(url: str, sql: str) -> list[Any]:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        found = list(connection.execute(text(sql)).all())
+    engine.dispose()
+    return found
+
+
+CELL = ("env-00", "model-1")  # a multi-turn environment: ~10 KB per rollout
+ARCHIVED_CELL = ("env-01", "model-2")
+
+
 def commands(url: str) -> dict[str, list[str]]:
-    """What is timed, on the newest night: two runs of one cell on consecutive nights."""
-    newest = scalar(url, "SELECT max(started_at) FROM eval_runs")
-    env = "env-00"  # a multi-turn environment: ~10 KB per rollout
-    run_b = scalar(
-        url,
-        f"SELECT id FROM eval_runs WHERE environment_name = '{env}' AND model = 'model-1' "
-        "ORDER BY started_at DESC LIMIT 1",
-    )
-    run_a = scalar(
-        url,
-        f"SELECT id FROM eval_runs WHERE environment_name = '{env}' AND model = 'model-1' "
-        "ORDER BY started_at DESC OFFSET 1 LIMIT 1",
-    )
-    assert newest is not None and run_a and run_b
+    """What is timed: the newest two nights' runs of one cell (and of an archived cell)."""
+    *_, run_a, run_b = _cell_runs(url, *CELL)
+    old_a, old_b, *_ = _cell_runs(url, *ARCHIVED_CELL)
     vfops = [sys.executable, "-m", "vfops"]
     python = [sys.executable, "-c", QUERIES]
     return {
         "runs list": [*vfops, "runs", "list"],
-        "runs list --env": [*vfops, "runs", "list", "--env", env],
+        "runs list --env": [*vfops, "runs", "list", "--env", CELL[0]],
         "runs show": [*vfops, "runs", "show", run_b],
         "runs show --rollout 1999": [*vfops, "runs", "show", run_b, "--rollout", "1999"],
         "runs compare": [*vfops, "runs", "compare", run_a, run_b],
         "runs cost --by day": [*vfops, "runs", "cost", "--by", "day"],
         "nightly regression lookup": [*python, "nightly", run_a, run_b],
         "promotion gate (registry)": [*python, "gate", run_a, run_b],
+        "archived: runs show --rollout 1999": [*vfops, "runs", "show", old_b, "--rollout", "1999"],
+        "archived: runs compare": [*vfops, "runs", "compare", old_a, old_b],
     }
 
 
-def time_commands(url: str, repeats: int, code: Path = ROOT) -> dict[str, dict[str, float]]:
+def _timed(argv: list[str], env: dict[str, str], code: Path, name: str) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=env, cwd=code, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed ({done.returncode}): {done.stderr.strip()[-600:]}")
+    return elapsed
+
+
+def time_commands(
+    urls: dict[str, str], repeats: int, code: Path = ROOT
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Each command on every database, interleaved (a, b, b, a, ...) so the machine's
+    load hits all sizes alike: ``{size: {command: {median, min, first}}}``. The first
+    round warms the page cache and is reported apart as ``first``."""
     home = tempfile.mkdtemp(prefix="vfops-scale-home-")
-    env = {
-        **os.environ,
-        "VFOPS_DATABASE_URL": url,
-        "VFOPS_HOME": home,
-        "COLUMNS": "120",
-        "PYTHONPATH": str(code),
-    }
-    figures: dict[str, dict[str, float]] = {}
-    for name, argv in commands(url).items():
-        times = []
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            done = subprocess.run(
-                argv, env=env, cwd=code, capture_output=True, text=True, check=False
-            )
-            times.append(time.perf_counter() - start)
-            if done.returncode != 0:
-                raise SystemExit(f"{name} failed ({done.returncode}): {done.stderr.strip()[-600:]}")
-        figures[name] = {"first": times[0], "median": statistics.median(times[1:])}
+    base = {**os.environ, "VFOPS_HOME": home, "COLUMNS": "120", "PYTHONPATH": str(code)}
+    envs = {label: {**base, "VFOPS_DATABASE_URL": url} for label, url in urls.items()}
+    argvs = {label: commands(url) for label, url in urls.items()}
+    labels = list(urls)
+    figures: dict[str, dict[str, dict[str, float]]] = {label: {} for label in labels}
+    print(f"  {'command':<36}" + "".join(f"{label:>12}" for label in labels), flush=True)
+    for name in argvs[labels[0]]:
+        times: dict[str, list[float]] = {label: [] for label in labels}
+        for round_ in range(repeats + 1):
+            for label in labels if round_ % 2 == 0 else labels[::-1]:
+                times[label].append(_timed(argvs[label][name], envs[label], code, name))
+        for label in labels:
+            measured = times[label][1:]
+            figures[label][name] = {
+                "median": statistics.median(measured),
+                "min": min(measured),
+                "first": times[label][0],
+            }
         print(
-            f"  {name:<28} {figures[name]['median']:6.2f} s  (first {times[0]:.2f} s)", flush=True
+            f"  {name:<36}"
+            + "".join(f"{figures[label][name]['median']:>11.2f}s" for label in labels),
+            flush=True,
         )
     return figures
 
 
+def archive_cell(url: str, store_uri: str, nights: int = 2) -> None:
+    """Archive the first ``nights`` runs of ARCHIVED_CELL (what the archived rows time)."""
+    from vfops.artifacts import open_store
+    from vfops.registry import archive_run_transcripts, get_engine
+
+    engine = get_engine(url)
+    with open_store(store_uri) as store:
+        for run_id in _cell_runs(url, *ARCHIVED_CELL)[:nights]:
+            archive_run_transcripts(engine, run_id, store)
+
+
+def archive_night(url: str, store_uri: str, night: int) -> dict[str, float]:
+    """Archive a whole night's runs; its rate and what a rollout costs before and after."""
+    from vfops.artifacts import open_store
+    from vfops.registry import archive_run_transcripts, get_engine
+
+    day = FIRST_NIGHT + dt.timedelta(days=night)
+    ids = [
+        row[0]
+        for row in rows(
+            url,
+            "SELECT id FROM eval_runs WHERE transcripts_uri IS NULL AND status = 'completed' "
+            f"AND started_at >= '{day}' AND started_at < '{day + dt.timedelta(days=1)}'",
+        )
+    ]
+    in_list = ", ".join(f"'{run_id}'" for run_id in ids)
+    (transcript,) = rows(
+        url,
+        "SELECT avg(pg_column_size(prompt) + pg_column_size(completion)), "
+        "avg(octet_length(prompt::text) + octet_length(completion::text)) "
+        f"FROM rollouts WHERE run_id IN ({in_list})",
+    )
+    engine = get_engine(url)
+    parquet = rollouts = 0
+    began = time.perf_counter()
+    with open_store(store_uri) as store:
+        for run_id in ids:
+            done = archive_run_transcripts(engine, run_id, store)
+            parquet += done.parquet_bytes
+            rollouts += done.rollouts
+    wall = time.perf_counter() - began
+    (summary,) = rows(
+        url, f"SELECT avg(pg_column_size(r.*)) FROM rollouts r WHERE run_id IN ({in_list})"
+    )
+    return {
+        "runs": len(ids),
+        "rollouts": rollouts,
+        "seconds": wall,
+        "rollouts_per_s": rollouts / wall,
+        "json_bytes": float(transcript[1]),
+        "pg_transcript_bytes": float(transcript[0]),
+        "pg_summary_row_bytes": float(summary[0]),
+        "parquet_bytes": parquet / rollouts,
+    }
+
+
 # --- main ---------------------------------------------------------------------------
+
+
+def _print_bytes(size: int, figures: dict[str, float]) -> None:
+    print(
+        f"  {size:,} rollouts, bytes per rollout: "
+        + ", ".join(f"{k} {v:,.0f}" for k, v in figures.items() if k != "rows"),
+        flush=True,
+    )
+
+
+def _verdicts(results: dict[str, Any], small: str, large: str) -> bool:
+    print(f"\n{'command':<36} {small:>10} {large:>10}  ratio  bar (<= 1.5 s, <= 1.3x)")
+    passed = True
+    timings = results["commands"]
+    for name, small_t in timings[small].items():
+        a, b = small_t["median"], timings[large][name]["median"]
+        ok = b <= 1.5 and b <= 1.3 * a
+        passed &= ok
+        print(f"{name:<36} {a:9.2f}s {b:9.2f}s  {b / a:5.2f}  {'ok' if ok else 'FAIL'}")
+    return passed
+
+
+def _extrapolate(results: dict[str, Any], large: str, hot_days: int) -> None:
+    per = results["bytes"][large]
+    archive = results["archive"]
+    year = 150_000_000
+    hot = year * hot_days / 365
+    summary = archive["pg_summary_row_bytes"] + per["indexes"]
+    tiered_pg = hot * per["total"] + (year - hot) * summary
+    print(
+        f"\n150M rollouts (a year of nightly sweeps): all transcripts in PostgreSQL "
+        f"{year * per['total'] / 1e12:.2f} TB; transcripts of the last {hot_days} days in "
+        f"PostgreSQL, older ones archived: PostgreSQL {tiered_pg / 1e12:.2f} TB + Parquet "
+        f"{(year - hot) * archive['parquet_bytes'] / 1e12:.2f} TB in the artifact store"
+    )
+
+
+def _size_label(size: int) -> str:
+    return f"{size / 1e6:g}M" if size >= 1_000_000 else f"{size / 1e3:g}k"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL, help="a server's admin database URL")
     parser.add_argument("--database", default="vfops_scale")
-    parser.add_argument("--sizes", default="1000000,5000000", help="rollouts, comma-separated")
+    parser.add_argument("--sizes", default="1000000,5000000", help="two sizes, in rollouts")
     parser.add_argument("--writers", default="1,4,8", help="writer counts of the rate phases")
     parser.add_argument("--phase-runs", type=int, default=24, help="runs per rate phase")
     parser.add_argument("--fill-writers", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each command")
     parser.add_argument(
         "--envs", type=int, default=ENVS, help="environments a night (fewer: quick runs)"
     )
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--keep", action="store_true", help="leave the database at exit")
+    parser.add_argument("--hot-days", type=int, default=30, help="for the 150M extrapolation")
+    parser.add_argument("--keep", action="store_true", help="leave the databases at exit")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
-    parser.add_argument(
-        "--time-only",
-        action="store_true",
-        help="only time the commands on the existing --database (no fill, nothing dropped)",
-    )
-    parser.add_argument(
-        "--code",
-        type=Path,
-        default=ROOT,
-        help="with --time-only: the checkout whose vfops the commands run (a before/after)",
-    )
     args = parser.parse_args()
-    sizes = [int(size) for size in args.sizes.split(",")]
-    writer_counts = [int(w) for w in args.writers.split(",")]
-    if any(size % RUN_SIZE for size in sizes):
-        parser.error(f"--sizes must be multiples of {RUN_SIZE} (one run's rollouts)")
+    small, large = (int(size) for size in args.sizes.split(","))
+    if small % RUN_SIZE or large % RUN_SIZE or large <= small:
+        parser.error(f"--sizes: two increasing multiples of {RUN_SIZE} (one run's rollouts)")
+    if small < 2 * args.envs * MODELS * RUN_SIZE:
+        parser.error("--sizes: the smaller size must hold two nights (fewer --envs?)")
 
     sys.path.insert(0, str(ROOT))
-    if args.time_only:
-        url = database_url(args.pg_url, args.database)
-        rows = scalar(url, "SELECT count(*) FROM rollouts")
-        print(f"at {rows:,} rollouts, vfops of {args.code}:", flush=True)
-        time_commands(url, args.repeats, args.code.resolve())
-        return
-    url = database_url(args.pg_url, args.database)
-    _admin(args.pg_url, f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-    _admin(args.pg_url, f'CREATE DATABASE "{args.database}"')
-    from vfops.registry import upgrade
+    from vfops.registry import dispose_engines, upgrade
 
+    url = database_url(args.pg_url, args.database)
+    snapshot = f"{args.database}_{_size_label(small).lower()}"
+    small_url = database_url(args.pg_url, snapshot)
+    for name in (args.database, snapshot):
+        _admin(args.pg_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    _admin(args.pg_url, f'CREATE DATABASE "{args.database}"')
     upgrade(url)
+    dispose_engines()
+    store = Path(tempfile.mkdtemp(prefix="vfops-scale-artifacts-"))
     print(
-        f"database {args.database}: schema at head; workload {ENVS} envs x {MODELS} models, "
-        f"{EXAMPLES} x {ROLLOUTS_PER_EXAMPLE} rollouts a run ({MULTI_TURN_ENVS} multi-turn envs)"
+        f"database {args.database}: schema at head; {args.envs} envs x {MODELS} models a "
+        f"night, {EXAMPLES} x {ROLLOUTS_PER_EXAMPLE} rollouts a run, envs 0-"
+        f"{MULTI_TURN_ENVS - 1} multi-turn (~10 KB), the others single-turn (~1 KB)",
+        flush=True,
     )
-    results: dict[str, Any] = {"sizes": {}, "write_rates": {}}
-    runs_written = 0
+    labels = {small: _size_label(small), large: _size_label(large)}
+    results: dict[str, Any] = {"write_rates": {}, "bytes": {}, "commands": {}}
     try:
-        for number, size in enumerate(sizes):
-            target = size // RUN_SIZE
-            if number == 1:  # the rate phases, between the first two sizes
-                for writers in writer_counts:
-                    rate = fill(url, runs_written, args.phase_runs, writers, args.envs)
-                    runs_written += args.phase_runs
-                    results["write_rates"][writers] = rate
-                    print(
-                        f"write rate, {writers} writer(s): {rate:,.0f} rollouts/s "
-                        f"({args.phase_runs} runs, table at {runs_written * RUN_SIZE:,})",
-                        flush=True,
-                    )
-            if runs_written < target:
-                began = time.perf_counter()
-                rate = fill(url, runs_written, target - runs_written, args.fill_writers, args.envs)
-                print(
-                    f"filled to {size:,} rollouts ({args.fill_writers} writers, {rate:,.0f}/s, "
-                    f"{time.perf_counter() - began:.0f} s)",
-                    flush=True,
-                )
-                runs_written = target
-            _admin(url, "VACUUM ANALYZE")  # what autovacuum would have done by the morning
-            print(f"at {size:,} rollouts:", flush=True)
-            timings = time_commands(url, args.repeats)
-            bytes_per = storage(url)
+        began = time.perf_counter()
+        rate = fill(url, 0, small // RUN_SIZE, args.fill_writers, args.envs)
+        print(f"filled to {small:,} ({rate:,.0f} rollouts/s, {time.perf_counter() - began:.0f} s)")
+        _admin(url, "VACUUM ANALYZE")  # what autovacuum does after a night's writes
+        results["bytes"][labels[small]] = storage(url)
+        _print_bytes(small, results["bytes"][labels[small]])
+        _admin(args.pg_url, f'CREATE DATABASE "{snapshot}" TEMPLATE "{args.database}"')
+        written = small // RUN_SIZE
+        for writers in (int(w) for w in args.writers.split(",")):
+            rate = fill(url, written, args.phase_runs, writers, args.envs, rate=True)
+            written += args.phase_runs
+            results["write_rates"][writers] = rate
             print(
-                "  bytes per rollout: "
-                + ", ".join(f"{k} {v:,.0f}" for k, v in bytes_per.items() if k != "rows"),
+                f"write rate, {writers} concurrent writer(s): {rate:,.0f} rollouts/s "
+                f"({args.phase_runs} runs, table at {written * RUN_SIZE:,})",
                 flush=True,
             )
-            results["sizes"][size] = {"commands": timings, "bytes": bytes_per}
-        if len(sizes) >= 2:
-            small, large = sizes[0], sizes[-1]
-            print(f"\n{'command':<28} {small:>10,} {large:>10,}  ratio  bar (<= 1.5 s, <= 1.3x)")
-            for name, small_t in results["sizes"][small]["commands"].items():
-                a = small_t["median"]
-                b = results["sizes"][large]["commands"][name]["median"]
-                verdict = "ok" if b <= 1.5 and b <= 1.3 * a else "FAIL"
-                print(f"{name:<28} {a:9.2f}s {b:9.2f}s  {b / a:5.2f}  {verdict}")
+        began = time.perf_counter()
+        rate = fill(url, written, large // RUN_SIZE - written, args.fill_writers, args.envs)
+        print(f"filled to {large:,} ({rate:,.0f} rollouts/s, {time.perf_counter() - began:.0f} s)")
+        _admin(url, "VACUUM ANALYZE")
+        results["bytes"][labels[large]] = storage(url)
+        _print_bytes(large, results["bytes"][labels[large]])
+        for target in (small_url, url):  # the same two runs archived in both
+            archive_cell(target, store.as_uri())
+        dispose_engines()
+        print(f"commands (median of {args.repeats}, process start to exit, interleaved):")
+        results["commands"] = time_commands(
+            {labels[small]: small_url, labels[large]: url}, args.repeats
+        )
+        results["archive"] = archive_night(url, store.as_uri(), night=0)
+        a = results["archive"]
+        print(
+            f"\narchive of night 0 ({a['runs']} runs, {a['rollouts']:,} rollouts): "
+            f"{a['rollouts_per_s']:,.0f} rollouts/s; per rollout: transcript JSON "
+            f"{a['json_bytes']:,.0f} B, in PostgreSQL {a['pg_transcript_bytes']:,.0f} B, as "
+            f"Parquet {a['parquet_bytes']:,.0f} B; the summary row left "
+            f"{a['pg_summary_row_bytes']:,.0f} B",
+            flush=True,
+        )
+        _extrapolate(results, labels[large], args.hot_days)
+        passed = _verdicts(results, labels[small], labels[large])
+        print("bars: " + ("met" if passed else "NOT met"))
     finally:
         if args.json:
             args.json.write_text(json.dumps(results, indent=2, default=str))
+        dispose_engines()
         if not args.keep:
-            from vfops.registry import dispose_engines
-
-            dispose_engines()
-            _admin(args.pg_url, f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+            for name in (args.database, snapshot):
+                _admin(args.pg_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            shutil.rmtree(store, ignore_errors=True)
 
 
 if __name__ == "__main__":

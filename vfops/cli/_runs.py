@@ -320,3 +320,61 @@ def cost_command(
         str(sum(c.cost_usd is None for c in costs)),
     )
     Console().print(table)
+
+
+@app.command("archive")
+def archive_command(
+    runs: Annotated[
+        list[str] | None, typer.Argument(help="Runs (ids or unique prefixes) to archive.")
+    ] = None,
+    older_than: Annotated[
+        float | None,
+        typer.Option(
+            "--older-than", help="Every completed run that finished more than DAYS days ago."
+        ),
+    ] = None,
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="Artifact store (default: VFOPS_ARTIFACTS)."),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="At most this many runs per call.")] = 1000,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List the runs, archive nothing.")
+    ] = False,
+) -> None:
+    """Move completed runs' transcripts to Parquet in the artifact store.
+
+    The registry keeps every rollout's reward, scores, error, usage and cost; the
+    prompts and completions go to one Parquet file per run, which runs show, export,
+    compare and rescoring read back by themselves.
+    """
+    import datetime as dt
+
+    from vfops.artifacts import open_store
+    from vfops.evaluation import run_metadata
+    from vfops.registry import archivable_runs, archive_run_transcripts, session_scope
+
+    if not runs and older_than is None:
+        raise VfopsError("name the runs to archive, or give --older-than DAYS (e.g. 30)")
+    if older_than is not None and older_than < 0:
+        raise VfopsError(f"--older-than must be 0 or more days, got {older_than}")
+    engine = _engine()
+    chosen = [run_metadata(engine, run)["run_id"] for run in runs or []]
+    if older_than is not None:
+        before = dt.datetime.now(dt.UTC) - dt.timedelta(days=older_than)
+        with session_scope(engine, write=False) as session:
+            chosen += archivable_runs(session, finished_before=before, limit=limit)
+    chosen = list(dict.fromkeys(chosen))[:limit]
+    if dry_run or not chosen:
+        for run_id in chosen:
+            print(f"would archive {run_id}")
+        print(f"{len(chosen)} run(s) to archive" + (" (dry run)" if dry_run else ""))
+        return
+    total_rollouts = total_bytes = 0
+    with open_store(to) as store:
+        for run_id in chosen:
+            done = archive_run_transcripts(engine, run_id, store)
+            total_rollouts += done.rollouts
+            total_bytes += done.parquet_bytes
+            print(f"archived {run_id}: {done.rollouts} rollouts, {done.parquet_bytes:,} bytes")
+    print(f"{len(chosen)} run(s), {total_rollouts} rollouts, {total_bytes:,} bytes of Parquet")

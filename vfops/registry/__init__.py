@@ -98,6 +98,12 @@ from vfops.registry._runs import (
     set_run_status,
     take_run_lease,
 )
+from vfops.registry._transcripts import (
+    ArchivedRun,
+    TranscriptArchiveError,
+    archivable_runs,
+    archive_run_transcripts,
+)
 
 __all__ = [
     "LEASE_TTL_S",
@@ -105,6 +111,7 @@ __all__ = [
     "RUN_STATUSES",
     "AliasEvent",
     "AliasEventRow",
+    "ArchivedRun",
     "Base",
     "CostBudget",
     "CostBudgetRow",
@@ -125,9 +132,12 @@ __all__ = [
     "RunBusyError",
     "RunCost",
     "RunFilter",
+    "TranscriptArchiveError",
     "add_environment_version",
     "add_rollout_cost",
     "add_run_tags",
+    "archivable_runs",
+    "archive_run_transcripts",
     "bump_pushback",
     "canonical_version",
     "completed_keys",

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from vfops._errors import VfopsError
 from vfops.registry._models import Base, EnvironmentRow, EnvironmentVersionRow, utcnow
 from vfops.registry._sql import on_conflict_insert, session_dialect
+from vfops.registry._transcripts import transcript_uris
 
 
 def parse_version(
@@ -189,12 +190,13 @@ def list_versions(session: Session, name: str) -> list[EnvironmentVersionRow]:
 
 
 def referenced_artifact_uris(session: Session) -> set[str]:
-    """Every artifact URI a published version points at: wheels, sdists, dataset snapshots.
+    """Every artifact URI the registry points at: a published version's wheel, sdist and
+    dataset snapshots, an archived run's transcripts.
 
     The artifact store's garbage collection keeps exactly these (and anything younger
     than its grace period).
     """
-    uris: set[str] = set()
+    uris = transcript_uris(session)
     query = select(
         EnvironmentVersionRow.wheel_uri,
         EnvironmentVersionRow.sdist_uri,

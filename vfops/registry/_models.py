@@ -157,6 +157,9 @@ class EvalRunRow(Base):
     rollouts_priced: Mapped[int] = mapped_column(default=0, server_default="0")
     cost_usd: Mapped[float | None] = mapped_column(Float)
     """The sum of its priced rollouts' costs; ``None`` while none is priced."""
+    # Set when its rollouts' transcripts moved to Parquet in the artifact store
+    # (_transcripts.py); its rollouts' ARCHIVED_COLUMNS are NULL then.
+    transcripts_uri: Mapped[str | None] = mapped_column(Text)
 
 
 # The per-rollout columns come from the one declaration of the rollout schema.
@@ -165,6 +168,11 @@ ROLLOUT_RECORD_COLUMNS: tuple[RolloutColumn, ...] = tuple(
 )
 """The rollout schema's columns stored per rollout (``model`` and ``sampling_args``
 are the run's, stored once on :class:`EvalRunRow`)."""
+
+
+ARCHIVED_COLUMNS: tuple[str, ...] = ("prompt", "completion")
+"""The transcript columns a completed run's rollouts can hand to the artifact store
+(NULL in SQL then; see :mod:`vfops.registry._transcripts`)."""
 
 
 def _sql_type(column: RolloutColumn) -> Any:
@@ -186,7 +194,11 @@ def _rollouts_table() -> Table:
             "run_id", String(32), ForeignKey("eval_runs.id", ondelete="CASCADE"), nullable=False
         ),
         *(
-            Column(column.name, _sql_type(column), nullable=column.nullable)
+            Column(
+                column.name,
+                _sql_type(column),
+                nullable=column.nullable or column.name in ARCHIVED_COLUMNS,
+            )
             for column in ROLLOUT_RECORD_COLUMNS
         ),
         # also serves "rollouts of a run by example_id"

@@ -26,6 +26,7 @@ from vfops._rollout import RolloutRecord, record_builder, row_tuples_builder
 from vfops.registry._models import ROLLOUT_RECORD_COLUMNS, Base, EvalRunRow
 from vfops.registry._runs import run_model
 from vfops.registry._sql import on_conflict_insert
+from vfops.registry._transcripts import ArchivedTranscripts
 
 _ROLLOUTS: Final = Base.metadata.tables["rollouts"]
 _KEY_COLUMNS: Final = ("run_id", "example_id", "rollout_index")
@@ -230,14 +231,33 @@ def iter_rollouts(
         .limit(batch_size)
     )
     last: tuple[int, int] | None = None
-    while True:
-        query = base.offset(start) if last is None else base.where(key > tuple_(*last))
-        rows = session.execute(query).all()
-        for row in rows:
-            yield _to_record(row, model, dict(sampling_args))
-        if len(rows) < batch_size:
-            return
-        last = (rows[-1].example_id, rows[-1].rollout_index)
+    archive = ArchivedTranscripts(session)
+    try:
+        while True:
+            query = base.offset(start) if last is None else base.where(key > tuple_(*last))
+            rows = session.execute(query).all()
+            for row in rows:
+                yield _built(row, model, sampling_args, run_id, archive)
+            if len(rows) < batch_size:
+                return
+            last = (rows[-1].example_id, rows[-1].rollout_index)
+    finally:
+        archive.close()
+
+
+def _built(
+    row: Any,
+    model: str,
+    sampling_args: dict[str, Any],
+    run_id: str,
+    archive: ArchivedTranscripts,
+) -> RolloutRecord:
+    record = _to_record(row, model, dict(sampling_args))
+    if row.prompt is None:  # its run's transcripts are in the artifact store
+        record.prompt, record.completion = archive.get(
+            run_id, record.example_id, record.rollout_index
+        )
+    return record
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +307,13 @@ def rollouts_for_example(session: Session, run_id: str, example_id: int) -> list
         .where(_ROLLOUTS.c.run_id == run_id, _ROLLOUTS.c.example_id == example_id)
         .order_by(_ROLLOUTS.c.rollout_index)
     )
-    return [_to_record(row, model, dict(sampling_args)) for row in session.execute(query)]
+    archive = ArchivedTranscripts(session)
+    try:
+        return [
+            _built(row, model, sampling_args, run_id, archive) for row in session.execute(query)
+        ]
+    finally:
+        archive.close()
 
 
 def add_rollout_cost(

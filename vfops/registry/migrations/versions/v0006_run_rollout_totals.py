@@ -35,8 +35,12 @@ WHERE eval_runs.id = totals.run_id
 """
 
 
+# recreate="never": SQLite adds and drops these columns in place; rebuilding eval_runs
+# would drop the old table, which ON DELETE CASCADE turns into deleting every rollout.
+
+
 def upgrade() -> None:
-    with op.batch_alter_table("eval_runs") as batch:
+    with op.batch_alter_table("eval_runs", recreate="never") as batch:
         batch.add_column(
             sa.Column("rollouts_stored", sa.Integer(), nullable=False, server_default="0")
         )
@@ -49,7 +53,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("eval_runs") as batch:
+    with op.batch_alter_table("eval_runs", recreate="never") as batch:
         batch.drop_index("ix_eval_runs_started_at_id")
         batch.drop_column("cost_usd")
         batch.drop_column("rollouts_priced")
