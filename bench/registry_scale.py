@@ -598,6 +598,11 @@ def main() -> None:
     parser.add_argument("--hot-days", type=int, default=30, help="for the 150M extrapolation")
     parser.add_argument("--keep", action="store_true", help="leave the databases at exit")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
+    parser.add_argument(
+        "--time-only",
+        action="store_true",
+        help="only time the commands again on the databases a --keep run left",
+    )
     args = parser.parse_args()
     small, large = (int(size) for size in args.sizes.split(","))
     if small % RUN_SIZE or large % RUN_SIZE or large <= small:
@@ -611,6 +616,12 @@ def main() -> None:
     url = database_url(args.pg_url, args.database)
     snapshot = f"{args.database}_{_size_label(small).lower()}"
     small_url = database_url(args.pg_url, snapshot)
+    labels = {small: _size_label(small), large: _size_label(large)}
+    if args.time_only:
+        timed = time_commands({labels[small]: small_url, labels[large]: url}, args.repeats)
+        passed = _verdicts({"commands": timed}, labels[small], labels[large])
+        print("bars: " + ("met" if passed else "NOT met"))
+        return
     for name in (args.database, snapshot):
         _admin(args.pg_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     _admin(args.pg_url, f'CREATE DATABASE "{args.database}"')
@@ -623,7 +634,6 @@ def main() -> None:
         f"{MULTI_TURN_ENVS - 1} multi-turn (~10 KB), the others single-turn (~1 KB)",
         flush=True,
     )
-    labels = {small: _size_label(small), large: _size_label(large)}
     results: dict[str, Any] = {"write_rates": {}, "bytes": {}, "commands": {}}
     try:
         began = time.perf_counter()
