@@ -36,6 +36,24 @@ def compare_cell(
     )
 
 
+@task(task_run_name="archive transcripts older than {days:g} days")
+def archive_old_transcripts(days: float) -> int:
+    import datetime as dt
+
+    from vfops.artifacts import open_store
+    from vfops.registry import archive_finished_runs
+
+    before = dt.datetime.now(dt.UTC) - dt.timedelta(days=days)
+    with open_store() as store:
+        archived = archive_finished_runs(get_engine(), store, finished_before=before)
+    get_run_logger().info(
+        "archived the transcripts of %d run(s), %d rollouts",
+        len(archived),
+        sum(run.rollouts for run in archived),
+    )
+    return len(archived)
+
+
 @flow(name="nightly-eval")
 async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
     """Sweep the latest versions tonight and flag significant regressions."""
@@ -84,6 +102,8 @@ async def nightly_eval(config: NightlyConfig) -> list[dict[str, Any]]:
                 },
                 payload=comparison.to_dict(),
             )
+    if config.archive_transcripts_after_days is not None:  # after the comparisons read them
+        archive_old_transcripts(config.archive_transcripts_after_days)
     emit_event(
         event="vfops.nightly.completed",
         resource={"prefect.resource.id": f"vfops.nightly.{config.night().isoformat()}"},

@@ -66,7 +66,9 @@ def free_port() -> int:
 PORT = free_port()
 
 
-async def run_night(root: str, night: str, reply: Any) -> tuple[list[dict[str, Any]], str]:
+async def run_night(
+    root: str, night: str, reply: Any, **overrides: Any
+) -> tuple[list[dict[str, Any]], str]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -84,6 +86,7 @@ async def run_night(root: str, night: str, reply: Any) -> tuple[list[dict[str, A
             num_examples=N,
             rollouts_per_example=R,
             date=night,
+            **overrides,
         )
         comparisons = await nightly_eval(config)
     async with get_client() as client:
@@ -104,8 +107,12 @@ async def test_three_nights(harness: None, published_env: str) -> None:
     assert noisy[0]["regressed"] is False, noisy[0]["report"]["summary"]
     assert "noise floor" in noisy_report
 
+    # the third night also archives the transcripts of every run finished before it ends
     dropped, report = await run_night(
-        published_env, "2026-11-03", answer_with(0.75, seed=3, drop_below=40)
+        published_env,
+        "2026-11-03",
+        answer_with(0.75, seed=3, drop_below=40),
+        archive_transcripts_after_days=0,
     )
     assert dropped[0]["previous_run_id"] == noisy[0]["run_id"]
     assert dropped[0]["regressed"] is True, dropped[0]["report"]["summary"]
@@ -129,6 +136,17 @@ async def test_three_nights(harness: None, published_env: str) -> None:
             await asyncio.sleep(0.5)
     assert [e.resource.id for e in page.events] == [f"vfops.eval-run.{dropped[0]['run_id']}"]
     assert page.events[0].payload["report"]["regressed"] is True
+
+    # the three runs' transcripts are in the artifact store, and read back from there
+    from vfops.registry import EvalRunRow, get_engine, iter_rollouts, session_scope
+
+    with session_scope(get_engine(), write=False) as session:
+        for night in (first, noisy, dropped):
+            run = session.get(EvalRunRow, night[0]["run_id"])
+            assert run is not None and run.transcripts_uri is not None, night[0]["run_id"]
+        records = list(iter_rollouts(session, first[0]["run_id"]))
+    assert len(records) == N * R
+    assert all(_QUESTION.search(r.prompt[-1]["content"]) for r in records)
 
     # rerunning the same night resumes/reuses its run instead of starting another
     again, _ = await run_night(published_env, "2026-11-03", answer_with(0.75, seed=4))

@@ -86,6 +86,15 @@ class NightlyConfig(ConfigModel):
         default=None,
         description="A ledger name shared with other sweeps (default: one cap per night).",
     )
+    archive_transcripts_after_days: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="After the night's comparisons, move the transcripts of completed runs "
+        "that finished more than this many days ago to Parquet in the artifact store "
+        "(vfops runs archive); the registry keeps their rewards, scores and costs. "
+        "Default: keep every transcript in the registry.",
+    )
 
     def sweep(self) -> SweepSpec:
         refs = [ref if "@" in ref else f"{ref}@latest" for ref in self.environments]

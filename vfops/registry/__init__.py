@@ -102,6 +102,7 @@ from vfops.registry._transcripts import (
     ArchivedRun,
     TranscriptArchiveError,
     archivable_runs,
+    archive_finished_runs,
     archive_run_transcripts,
 )
 
@@ -137,6 +138,7 @@ __all__ = [
     "add_rollout_cost",
     "add_run_tags",
     "archivable_runs",
+    "archive_finished_runs",
     "archive_run_transcripts",
     "bump_pushback",
     "canonical_version",

@@ -187,6 +187,19 @@ def archive_run_transcripts(engine: Engine, run_id: str, store: ArtifactStore) -
         return ArchivedRun(run_id, ref.uri, rollouts, local.stat().st_size)
 
 
+def archive_finished_runs(
+    engine: Engine, store: ArtifactStore, *, finished_before: dt.datetime, limit: int = 1000
+) -> list[ArchivedRun]:
+    """Archive the transcripts of completed runs that finished before ``finished_before``
+    (oldest first, at most ``limit``): what ``vfops runs archive --older-than`` and the
+    nightly sweep's ``archive_transcripts_after_days`` call."""
+    from vfops.registry._db import session_scope
+
+    with session_scope(engine, write=False) as session:
+        chosen = archivable_runs(session, finished_before=finished_before, limit=limit)
+    return [archive_run_transcripts(engine, run_id, store) for run_id in chosen]
+
+
 def _check_archivable(run_id: str, run: EvalRunRow | None) -> None:
     if run is None:
         raise TranscriptArchiveError(f"no eval run with id {run_id!r}")
