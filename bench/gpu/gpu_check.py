@@ -323,38 +323,52 @@ def _computed_tokens(batch: Any, micro_batches: int, packing: bool) -> int:
     return sum(len(c) * max(len(s.sequence.input_ids) for s in c) for c in chunks if c)
 
 
-def _time_steps(step: Any, batch: Any, spec: dict[str, Any]) -> dict[str, Any]:
+def _timed_step(step: Any, batch: Any) -> tuple[float, float | None]:
+    """One optimiser step: its seconds, and its peak GPU memory in GiB (None on a CPU)."""
     import torch
 
     cuda = torch.cuda.is_available()
     if cuda:
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times = []
+    started = time.perf_counter()
+    step.run(batch)
+    if not cuda:
+        return time.perf_counter() - started, None
+    torch.cuda.synchronize()
+    return time.perf_counter() - started, torch.cuda.max_memory_allocated() / 2**30
+
+
+def _time_modes(steps: dict[str, Any], batch: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Each mode's step timed in turn, round after round (padded, packed, padded, ...), so
+    a drift in the machine's speed (a shared CPU's load, GPU clocks) hits both alike."""
+    times: dict[str, list[float]] = {mode: [] for mode in steps}
+    peaks: dict[str, float] = {}
     for i in range(spec["tokens_warmup_steps"] + spec["tokens_steps"]):
-        if cuda:
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        step.run(batch)
-        if cuda:
-            torch.cuda.synchronize()
-        if i >= spec["tokens_warmup_steps"]:
-            times.append(time.perf_counter() - started)
+        for mode, step in steps.items():
+            seconds, peak = _timed_step(step, batch)
+            if i >= spec["tokens_warmup_steps"]:
+                times[mode].append(seconds)
+            if peak is not None:
+                peaks[mode] = max(peaks.get(mode, 0.0), peak)
     tokens = sum(len(s.sequence.input_ids) for s in batch.samples)
-    median = sorted(times)[len(times) // 2]
-    result = {
-        "tokens": tokens,
-        "computed_tokens": _computed_tokens(batch, step.policy.micro_batches, step.optim.packing),
-        "steps_s": [round(t, 5) for t in times],
-        "median_step_s": round(median, 5),
-        "tokens_per_s": round(tokens / median, 1),
-    }
-    if cuda:
-        result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    result: dict[str, Any] = {}
+    for mode, step in steps.items():
+        median = sorted(times[mode])[len(times[mode]) // 2]
+        micro_batches, packing = step.policy.micro_batches, step.optim.packing
+        result[mode] = {
+            "tokens": tokens,
+            "computed_tokens": _computed_tokens(batch, micro_batches, packing),
+            "steps_s": [round(t, 5) for t in times[mode]],
+            "median_step_s": round(median, 5),
+            "tokens_per_s": round(tokens / median, 1),
+            **({"peak_memory_gib": round(peaks[mode], 2)} if mode in peaks else {}),
+        }
     return result
 
 
 def part_train_tokens(spec: dict[str, Any]) -> dict[str, Any]:
-    """Training tokens/s, padded then packed micro-batches, one attention implementation:
+    """Training tokens/s of padded and packed micro-batches, one attention implementation:
     the optimiser step alone (generation does not change with either), on one policy."""
     from vfops.training._optimizer_step import OptimizerStep
     from vfops.training._setup import attention, build_accelerator, load_model, prepare_policy
@@ -386,10 +400,16 @@ def part_train_tokens(spec: dict[str, Any]) -> dict[str, Any]:
         "micro_batch_size": spec["tokens_micro_batch_size"],
         "micro_batches": micro_batches,
     }
-    for mode, packing in (("padded", False), ("packed", True)):
-        optim = config.optim.model_copy(update={"packing": packing})
-        step = OptimizerStep(policy, loss=config.loss, optim=optim, generation=config.generation)
-        result[mode] = _time_steps(step, batch, spec)
+    steps = {
+        mode: OptimizerStep(
+            policy,
+            loss=config.loss,
+            optim=config.optim.model_copy(update={"packing": packing}),
+            generation=config.generation,
+        )
+        for mode, packing in (("padded", False), ("packed", True))
+    }
+    result.update(_time_modes(steps, batch, spec))
     result["packed_speedup"] = round(
         result["packed"]["tokens_per_s"] / result["padded"]["tokens_per_s"], 3
     )
