@@ -29,10 +29,9 @@ from typing import Any
 
 import torch
 
+from vfops.training._attention import FLASH
 from vfops.training._loss import accepts_logits_to_keep
 from vfops.training._tokens import Sequence
-
-FLASH = "flash_attention_2"
 
 
 @dataclass(frozen=True, slots=True)
