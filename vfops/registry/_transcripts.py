@@ -2,20 +2,22 @@
 
 The SQL registry keeps every rollout's summary (its key, reward, scores, error,
 usage, cost, timing) for ever; its prompt and completion — ~1 KB for a single-turn
-environment, ~10 KB for a tool environment, 85-95 % of a rollout's bytes — live
-there while the run is recent, and :func:`archive_run_transcripts` moves them, for a
-completed run, to one Parquet file (zstd) in the artifact store (S3 in production),
-referenced by ``eval_runs.transcripts_uri``. Readers do not change: ``iter_rollouts``
-and ``rollouts_for_example`` fill an archived rollout's messages from that file
-(downloaded once per run, verified against its content hash).
+environment, ~10 KB for a tool environment, ~80 % of a rollout's bytes in PostgreSQL —
+live there while the run is recent, and :func:`archive_run_transcripts` moves them,
+for a completed run, to one Parquet file (zstd) in the artifact store (S3 in
+production), referenced by ``eval_runs.transcripts_uri``. Readers do not change:
+``iter_rollouts`` and ``rollouts_for_example`` fill an archived rollout's messages
+from that file (downloaded once per reading call, verified against its content hash).
 
-Why this split (bench/README.md, "registry_scale.py"): the summary is what every
-registry command reads, the transcripts what a person reads one run at a time; a
-year of nightly sweeps (~150M rollouts) is ~0.7 TB of PostgreSQL with transcripts
-and ~0.1 TB without, and a transcript costs ~5x fewer bytes as Parquet, in storage
-~4x cheaper per byte. Writing stays transactional: a run writes its transcripts to
-SQL as it goes (resumable, "exit means recorded"); only a completed run is archived,
-after its file is stored and read back.
+Why this split (measured by bench/registry_scale.py, bench/README.md): the summary is
+what every registry command reads, the transcripts what a person reads one run at a
+time. On the nightly-sweep workload a transcript takes 2,682 bytes in PostgreSQL
+(TOAST, pglz) and 1,125 as Parquet, and the summary row left behind 302; a year
+(~150M rollouts) is 0.54 TB of PostgreSQL with every transcript in it, or 0.12 TB
+of PostgreSQL plus 0.15 TB of Parquet in object storage with the last 30 days'
+transcripts kept in SQL. Writing stays transactional: a run writes its transcripts
+to SQL as it goes (resumable, "exit means recorded"); only a completed run is
+archived, after its file is stored and read back.
 """
 
 from __future__ import annotations

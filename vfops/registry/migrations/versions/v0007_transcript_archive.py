@@ -1,6 +1,6 @@
 """A completed run's transcripts can move to Parquet in the artifact store.
 
-Why: prompts and completions are 85-95 % of a rollout's bytes, read one run at a
+Why: prompts and completions are ~80 % of a rollout's bytes, read one run at a
 time by a person, while every registry command reads only the per-rollout summary.
 A year of nightly sweeps (~150M rollouts) keeps its summaries in PostgreSQL and
 moves older runs' transcripts to one Parquet file per run in the artifact store
