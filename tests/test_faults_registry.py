@@ -201,10 +201,10 @@ def test_an_unchanged_file_is_not_checked_again(tmp_path: Path, stub: StubServer
 def test_another_sqlite_error_is_one_line(tmp_path: Path, stub: StubServer) -> None:
     database = make_registry(tmp_path, stub)
     with sqlite3.connect(database) as connection:  # a table lost (a bad hand edit)
-        connection.execute("DROP TABLE rollouts")
+        connection.execute("DROP TABLE eval_runs")  # what `runs list` reads (alone)
     line = one_error_line(vfops(["runs", "list"], tmp_path, {}))
     assert line == (
-        f"error: the registry database sqlite:///{database} failed (no such table: rollouts); "
+        f"error: the registry database sqlite:///{database} failed (no such table: eval_runs); "
         "check its file and folder (free space, permissions, another process holding it), "
         "or set VFOPS_HOME or VFOPS_DATABASE_URL to another database"
     )

@@ -52,6 +52,7 @@ from vfops.registry import (
     session_scope,
     set_run_status,
 )
+from vfops.registry._models import ARCHIVED_COLUMNS
 from vfops.rubrics._judge import JudgeCache
 
 
@@ -386,12 +387,14 @@ def test_nul_characters_do_not_fail_a_batch(engine: Engine) -> None:
 
 def test_rollouts_table_is_the_rollout_schema() -> None:
     # the table is built from the declaration: every per-rollout column, same nullability
+    # (but the transcript columns an archived run clears: see vfops.registry._transcripts)
     table = RolloutRow.__table__
     stored = [c for c in ROLLOUT_COLUMNS if not c.per_run]
     assert [c.name for c in table.columns] == ["id", "run_id", *(c.name for c in stored)]
+    assert ARCHIVED_COLUMNS == ("prompt", "completion")
     for spec in stored:
         column = table.c[spec.name]
-        assert column.nullable == spec.nullable, spec.name
+        assert column.nullable == (spec.nullable or spec.name in ARCHIVED_COLUMNS), spec.name
         assert getattr(column.type, "length", None) == spec.max_length or spec.kind != "str"
     assert {c.name for c in ROLLOUT_COLUMNS if c.per_run} == {"model", "sampling_args"}
 
