@@ -159,7 +159,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         up = vfops(
             "stack", "up", "--dir", str(directory), "--workers", "2", "--name", name,
             "--worker-heartbeat", str(HEARTBEAT_S), "--postgres-url", ADMIN_URL,
-            "--worker-limit", "2", "--service-env", "worker:PREFECT_WORKER_QUERY_SECONDS=2",
+            "--worker-limit", "2", "--service-env", "worker:VFOPS_STACK_TEST_MARK=1",
         )  # fmt: skip
         seconds = time.monotonic() - begun
         print(f"\nvfops stack up --workers 2: {seconds:.1f} s")
@@ -192,12 +192,14 @@ def test_up_starts_every_service_and_says_so_when_running(stack: dict[str, Any])
         env = main.environ()
         assert env["VFOPS_WORKER_NAME"] == worker
         assert env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
-        assert env["PREFECT_WORKER_QUERY_SECONDS"] == "2"  # --service-env worker:...
+        assert env["PREFECT_WORKER_QUERY_SECONDS"] == "1"  # the stack's default
+        assert env["VFOPS_STACK_TEST_MARK"] == "1"  # --service-env worker:...
         assert main.cmdline()[-2:] == ["--limit", "2"]  # --worker-limit
         assert os.getsid(main.pid) == main.pid  # a session of its own
     status = vfops("stack", "status", *stack_args(stack))
     assert status.returncode == 0, status.stdout + status.stderr
     assert status.stdout.count("  ok ") == 5, status.stdout
+    assert "flow runs started by the engine launcher" in status.stdout, status.stdout
     again = vfops("stack", "up", *stack_args(stack), "--workers", "2")
     assert again.returncode == 0, again.stderr
     assert "is already running" in again.stdout and "; started" not in again.stdout
@@ -261,6 +263,73 @@ def test_env_lines_point_an_eval_at_the_stack(stack: dict[str, Any], tmp_path: P
         assert listed_export.get("KeyCount", 0) > 0
     finally:
         s3.close()
+
+
+@pytest.mark.timeout(600)  # its waits are safety nets sized for a busy machine
+def test_a_cell_is_started_by_its_worker_as_one_interpreter(
+    stack: dict[str, Any], tmp_path: Path
+) -> None:
+    """The stack's launcher (infra/README.md, "Cells that start in seconds"): its pool's
+    command starts a cell's flow run as Prefect's engine (``python -m
+    vfops.orchestration._engine``), by the worker itself and in the worker's session,
+    instead of Prefect's workspace supervisor (a first
+    interpreter that prepares the run, then execs the engine in a session of its own,
+    with ``PREFECT__FLOW_ENTRYPOINT`` set). The cell is held at its first model call
+    while its process is looked at, then runs to the end and records its worker."""
+    env = stack_client_env(stack)
+    deployed = vfops("deploy", env=env)
+    assert deployed.returncode == 0, deployed.stderr
+    state = read_state(stack)
+    pool = prefect_api(env, "GET", f"/work_pools/{state['pool']}")
+    command = pool["base_job_template"]["variables"]["properties"]["command"]["default"]
+    assert shlex.split(command) == [sys.executable, "-m", "vfops.orchestration._engine"]
+    tag = f"stack-launch-{uuid.uuid4().hex[:6]}"
+    with (
+        StubServer(StubConfig(reply_mode="arithmetic")) as stub,
+        RequestGate(stub) as gate,  # closed: the cell's first model call waits
+    ):
+        endpoints = tmp_path / "endpoints.toml"
+        endpoints.write_text(
+            f'[[endpoint]]\nalias = "stub"\nmodel = "stub-model"\nbase_url = "{stub.base_url}"\n'
+        )
+        cell = {
+            "env_ref": "arithmetic", "env_name": "arithmetic", "ref_kind": "installed",
+            "endpoint": "stub", "endpoints_file": str(endpoints),
+            "sampling": {"name": "t0", "args": {"temperature": 0.0}},
+            "num_examples": 1, "rollouts_per_example": 1, "max_concurrent": 1, "tags": [tag],
+        }  # fmt: skip
+        deployment = prefect_api(env, "GET", "/deployments/name/eval-sweep-cell/eval-sweep-cell")
+        run = prefect_api(
+            env, "POST", f"/deployments/{deployment['id']}/create_flow_run",
+            {"parameters": {"cell": cell, "output_dir": str(tmp_path / "outputs")}},
+        )  # fmt: skip
+        deadline = time.monotonic() + 300  # a safety net: the gate holds the cell
+        while gate.stats()[1] == 0:
+            assert time.monotonic() < deadline, "the cell never called the model"
+            time.sleep(0.2)
+        engines = [
+            (pid, e)
+            for pid, e in flow_run_processes(stack["stack_id"]).items()
+            if e["PREFECT__FLOW_RUN_ID"] == run["id"]
+            and psutil.Process(pid).cmdline()[1:] == ["-m", "vfops.orchestration._engine"]
+        ]
+        assert len(engines) == 1, engines
+        ((pid, run_env),) = engines
+        worker = state["services"][run_env["VFOPS_WORKER_NAME"]]
+        assert psutil.Process(pid).ppid() == worker["pid"]  # no launcher in between
+        assert os.getsid(pid) == os.getsid(worker["pid"]) == worker["pid"]  # the worker's session
+        assert "PREFECT__FLOW_ENTRYPOINT" not in run_env  # set by the workspace supervisor
+        gate.open()
+        deadline = time.monotonic() + 300
+        while (got := prefect_api(env, "GET", f"/flow_runs/{run['id']}"))["state_type"] not in {
+            "COMPLETED", "FAILED", "CRASHED", "CANCELLED"
+        }:  # fmt: skip
+            assert time.monotonic() < deadline, f"the cell did not finish: {got['state']}"
+            time.sleep(0.5)
+    assert got["state_type"] == "COMPLETED", got["state"]
+    (registry_run,) = registry_runs(env, tag)
+    assert registry_run["status"] == "completed" and registry_run["rollouts"] == 1
+    assert workers_of(registry_run) == {run_env["VFOPS_WORKER_NAME"]}
 
 
 def stack_client_env(stack: dict[str, Any]) -> dict[str, str]:
@@ -681,6 +750,10 @@ def test_a_wrong_prefect_database_fails_up_in_one_line(tmp_path: Path) -> None:
             "PostgreSQL is not reachable at postgresql://postgres@127.0.0.1:1/postgres (",
         ),
         (["--workers", "-1"], "--workers must be 0 or more, not -1"),
+        (
+            ["--flow-run-launcher", "fork"],
+            "--flow-run-launcher must be one of engine, workspace, not 'fork'",
+        ),
         (["--worker-limit", "0"], "--worker-limit must be 1 or more, not 0"),
         (["--service-env", "nope"], "--service-env 'nope' is not SERVICE:NAME=VALUE"),
         (["--service-env", "db:X=1"], "unknown service 'db' in --service-env"),

@@ -53,6 +53,14 @@ def up_command(
             "more wait for a free worker. [default: no limit]"
         ),
     ] = None,
+    flow_run_launcher: Annotated[
+        str,
+        typer.Option(
+            help="How workers start a flow run: engine (one interpreter running Prefect's "
+            "engine: starts sooner) or workspace (Prefect's own: a supervisor interpreter, "
+            "then the engine's)."
+        ),
+    ] = "engine",
     timeout: Annotated[
         float, typer.Option(help="Seconds to wait for every service to be healthy.")
     ] = 300.0,
@@ -75,6 +83,7 @@ def up_command(
         pool=pool,
         worker_heartbeat_s=worker_heartbeat,
         worker_limit=worker_limit,
+        flow_run_launcher=flow_run_launcher,
         timeout_s=timeout,
         service_env=extra,
     )
@@ -129,7 +138,10 @@ def status_command(directory: DirOption = _DEFAULT_DIR) -> None:
             f"vfops stack up --dir {state.dir}"
         )
         raise typer.Exit(1)
-    typer.echo(f"stack {state.name} in {state.dir} (pool {state.pool})")
+    typer.echo(
+        f"stack {state.name} in {state.dir} (pool {state.pool}, flow runs started by the "
+        f"{state.flow_run_launcher} launcher)"
+    )
     unhealthy = False
     for service in services:
         mark = "ok" if service.healthy else "--"

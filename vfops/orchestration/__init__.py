@@ -65,10 +65,13 @@ if TYPE_CHECKING:
         POOL_TYPES,
         PoolType,
         default_job_template,
+        engine_command,
         ensure_work_pool,
         heartbeat_after,
         pool_workers,
         prefect_client,
+        process_job_template,
+        put_work_pool,
     )
     from vfops.orchestration._runtime import current_flow_run, flow_run_link
     from vfops.orchestration._schedules import check_cron
@@ -113,10 +116,13 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "POOL_TYPES",
         "PoolType",
         "default_job_template",
+        "engine_command",
         "ensure_work_pool",
         "heartbeat_after",
         "pool_workers",
         "prefect_client",
+        "process_job_template",
+        "put_work_pool",
     ),
     "_runtime": ("current_flow_run", "flow_run_link"),
     "_schedules": ("check_cron",),
@@ -152,6 +158,7 @@ __all__ = [
     "default_job_template",
     "deploy_all",
     "deployment_specs",
+    "engine_command",
     "ensure_automations",
     "ensure_limit",
     "ensure_limits",
@@ -166,6 +173,8 @@ __all__ = [
     "pool_workers",
     "prefect_client",
     "prefect_limiter",
+    "process_job_template",
+    "put_work_pool",
     "read_rate_limit",
 ]
 

@@ -4,11 +4,14 @@ A pool is created with its type's default job template, taken from the installed
 class or from the worker metadata bundled with Prefect: no network (the public
 collection registry may be out of reach) and no worker of that type needed. An existing
 pool is used as it is, whatever its type: an operator's pool is never changed here.
+The local stack's pool is the stack's own: :func:`put_work_pool` sets its template (how
+its flow runs start, :func:`process_job_template`) at every ``vfops stack up``.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from pathlib import Path
@@ -48,6 +51,36 @@ def default_job_template(pool_type: str) -> dict[str, Any]:
     raise InvalidArgumentError(f"no job template for work pool type {pool_type!r}")
 
 
+ENGINE_MODULE = "vfops.orchestration._engine"
+"""Prefect's engine as one interpreter, started and ended sooner (its docstring says how)."""
+
+
+def engine_command(python: str) -> str:
+    """The command that starts a flow run as one interpreter: ``PYTHON -m
+    vfops.orchestration._engine`` (``python -m prefect.engine``, started and ended
+    sooner; the run's id comes in ``PREFECT__FLOW_RUN_ID``, set by the worker)."""
+    return shlex.join([python, "-m", ENGINE_MODULE])
+
+
+def process_job_template(command: str | None = None) -> dict[str, Any]:
+    """The process pool's default job template; with ``command``, every flow run of the
+    pool starts with it unless its deployment sets another.
+
+    Why a command: without one, Prefect 3.9's process worker starts each flow run as a
+    workspace supervisor (an interpreter that imports Prefect, runs the deployment's pull
+    steps and then execs ``python -m prefect.engine``, a second interpreter importing
+    Prefect again). With a command the worker starts the engine at once and the engine
+    runs the pull steps itself: one interpreter (infra/README.md, "Cells that start in
+    seconds", has the figures). Lost with the supervisor: its dependency auto-install
+    (``PREFECT_RUNNER_AUTO_INSTALL_DEPENDENCIES``, off by default) and a session of its
+    own per flow run (the run stays in its worker's).
+    """
+    template = default_job_template("process")
+    if command is not None:
+        template["variables"]["properties"]["command"]["default"] = command
+    return template
+
+
 def prefect_client(api_url: str | None = None) -> AbstractAsyncContextManager[PrefectClient]:
     """A client of the configured Prefect API, or of ``api_url`` (a server this process
     started, on loopback: no proxy from the environment is asked for it)."""
@@ -81,6 +114,24 @@ async def ensure_work_pool(
             return str((await client.create_work_pool(create)).type)
         except ObjectAlreadyExists:  # created by a concurrent vfops deploy
             return str((await client.read_work_pool(name)).type)
+
+
+async def put_work_pool(
+    name: str, pool_type: str, base_job_template: dict[str, Any], *, api_url: str | None = None
+) -> None:
+    """Create the work pool ``name`` with ``base_job_template``, or set that template on
+    the existing one: for a pool that belongs to its caller (the local stack's), never
+    an operator's (:func:`ensure_work_pool` leaves those as they are)."""
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    async with prefect_client(api_url) as client:
+        try:
+            await client.create_work_pool(
+                WorkPoolCreate(name=name, type=pool_type, base_job_template=base_job_template)
+            )
+        except ObjectAlreadyExists:  # kept databases: the pool of the stack's last run
+            await client.update_work_pool(name, WorkPoolUpdate(base_job_template=base_job_template))
 
 
 def pool_workers(api_url: str, pool: str, *, timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:

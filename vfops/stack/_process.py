@@ -1,10 +1,10 @@
 """Detached service processes: start in a session of their own, find, stop.
 
 Every process the stack starts carries ``VFOPS_STACK_ID`` (and ``VFOPS_STACK_SERVICE``)
-in its environment, and everything it starts inherits them. Prefect's process worker
-starts each flow run in a new session, so a worker's process group does not hold its
-flow runs: stopping a service takes its process group, its descendants and every
-process that carries its marker.
+in its environment, and everything it starts inherits them. A flow run may leave its
+worker's process group (Prefect's workspace launcher starts each in a new session; a
+flow run may start processes of its own), so stopping a service takes its process
+group, its descendants and every process that carries its marker.
 """
 
 from __future__ import annotations

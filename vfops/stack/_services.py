@@ -33,6 +33,7 @@ from vfops.stack._process import (
 from vfops.stack._state import (
     FLOW_RUN_HEARTBEAT_S,
     REGION,
+    WORKER_QUERY_S,
     ServiceState,
     StackState,
     database_url,
@@ -208,6 +209,7 @@ def start_worker(state: StackState, extra: Mapping[str, str]) -> ServiceState:
         "VFOPS_WORKER_NAME": name,  # recorded on every eval run this worker executes
         "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(FLOW_RUN_HEARTBEAT_S),
         "PREFECT_WORKER_HEARTBEAT_SECONDS": str(state.worker_heartbeat_s),
+        "PREFECT_WORKER_QUERY_SECONDS": f"{WORKER_QUERY_S:g}",
         **extra,
     }
     return _start(state, name, "worker", argv, env)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vfops._errors import VfopsError
-from vfops.orchestration import ensure_work_pool, pool_workers
+from vfops.orchestration import pool_workers
 from vfops.stack._process import alive, marked_processes, stop
 from vfops.stack._services import (
     client_env,
@@ -64,9 +65,18 @@ from vfops.stack._storage import (
 
 
 def create_pool(state: StackState) -> None:
-    """The workers' process pool, on the stack's Prefect (kept databases: it exists)."""
+    """The workers' process pool on the stack's Prefect, its flow runs started as the
+    stack's launcher says: created, or (kept databases) its template set again, so that
+    the command names this stack's interpreter."""
+    from vfops.orchestration import engine_command, process_job_template, put_work_pool
+
+    command = engine_command(sys.executable) if state.flow_run_launcher == "engine" else None
     try:
-        asyncio.run(ensure_work_pool(state.pool, "process", api_url=state.url("prefect")))
+        asyncio.run(
+            put_work_pool(
+                state.pool, "process", process_job_template(command), api_url=state.url("prefect")
+            )
+        )
     except VfopsError:
         raise
     except Exception as exc:
@@ -153,6 +163,7 @@ def stack_up(
             state.services = {}
             state.next_worker = 1
         state.worker_limit = worker_limit
+        state.flow_run_launcher = options.flow_run_launcher
         # the databases before the state file: a server that cannot be reached leaves
         # nothing behind to clean up
         created = create_databases(admin, list(state.databases.values()))

@@ -26,6 +26,18 @@ DEFAULT_POSTGRES_URL: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_TIMEOUT_S: Final = 300.0
 DEFAULT_WORKER_HEARTBEAT_S: Final = 30  # Prefect's default (whole seconds: its API's type)
 FLOW_RUN_HEARTBEAT_S: Final = 30  # flow-run heartbeats: how a lost worker's runs are found
+WORKER_QUERY_S: Final = 1.0
+"""How often a worker asks for scheduled flow runs (``PREFECT_WORKER_QUERY_SECONDS``;
+Prefect's default is 10): a cell waits half of it on average before a worker takes it.
+Measured on 2 cores (infra/README.md, "Cells that start in seconds"): 1 s keeps that wait
+at ~0.5 s while the Prefect server spends ~X % of a core answering 4 workers' polls.
+Override per stack with ``--service-env worker:PREFECT_WORKER_QUERY_SECONDS=S``."""
+FLOW_RUN_LAUNCHERS: Final = ("engine", "workspace")
+DEFAULT_FLOW_RUN_LAUNCHER: Final = "engine"
+"""How the stack's workers start a flow run: ``engine``, one interpreter (the pool's
+command: :mod:`vfops.orchestration._engine`, Prefect's engine started and ended
+sooner); ``workspace``, Prefect 3.9's own (a workspace supervisor interpreter, then the
+engine's). See :func:`vfops.orchestration.process_job_template`."""
 
 POSTGRES_URL_VAR: Final = "VFOPS_STACK_POSTGRES_URL"
 ACCESS_KEY_VAR: Final = "VFOPS_STACK_S3_ACCESS_KEY_ID"
@@ -71,6 +83,7 @@ class StackState:
     services: dict[str, ServiceState] = field(default_factory=dict)
     next_worker: int = 1
     worker_limit: int | None = None  # flow runs at once per worker (None: Prefect's, no limit)
+    flow_run_launcher: str = DEFAULT_FLOW_RUN_LAUNCHER  # the pool's, set at every up
 
     @property
     def path(self) -> Path:
@@ -122,6 +135,9 @@ class StackOptions:
     worker_limit: int | None = None
     """Flow runs each worker started now runs at once (``prefect worker start --limit``;
     None: no cap)."""
+    flow_run_launcher: str = DEFAULT_FLOW_RUN_LAUNCHER
+    """How the workers start a flow run (``engine`` or ``workspace``); set on the stack's
+    pool when the stack starts (on a running stack it stays as it is)."""
     timeout_s: float = DEFAULT_TIMEOUT_S
     service_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """Variables for the services of one kind started now (``{"prefect": {...}}``); not
@@ -137,6 +153,11 @@ class StackOptions:
             )
         if self.worker_limit is not None and self.worker_limit < 1:
             raise VfopsError(f"--worker-limit must be 1 or more, not {self.worker_limit}")
+        if self.flow_run_launcher not in FLOW_RUN_LAUNCHERS:
+            raise VfopsError(
+                f"--flow-run-launcher must be one of {', '.join(FLOW_RUN_LAUNCHERS)}, "
+                f"not {self.flow_run_launcher!r}"
+            )
         if not self.timeout_s > 0:
             raise VfopsError(f"--timeout must be positive, not {self.timeout_s}")
         return check_service_env(self.service_env)
