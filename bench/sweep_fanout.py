@@ -3,8 +3,8 @@
 Brings up the local production stack with ``vfops stack up`` (the machine's
 PostgreSQL for the registry, Prefect and MLflow; moto's S3; an MLflow server; a
 Prefect server; process workers, with the stack's default settings unless
-``--service-env`` changes them), registers everything with ``vfops deploy``, starts
-a stub model, then, by ``--mode``:
+``--launcher``, ``--query-seconds`` or ``--service-env`` change them), registers
+everything with ``vfops deploy``, starts a stub model, then, by ``--mode``:
 
 - ``compare`` (default): the same sweep twice through the ``eval-sweep`` deployment,
   ``distribute = true`` (each cell an ``eval-sweep-cell`` flow run) and the in-process
@@ -13,7 +13,9 @@ a stub model, then, by ``--mode``:
 - ``latency``: ``--runs`` cell flow runs submitted one after the other to an idle
   worker (one worker, nothing else queued); per run, from Prefect's state history:
   submit (``created``) -> Pending (a worker took it: the polling) -> Running (the
-  flow-run process started and loaded the flow) = submit-to-start;
+  flow-run process started and loaded the flow) = submit-to-start; ``--launcher all``
+  takes turns between the stack's engine entry, plain ``python -m prefect.engine`` and
+  Prefect's workspace supervisor on one stack;
 - ``sweep``: one sweep of ``--cells`` cells over ``--workers`` workers, each running
   one cell at a time (``--worker-limit 1``), the sweep's own flow run started from
   this machine's shell (not on a worker, so every worker slot is a cell's). Each cell
@@ -21,7 +23,10 @@ a stub model, then, by ``--mode``:
   ``--latency-ms``, 2 at a time); its time is its flow run's ``end_time`` minus
   ``start_time``. Checks the wall time against
   ``1.25 x (sum of cell times / workers) + start-up``, start-up being the time from
-  the sweep's start to its first cell's start.
+  the sweep's start to its first cell's start;
+- ``idle``: the CPU the Prefect server and the workers spend while idle workers poll;
+- ``background``: Prefect's background tasks (a task worker, ``task.delay()`` of a
+  trivial task), submit -> Running, for comparison.
 
 Prints median and p90 (and every figure with ``--verbose``) and the machine's load
 average before and after. The stack is taken down with its databases at the end
@@ -32,6 +37,8 @@ average before and after. The stack is taken down with its databases at the end
     .venv/bin/python bench/sweep_fanout.py --mode sweep --cells 100 --workers 4
     .venv/bin/python bench/sweep_fanout.py --mode latency --runs 20 \\
         --launcher workspace --query-seconds 10          # Prefect's own settings
+    .venv/bin/python bench/sweep_fanout.py --mode idle --workers 4 --query-seconds 1
+    .venv/bin/python bench/sweep_fanout.py --mode background --runs 20
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vfops._errors import VfopsError
-from vfops.orchestration import pool_workers
+from vfops.orchestration import engine_command, pool_workers, process_job_template, put_work_pool
 from vfops.stack._process import alive, marked_processes, stop
 from vfops.stack._services import (
     client_env,
@@ -68,8 +68,6 @@ def create_pool(state: StackState) -> None:
     """The workers' process pool on the stack's Prefect, its flow runs started as the
     stack's launcher says: created, or (kept databases) its template set again, so that
     the command names this stack's interpreter."""
-    from vfops.orchestration import engine_command, process_job_template, put_work_pool
-
     command = engine_command(sys.executable) if state.flow_run_launcher == "engine" else None
     try:
         asyncio.run(

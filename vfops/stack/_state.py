@@ -30,8 +30,9 @@ WORKER_QUERY_S: Final = 1.0
 """How often a worker asks for scheduled flow runs (``PREFECT_WORKER_QUERY_SECONDS``;
 Prefect's default is 10): a cell waits half of it on average before a worker takes it.
 Measured on 2 cores (infra/README.md, "Cells that start in seconds"): 1 s keeps that wait
-at ~0.5 s while the Prefect server spends ~X % of a core answering 4 workers' polls.
-Override per stack with ``--service-env worker:PREFECT_WORKER_QUERY_SECONDS=S``."""
+at ~0.5 s while the Prefect server spends ~10 % of a core answering 4 idle workers (10 s:
+3 %, 2 s: 5 %, 0.5 s: 18 %, for another ~0.25 s). Override per stack with
+``--service-env worker:PREFECT_WORKER_QUERY_SECONDS=S``."""
 FLOW_RUN_LAUNCHERS: Final = ("engine", "workspace")
 DEFAULT_FLOW_RUN_LAUNCHER: Final = "engine"
 """How the stack's workers start a flow run: ``engine``, one interpreter (the pool's
