@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
-from sqlalchemy import func, null, select, tuple_, update
+from sqlalchemy import null, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from vfops._errors import VfopsError
@@ -215,6 +215,7 @@ def _check_archivable(run_id: str, run: EvalRunRow | None) -> None:
 
 
 def _stored_keys(session: Session, run_id: str) -> set[tuple[int, int]]:
+    # completed_keys' query; not imported from _rollouts.py, which imports this module
     c = _ROLLOUTS.c
     query = select(c.example_id, c.rollout_index).where(c.run_id == run_id)
     return {(int(a), int(b)) for a, b in session.execute(query)}
@@ -245,14 +246,6 @@ def transcript_uris(session: Session) -> set[str]:
     """The transcript archives of every archived run (kept by the store's gc)."""
     query = select(EvalRunRow.transcripts_uri).where(EvalRunRow.transcripts_uri.is_not(None))
     return {str(uri) for uri in session.scalars(query)}
-
-
-def archived_rollouts(session: Session) -> int:
-    """How many rollouts have their transcripts in the artifact store."""
-    query = select(func.coalesce(func.sum(EvalRunRow.rollouts_stored), 0)).where(
-        EvalRunRow.transcripts_uri.is_not(None)
-    )
-    return int(session.execute(query).scalar_one())
 
 
 class ArchivedTranscripts:
