@@ -4,12 +4,13 @@ to their AVX2 build.
 PyTorch picks its vectorised CPU kernels (softmax, reductions, element-wise ops) by the
 instruction set it finds: AVX-512 on some machines, AVX2 on others. Their results differ
 in the last bits, and an RL run on a tiny model amplifies that: the shipped CPU recipe
-(configs/train/cpu_lucky_digit.toml, seed 0, 200 steps) takes its held-out reward from 0.0
-to 1.0 with the AVX2 kernels, and settles at 0.35 with the AVX-512 ones (2026-12-05, an AMD
-EPYC with AVX-512; seeds 1-3 and five variants of the recipe stayed at 0.35-0.6 there).
-So vfops asks for AVX2 (``ATEN_CPU_CAPABILITY``, read by PyTorch at its first kernel
-call) unless the variable is set: ``ATEN_CPU_CAPABILITY=default`` gives PyTorch back its
-choice. Matrix products (oneDNN, MKL) are not affected; GPU work is not either.
+(configs/train/cpu_lucky_digit.toml, seed 0, 200 steps) took its held-out reward from 0.0
+to 1.0 with the AVX2 kernels and settled at 0.35 with the AVX-512 ones (2026-12-05, an AMD
+EPYC with AVX-512). The pin makes one machine's run comparable with another's; it does
+not make the recipe reach 1.0 everywhere (thread counts and matrix-product libraries
+still differ; README "Training"). So vfops asks for AVX2 (``ATEN_CPU_CAPABILITY``, read by
+PyTorch at its first kernel call) unless the variable is set:
+``ATEN_CPU_CAPABILITY=default`` gives PyTorch back its choice. GPU work is not affected.
 """
 
 from __future__ import annotations
