@@ -54,13 +54,13 @@ def up_command(
         ),
     ] = None,
     flow_run_launcher: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="How workers start a flow run: engine (one interpreter running Prefect's "
             "engine: starts sooner) or workspace (Prefect's own: a supervisor interpreter, "
-            "then the engine's)."
+            "then the engine's). [default: engine]"
         ),
-    ] = "engine",
+    ] = None,
     timeout: Annotated[
         float, typer.Option(help="Seconds to wait for every service to be healthy.")
     ] = 300.0,
@@ -76,6 +76,8 @@ def up_command(
     from vfops.stack import StackOptions, parse_service_env_option, stack_up
 
     extra = parse_service_env_option(service_env or [])
+    # unset: StackOptions' own default, defined once in vfops.stack
+    launcher = {} if flow_run_launcher is None else {"flow_run_launcher": flow_run_launcher}
     options = StackOptions(
         workers=workers,
         name=name,
@@ -83,9 +85,9 @@ def up_command(
         pool=pool,
         worker_heartbeat_s=worker_heartbeat,
         worker_limit=worker_limit,
-        flow_run_launcher=flow_run_launcher,
         timeout_s=timeout,
         service_env=extra,
+        **launcher,
     )
     result = stack_up(directory, options, progress=lambda line: typer.echo(f"  {line}"))
     state = result.state
