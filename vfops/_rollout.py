@@ -84,6 +84,16 @@ class TokenUsage:
             self.cost_usd = usd if self.cost_usd is None else self.cost_usd + usd
 
 
+EPISODE_TRACE_SLOTS = 1000
+"""Rollout indices one planned episode reserves for its traces (see
+:attr:`RolloutRecord.episode`): trace ``t`` of episode ``e`` is ``e * 1000 + t``."""
+
+
+def episode_of(rollout_index: int, *, multi_trace: bool) -> int:
+    """The planned episode a stored rollout index belongs to."""
+    return rollout_index // EPISODE_TRACE_SLOTS if multi_trace else rollout_index
+
+
 def new_trace_id() -> str:
     # 128 random bits as hex, like uuid4().hex without building a UUID object.
     return os.urandom(16).hex()
@@ -107,6 +117,13 @@ class RolloutRecord:
     timing: Timing = field(default_factory=Timing)
     usage: TokenUsage = field(default_factory=TokenUsage)
     turns: int = 0
+    episode: int | None = None
+    """The planned episode (``rollout_index`` of the runner) this trace belongs to, when
+    its episode produced several traces (a multi-agent ``Env``, a role run twice); then
+    ``rollout_index`` is ``episode * EPISODE_TRACE_SLOTS + position``. ``None``: the
+    rollout is its episode's only trace (``rollout_index`` is the episode)."""
+    agent: str = ""
+    """The agent (role) whose trace this is, in an episode of several agents' traces."""
     trace_id: str = field(default_factory=new_trace_id)
     model: str = ""
     sampling_args: SamplingArgs = field(default_factory=dict)
@@ -114,6 +131,12 @@ class RolloutRecord:
     @property
     def is_truncated(self) -> bool:
         return self.stop_reason == "length"
+
+    @property
+    def episode_key(self) -> tuple[int, int]:
+        """Identity of the rollout's episode inside a run: (example_id, episode)."""
+        episode = self.rollout_index if self.episode is None else self.episode
+        return (self.example_id, episode)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -255,6 +278,8 @@ ROLLOUT_COLUMNS: tuple[RolloutColumn, ...] = (
     RolloutColumn("cached_tokens", "int", part="usage"),
     RolloutColumn("cost_usd", "float", nullable=True, part="usage"),
     RolloutColumn("turns", "int"),
+    RolloutColumn("episode", "int", nullable=True),
+    RolloutColumn("agent", "str", max_length=200),
     RolloutColumn("model", "str", per_run=True),
     RolloutColumn("sampling_args", "json", per_run=True),
 )
@@ -507,7 +532,12 @@ def record_builder(
     def raw(column: RolloutColumn) -> str:
         if column.name not in position:
             return column.name
-        return f"v[{column.name!r}]" if by_name else f"v[{position[column.name]}]"
+        if not by_name:
+            return f"v[{position[column.name]}]"
+        if column.required or column.kind != "str" or column.nullable:
+            # a column added to the schema later reads as null from an older file
+            return f"v[{column.name!r}]" if column.required else f"v.get({column.name!r})"
+        return f"(v.get({column.name!r}) or '')"
 
     def cell(column: RolloutColumn) -> str:
         if column.name not in position:

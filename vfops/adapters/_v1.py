@@ -12,10 +12,17 @@ supplies: the harness (``null``'s chat loop in this process,
 :mod:`vfops.adapters._v1_transport`) and everything around an episode — the rows it
 records, the registry, MLflow, sweeps and training.
 
+Every kind of ``Env`` runs: a plain taskset's one agent, a multi-agent ``Env`` (two seats
+playing each other through interactions) and a role run more than once per episode
+(siblings compared in ``finalize``). Each trace of such an episode is one vfops rollout
+carrying its ``episode`` and ``agent`` (``rollout_index`` = episode x
+:data:`~vfops._rollout.EPISODE_TRACE_SLOTS` + its place in the episode). An infinite taskset
+runs its first N tasks (``-n N``, as ``vf-eval`` takes them). Toolsets run as
+``verifiers`` runs them, their MCP servers as local subprocesses; a taskset's shared tool
+servers get the key of each rollout's state channel, as ``Env.serving()`` gives it.
+
 Not run (refused in one line before any request): a task that needs a container
-(``NEEDS_CONTAINER``, an ``image``), a taskset that ships its own harness or an ``Env``
-with more than one agent, and infinite tasksets (vfops evaluates a dataset of known size).
-Toolsets run as ``verifiers`` runs them, their MCP servers as local subprocesses.
+(``NEEDS_CONTAINER``, an ``image``) and a taskset that ships its own harness.
 """
 
 from __future__ import annotations
@@ -28,7 +35,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from vfops._errors import InvalidArgumentError, MissingExtraError, VfopsError
-from vfops._rollout import ErrorStage, RolloutError, StopReason, TokenUsage
+from vfops._rollout import (
+    EPISODE_TRACE_SLOTS,
+    ErrorStage,
+    RolloutError,
+    StopReason,
+    TokenUsage,
+    episode_of,
+)
 from vfops._types import Messages, SamplingArgs, State
 from vfops.adapters._group import GroupEnvironment
 from vfops.adapters._verifiers_line import installed_line
@@ -98,10 +112,16 @@ class TasksetEnvironment(GroupEnvironment):
     library = "verifiers-v1"
 
     def __init__(self, vf_env: Any, *, name: str) -> None:
+        from verifiers.v1.envs.single_agent import SingleAgentEnv
+
         self.vf_env = vf_env
         self._tasks: dict[int, Any] = {}
         self._built: list[dict[str, Any]] | None = None
+        self._limit: int | None = None
         self._serving: _Serving | None = None
+        self.multi_trace = not isinstance(vf_env, SingleAgentEnv)
+        """Whether an episode may produce several traces (any ``Env`` but the plain one):
+        its traces' rollout indices are then episode x EPISODE_TRACE_SLOTS + position."""
         # a taskset has no splits (its config may select one): the trainer's split and
         # the held-out one are the taskset as configured
         super().__init__(dataset=self._rows, eval_dataset=self._rows, name=name)
@@ -111,17 +131,39 @@ class TasksetEnvironment(GroupEnvironment):
             self._built = self._load_rows()
         return self._built
 
+    @property
+    def infinite(self) -> bool:
+        return not self.vf_env.taskset.bounded
+
+    def eval_size(self, wanted: int = -1) -> int | None:
+        if not self.infinite:
+            return super().eval_size(wanted)
+        if wanted < 0:
+            raise InvalidArgumentError(
+                f"taskset '{self.name}' is infinite ({type(self.vf_env.taskset).__name__}"
+                ".INFINITE); pass how many of its tasks to run: -n N (its first N, as "
+                "verifiers' eval takes them)"
+            )
+        if self._limit is None or wanted > self._limit:
+            # the first `wanted` tasks; the splits built from fewer are built again
+            self._limit, self._built = wanted, None
+            self._formatted.clear()
+            self._converted.clear()
+        return wanted
+
+    def episode_of(self, rollout_index: int) -> int:
+        return episode_of(rollout_index, multi_trace=self.multi_trace)
+
     def _load_rows(self) -> list[dict[str, Any]]:
+        import itertools
+
         from vfops.adapters._v1_support import check_supported, task_row
 
         taskset = self.vf_env.taskset
-        if not taskset.bounded:
-            raise InvalidArgumentError(
-                f"taskset '{self.name}' is infinite ({type(taskset).__name__}.INFINITE); vfops "
-                "runs finite tasksets only: evaluate this one with verifiers' own eval and -n"
-            )
+        if self.infinite and self._limit is None:
+            self.eval_size()  # refuses: an infinite taskset runs with a number of tasks
         rows = []
-        for task in taskset:
+        for task in itertools.islice(taskset, self._limit if self.infinite else None):
             check_supported(self.name, task)
             self._tasks[int(task.data.idx)] = task
             rows.append(task_row(task))
@@ -146,11 +188,12 @@ class TasksetEnvironment(GroupEnvironment):
         serving = await self._serve()
         ctx = serving.context(client, model, self.merged_sampling_args(sampling_args))
 
-        async def one(index: int) -> tuple[State, RolloutScore]:
+        async def one(index: int) -> list[tuple[State, RolloutScore]]:
             async with limiter or contextlib.nullcontext():
-                return await serving.episode(task, ctx, example, index)
+                return await serving.episode(task, ctx, example, index, self.multi_trace)
 
-        done = await asyncio.gather(*(one(i) for i in rollout_indices))
+        episodes = await asyncio.gather(*map(one, rollout_indices))
+        done = [pair for pairs in episodes for pair in pairs]
         return [state for state, _ in done], [score for _, score in done]
 
     def _task_for(self, example: Example) -> Any:
@@ -201,31 +244,35 @@ class _Serving:
             ) from self._failure
 
     async def _hold(self) -> None:
-        from vfops.adapters._v1_transport import InProcessInterception, register, unregister
+        from vfops.adapters._v1_transport import InProcessInterception
 
         env = self.vf_env
         try:
-            async with (
-                env.shared_tools() as shared,
-                InProcessInterception(self.directory) as interception,
-            ):
-                register(interception)
-                # Env.serving()'s assignments: the env's agents borrow these
-                env._shared_tools, env._interception = shared, interception
-                try:
-                    await env.start()
-                    self._up.set()
-                    await self._down.wait()
-                finally:
-                    try:
-                        await env.stop()
-                    finally:
-                        env._shared_tools, env._interception = {}, None
-                        unregister(interception)
+            async with env.shared_tools() as shared:
+                secrets = tuple(s.state_secret for s in shared.values() if s.state_secret)
+                async with InProcessInterception(self.directory, secrets) as interception:
+                    await self._serve_with(env, shared, interception)
         except Exception as exc:
             self._failure = exc
         finally:
             self._up.set()
+
+    async def _serve_with(self, env: Any, shared: Any, interception: Any) -> None:
+        """Env.serving()'s body: the env's agents borrow these until the run is over."""
+        from vfops.adapters._v1_transport import register, unregister
+
+        register(interception)
+        env._shared_tools, env._interception = shared, interception
+        try:
+            await env.start()
+            self._up.set()
+            await self._down.wait()
+        finally:
+            try:
+                await env.stop()
+            finally:
+                env._shared_tools, env._interception = {}, None
+                unregister(interception)
 
     async def close(self) -> None:
         self._down.set()
@@ -243,8 +290,10 @@ class _Serving:
         )
 
     async def episode(
-        self, task: Any, ctx: Any, example: Example, index: int
-    ) -> tuple[State, RolloutScore]:
+        self, task: Any, ctx: Any, example: Example, index: int, multi_trace: bool
+    ) -> list[tuple[State, RolloutScore]]:
+        """One episode of ``task``: a state and score per trace (one unless
+        ``multi_trace``), or one failed state when it produced none."""
         from vfops.adapters._v1_transport import ledger
 
         started = time.perf_counter()
@@ -252,23 +301,53 @@ class _Serving:
             episode = await self.vf_env.run_episode(task, ctx)
         if found.stopped_by is not None:
             raise found.stopped_by
-        return trace_state(episode, example, index, found.responses, started)
+        if not episode.traces:
+            failed = RolloutError(
+                type="EnvError", message=_first_error(episode), stage="environment"
+            )
+            slot = index * EPISODE_TRACE_SLOTS if multi_trace else index
+            state = _failed_state(example, slot, failed, started)
+            if multi_trace:
+                state["episode"] = index
+            return [(state, RolloutScore(reward=None))]
+        every = [r for calls in found.responses.values() for r in calls]
+        if not multi_trace:
+            trace = episode.traces[-1]
+            return [trace_state(episode, trace, example, index, every, found, started)]
+        if len(episode.traces) > EPISODE_TRACE_SLOTS:
+            raise VfopsError(
+                f"an episode of taskset '{self.vf_env.config.env_id}' produced "
+                f"{len(episode.traces)} traces; vfops records at most {EPISODE_TRACE_SLOTS}"
+            )
+        pairs = []
+        for position, trace in enumerate(episode.traces):
+            slot = index * EPISODE_TRACE_SLOTS + position
+            # each trace its own model calls (the interception keys them by trace id)
+            own = found.responses.get(trace.id, [])
+            state, score = trace_state(episode, trace, example, slot, own, found, started)
+            state["episode"], state["agent"] = index, str(trace.agent.name)
+            pairs.append((state, score))
+        return pairs
 
 
 def trace_state(
-    episode: Any, example: Example, index: int, responses: list[Any], started: float
+    episode: Any,
+    trace: Any,
+    example: Example,
+    index: int,
+    responses: list[Any],
+    found: Any,
+    started: float,
 ) -> tuple[State, RolloutScore]:
-    """One episode's (single) trace as a vfops state and score."""
-    if not episode.traces:
-        failed = RolloutError(type="EnvError", message=_first_error(episode), stage="environment")
-        return _failed_state(example, index, failed, started), RolloutScore(reward=None)
-    trace = episode.traces[-1]
+    """One trace of an episode as a vfops state and score: ``responses`` are its model
+    calls, ``found`` the episode's :class:`~vfops.adapters._v1_transport.RolloutLedger`."""
     prompt, completion = split_messages(trace)
     usage = TokenUsage()
     for response in responses:
         usage.add(response.prompt_tokens, response.completion_tokens, response.cached_tokens)
         usage.add_cost(response.cost_usd)
     error = trace_error(trace, episode)
+    tools = found.tools.get(trace.id)
     state: State = {
         "example_id": example.example_id,
         "rollout_index": index,
@@ -285,7 +364,12 @@ def trace_state(
         "stop_reason": stop_reason(trace, error),
         "error": error,
         "generation_ms": _span_ms(trace.timing.agent) or (time.perf_counter() - started) * 1000,
+        # a trace of a seat the Env does not train (a judge, a simulated user)
+        "trainable": bool(trace.agent.trainable),
     }
+    if tools is not None and tools.calls:
+        state["tool_calls"], state["tool_errors"] = tools.calls, tools.errors
+        state["first_tool_error"] = tools.first_error
     metrics = {name: float(r.score) for name, r in trace.rewards.items() if r is not None}
     metrics.update((name, float(v)) for name, v in trace.metrics.items() if v is not None)
     reward = float(trace.reward) if error is None else None

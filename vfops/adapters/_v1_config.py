@@ -3,13 +3,16 @@
 ``-a`` (and a sweep's or nightly spec's ``env_args``) sets the taskset's
 ``TasksetConfig`` fields, ``{"task": {...}}`` its ``TaskConfig``'s, validated by
 ``verifiers``' own config classes; a wrong one is refused in one line naming the field.
-Each agent role runs vfops's in-process harness (``vfops``) on a local runtime: what a
-role's author pinned otherwise (a coding-agent CLI, a container) is refused, as is an
-``Env`` with more than one agent (a vfops rollout is one agent's trace).
+Each agent role (every seat of a multi-agent ``Env``) runs vfops's in-process harness
+(``vfops``) on a local runtime: what a role's author pinned otherwise (a coding-agent CLI,
+a container) is refused. ``verifiers`` replaces entries of the arguments it is handed
+(a judge's dict by its config object): it gets a deep copy, so that the run records the
+arguments as the user gave them, plain JSON.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from vfops._errors import InvalidArgumentError, VfopsError
@@ -22,7 +25,7 @@ _IN_PROCESS_HARNESSES = frozenset({"null", HARNESS_ID})
 def env_config(vf: Any, module: str, name: str, args: dict[str, Any]) -> Any:
     from pydantic import ValidationError
 
-    raw: dict[str, Any] = {"taskset": {**args, "id": module}}
+    raw: dict[str, Any] = {"taskset": {**copy.deepcopy(args), "id": module}}
     try:
         config = vf.resolve_env_config(raw)
     except ValidationError as exc:
@@ -33,13 +36,13 @@ def env_config(vf: Any, module: str, name: str, args: dict[str, Any]) -> Any:
             "written for verifiers' classic API runs with verifiers 0.3: pip install "
             "'vfops[verifiers]' in its own virtualenv"
         ) from exc
-    roles = _roles(config)
-    if len(roles) != 1:
-        raise VfopsError(
-            f"taskset '{name}' runs an Env of {len(roles)} agents ({', '.join(sorted(roles))}); "
-            "vfops records one agent's trace per rollout: evaluate it with verifiers' own eval"
-        )
-    ((role, spec),) = roles.items()
+    for role, spec in _roles(config).items():
+        _check_harness(vf, name, module, spec)
+        raw[role] = {"harness": {"id": HARNESS_ID}, "runtime": {"type": "subprocess"}}
+    return vf.resolve_env_config(raw)
+
+
+def _check_harness(vf: Any, name: str, module: str, spec: Any) -> None:
     # unpinned, a taskset without a harness of its own runs verifiers' default (bash): the
     # chat loop it stands for; a harness pinned by the role or shipped by the taskset is a
     # program, but for null
@@ -49,8 +52,6 @@ def env_config(vf: Any, module: str, name: str, args: dict[str, Any]) -> Any:
             f"taskset '{name}' runs in the '{pinned}' harness, which needs its own program "
             "and runtime; vfops runs the tool-less chat harness (null) in-process"
         )
-    raw[role] = {"harness": {"id": HARNESS_ID}, "runtime": {"type": "subprocess"}}
-    return vf.resolve_env_config(raw)
 
 
 def _roles(config: Any) -> dict[str, Any]:

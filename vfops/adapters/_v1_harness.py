@@ -29,13 +29,18 @@ from verifiers.v1.clients import ModelContext
 from verifiers.v1.dialects.chat import message_to_wire
 from verifiers.v1.harnesses.null import NullHarness
 from verifiers.v1.harnesses.utils.compaction import CONTEXT_OVERFLOW_MARKERS, bound_tool_message
-from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
+from verifiers.v1.harnesses.utils.mcp import connect_mcp, mcp_content_to_chat_content
 from verifiers.v1.runtimes import ProgramResult, Runtime
 from verifiers.v1.task import TaskData
 from verifiers.v1.trace import Trace
 
 from vfops._errors import VfopsError
-from vfops.adapters._v1_transport import InProcessInterception, interception_at
+from vfops.adapters._v1_transport import (
+    InProcessInterception,
+    ToolTally,
+    current_ledger,
+    interception_at,
+)
 
 HARNESS_ID = "vfops"
 _MODULE = f"verifiers.v1.harnesses.{HARNESS_ID}"
@@ -67,6 +72,9 @@ class InProcessChatHarness(NullHarness):  # type: ignore[misc]
         system_prompt, prompt = self.resolve_prompt(data)
         messages = _opening(system_prompt, prompt)
         loop = _ChatLoop(interception, secret, ctx.model, gated=tool_interception_url is not None)
+        found = current_ledger()
+        if found is not None:
+            loop.tally = found.tools.setdefault(trace.id, ToolTally())
         async with AsyncExitStack() as stack:
             if mcp_urls:
                 await loop.connect(mcp_urls, self.config.tool_timeout, stack)
@@ -97,6 +105,7 @@ class _ChatLoop:
         self.tools: list[dict[str, Any]] = []
         self.dispatch: dict[str, tuple[str, str]] = {}
         self.servers: dict[str, Any] = {}
+        self.tally = ToolTally()
 
     async def connect(self, urls: dict[str, str], limit_s: float, stack: AsyncExitStack) -> None:
         servers = {name: {"url": url, "timeout": limit_s} for name, url in urls.items()}
@@ -143,17 +152,40 @@ class _ChatLoop:
         return bounded
 
     async def _run_tool(self, name: str, raw: str) -> Any:
-        # the same answers as verifiers' chat program, which the model reads back
+        content, error = await self._call_tool(name, raw)
+        self.tally.add(error)
+        return content
+
+    async def _call_tool(self, name: str, raw: str) -> tuple[Any, str | None]:
+        """The tool's answer, which the model reads back (the same answers as verifiers'
+        chat program), and its failure's text when it failed (counted, never scored)."""
         try:
             arguments = json.loads(raw)
         except json.JSONDecodeError as exc:
-            return f"error: invalid JSON in tool arguments ({exc}); resend the call with valid JSON"
+            text = f"error: invalid JSON in tool arguments ({exc}); resend the call with valid JSON"
+            return text, text
         if not isinstance(arguments, dict):
             kind = type(arguments).__name__
-            return f"error: tool arguments must be a JSON object, got {kind}; resend as an object"
+            text = f"error: tool arguments must be a JSON object, got {kind}; resend as an object"
+            return text, text
         if name not in self.dispatch:
-            return f"error: unknown tool {name!r}"
-        return await call_mcp(self.servers, self.dispatch, name, arguments)
+            return f"error: unknown tool {name!r}", f"unknown tool {name!r}"
+        # call_mcp's own steps, keeping the result's isError flag that it drops
+        server_name, tool = self.dispatch[name]
+        result = await self.servers[server_name].run(
+            lambda client: client.call_tool(tool, arguments)
+        )
+        content = mcp_content_to_chat_content(result.content)
+        if not result.is_error:
+            return content, None
+        return content, f"{name}: {_text_of(content)}"
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = [str(part.get("text", "")) for part in content if isinstance(part, dict)]
+    return " ".join(part for part in parts if part) or "error result"
 
 
 def _failed_turn(status: int, reply: dict[str, Any]) -> ProgramResult:

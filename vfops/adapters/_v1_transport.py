@@ -54,16 +54,40 @@ _CLIENT_HOST = "vfops-client-{}.invalid"
 
 
 @dataclass
-class RolloutLedger:
-    """What one rollout's model calls returned, as vfops sees them."""
+class ToolTally:
+    """One trace's tool calls as its harness ran them: how many, how many failed (the
+    tool raised or answered with an error result), and the first failure's text."""
 
-    responses: list[ChatResponse] = field(default_factory=list)
+    calls: int = 0
+    errors: int = 0
+    first_error: str | None = None
+
+    def add(self, error: str | None) -> None:
+        self.calls += 1
+        if error is not None:
+            self.errors += 1
+            if self.first_error is None:
+                self.first_error = error[:500]
+
+
+@dataclass
+class RolloutLedger:
+    """What one episode's model calls returned, as vfops sees them, by trace id (the
+    interception's session id: an episode of several agents has several traces)."""
+
+    responses: dict[str, list[ChatResponse]] = field(default_factory=dict)
+    tools: dict[str, ToolTally] = field(default_factory=dict)
     stopped_by: BaseException | None = None
     """A cap that stopped the run (:class:`~vfops.costs.BudgetExhausted`): re-raised once the
     rollout is closed, so the run ends as vfops's own environments end it."""
 
 
 _LEDGER: ContextVar[RolloutLedger | None] = ContextVar("vfops_v1_ledger", default=None)
+
+
+def current_ledger() -> RolloutLedger | None:
+    """The ledger of the episode running in this context, if any."""
+    return _LEDGER.get()
 
 
 @contextmanager
@@ -155,7 +179,7 @@ class VfopsModelClient(Client):  # type: ignore[misc]
             ) from exc
         found = _LEDGER.get()
         if found is not None:
-            found.responses.append(response)
+            found.responses.setdefault(session_id or "", []).append(response)
         raw = completion_json(response, model)
         parsed = dialect.parse_response(dialect.validate_response(raw))
         parsed.raw = raw
@@ -184,8 +208,12 @@ class _InProcessRequest(dict[str, Any]):
 class InProcessInterception(InterceptionServer):  # type: ignore[misc]
     """``verifiers``' interception server, serving vfops clients and in-process calls."""
 
-    def __init__(self, clients: ClientDirectory) -> None:
-        super().__init__()
+    def __init__(
+        self, clients: ClientDirectory, state_service_secrets: tuple[str, ...] = ()
+    ) -> None:
+        # the keys of the taskset's shared tool servers: with them a shared server reads
+        # and writes each rollout's state over /state (Env.serving() hands them over too)
+        super().__init__(state_service_secrets=state_service_secrets)
         self._directory = clients
         self._chat_handler = self._handler_for(CHAT)
 

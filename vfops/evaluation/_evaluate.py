@@ -206,7 +206,7 @@ async def _open_and_run(
 
 def _examples_to_run(env: Environment, request: EvalRequest) -> int:
     # eval_size, not len(env.eval_dataset): plain rows stay plain (no datasets import).
-    size = env.eval_size()
+    size = env.eval_size(request.num_examples)
     if size is None:
         raise VfopsError(f"environment '{request.env_name}' has no dataset to evaluate")
     if size == 0:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vfops._errors import VfopsError
+from vfops._plain_json import check_plain_json
 from vfops._rollout import RolloutRecord
 from vfops._sampling import sampling_problems
 from vfops._types import SamplingArgs
@@ -72,6 +73,9 @@ class EvalRequest:
             flag = _SAMPLING_FLAGS.get(name)
             where = f"{flag} or --sampling-args" if flag else "--sampling-args"
             raise VfopsError(f"sampling argument {name} {problem}; set a valid value with {where}")
+        # recorded as JSON with the run: an object found here, not after every rollout
+        check_plain_json(self.env_args, "env_args", "-a/--env-args")
+        check_plain_json(self.sampling_args, "sampling_args", "-S/--sampling-args")
 
 
 def new_run_dir(output_root: Path, env_name: str, model: str, run_id: str | None = None) -> Path:
@@ -102,9 +106,11 @@ async def run_rollouts(
         pending.discard(task)
         await handle(task.result())
 
+    # the episodes already recorded (an episode of several traces is recorded whole)
+    started = {(example_id, env.episode_of(index)) for example_id, index in done}
     try:
         for example in env.iter_eval_examples(request.num_examples):
-            indices = [i for i in range(r) if (example.example_id, i) not in done]
+            indices = [i for i in range(r) if (example.example_id, i) not in started]
             if not indices:
                 continue
             while len(pending) >= max_groups:

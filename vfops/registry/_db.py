@@ -465,7 +465,7 @@ def is_known_revision(revision: str) -> bool:
         return False
 
 
-HEAD_REVISION: Final = "0007"
+HEAD_REVISION: Final = "0008"
 """The newest migration (``head_revision()``, kept here so that the check every
 process makes on its first connection needs neither Alembic nor the migration
 scripts; a test keeps the two equal)."""
