@@ -94,10 +94,11 @@ OLD_LINE = (
 def test_old_jsonl_line_loads_and_is_written_byte_for_byte() -> None:
     record = RolloutRecord.from_json(OLD_LINE)
     assert record == sample_record(trace_id="245d75b48346d4a2fb739193b49e4aa2")
-    # unchanged but for the usage fields added since (cost: migration 0005), at defaults
+    # unchanged but for the fields added since (cost: migration 0005; an episode's
+    # traces: 0008), at defaults
     assert record.to_json() == OLD_LINE.replace(
         b'"completion_tokens":9}', b'"completion_tokens":9,"cached_tokens":0,"cost_usd":null}'
-    )
+    ).replace(b'"turns":2,', b'"turns":2,"episode":null,"agent":"",')
     assert record.usage.cost_usd is None  # unpriced, never 0
 
 
@@ -150,6 +151,7 @@ def test_arrow_schema_matches_the_features_and_round_trips() -> None:
         "error_message",
         "error_stage",
         "cost_usd",
+        "episode",
     ]
     records = [sample_record(), sample_record(rollout_index=3, error=None, reward=None)]
     table = pa.Table.from_pylist([r.to_row() for r in records], schema=schema)

@@ -172,3 +172,32 @@ def test_tool_calls_and_errors_are_readable() -> None:
     assert "error: ScoringError: judge timed out" in text
     assert "reward none" in text and "scores: correct 1.0000" in text
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_an_episode_trace_and_an_image_are_named() -> None:
+    pixel = (
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5E"
+        "rkJggg=="
+    )
+    record = RolloutRecord(
+        example_id=2,
+        rollout_index=1001,
+        episode=1,
+        agent="player1",
+        prompt=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Which colour is this?"},
+                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{pixel}"}},
+                ],
+            }
+        ],
+        completion=[{"role": "assistant", "content": "red"}],
+        reward=1.0,
+    )
+    text = format_transcript(record, width=80)
+    assert "== example 2, episode 1, agent player1 (rollout 1001): reward 1.0000" in text
+    # the image named by its type and size, never its base64
+    assert "Which colour is this?\n    <image image/png, 70 bytes>" in text
+    assert pixel not in text

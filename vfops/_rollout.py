@@ -249,6 +249,8 @@ class RolloutColumn:
     big: bool = False
     # the same for every rollout of a run: the registry stores it once, on the run
     per_run: bool = False
+    # what rows stored before the column existed hold (the registry's server default)
+    stored_default: str | None = None
 
     @property
     def attr(self) -> str:
@@ -279,7 +281,7 @@ ROLLOUT_COLUMNS: tuple[RolloutColumn, ...] = (
     RolloutColumn("cost_usd", "float", nullable=True, part="usage"),
     RolloutColumn("turns", "int"),
     RolloutColumn("episode", "int", nullable=True),
-    RolloutColumn("agent", "str", max_length=200),
+    RolloutColumn("agent", "str", max_length=200, stored_default=""),
     RolloutColumn("model", "str", per_run=True),
     RolloutColumn("sampling_args", "json", per_run=True),
 )

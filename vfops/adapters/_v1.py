@@ -141,8 +141,8 @@ class TasksetEnvironment(GroupEnvironment):
         if wanted < 0:
             raise InvalidArgumentError(
                 f"taskset '{self.name}' is infinite ({type(self.vf_env.taskset).__name__}"
-                ".INFINITE); pass how many of its tasks to run: -n N (its first N, as "
-                "verifiers' eval takes them)"
+                ".INFINITE); say how many of its tasks to run, its first N as verifiers' "
+                "eval takes them: vfops eval -n N (num_examples in a sweep or nightly spec)"
             )
         if self._limit is None or wanted > self._limit:
             # the first `wanted` tasks; the splits built from fewer are built again

@@ -118,7 +118,10 @@ def show_command(
         if example is None and rollout is not None and not failed:
             # the run's N-th rollout: the index skips to it, no earlier transcript is read
             one = iter_rollouts(session, metadata["run_id"], batch_size=1, start=rollout)
-            shown = _print_transcripts(itertools.islice(one, 1), console)
+            chosen_one = list(itertools.islice(one, 1))
+            shown = _print_transcripts(
+                iter(_with_episode(session, metadata["run_id"], chosen_one)), console
+            )
         else:
             records = iter_rollouts(session, metadata["run_id"], batch_size=max(limit, 100))
             if example is None and rollout is None and not failed:
@@ -130,6 +133,22 @@ def show_command(
             shown = _print_transcripts(itertools.islice(chosen, limit), console)
     if not shown:
         raise VfopsError(f"run {metadata['run_id'][:12]}: {_selection(example, rollout, failed)}")
+
+
+def _with_episode(session: Any, run_id: str, records: list[Any]) -> list[Any]:
+    """``records``, each followed by the other traces of its episode (the other agents'
+    or attempts'), when it belongs to an episode of several: they read together."""
+    from vfops.registry import rollouts_for_example
+
+    shown: list[Any] = []
+    for record in records:
+        if record.episode is None:
+            shown.append(record)
+            continue
+        siblings = rollouts_for_example(session, run_id, record.example_id)
+        shown.append(record)
+        shown += [r for r in siblings if r.episode == record.episode and r.key != record.key]
+    return shown
 
 
 def _print_transcripts(records: Iterator[Any], console: Console) -> int:
@@ -169,8 +188,11 @@ def _preview(record: Any) -> str:
     last = record.completion[-1].get("content") if record.completion else ""
     text = " ".join(str(last or "").split())
     error = f" error={record.error.type}: {record.error.message}" if record.error else ""
+    episode = (
+        f" episode {record.episode} {record.agent or 'trace'}" if record.episode is not None else ""
+    )
     return (
-        f"example {record.example_id} #{record.rollout_index} reward={record.reward} "
+        f"example {record.example_id}{episode} #{record.rollout_index} reward={record.reward} "
         f"stop={record.stop_reason}{error}\n  {text[:300]}"
     )
 

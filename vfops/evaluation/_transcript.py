@@ -35,12 +35,26 @@ def _text(content: Any) -> str:
         for part in content:
             if isinstance(part, dict) and part.get("type") == "text":
                 parts.append(str(part.get("text", "")))
+            elif isinstance(part, dict) and part.get("type") == "image_url":
+                parts.append(_image(part.get("image_url")))
             elif isinstance(part, dict):
                 parts.append(f"<{part.get('type', 'part')}>")
             else:
                 parts.append(str(part))
         return "\n".join(parts)
     return str(content)
+
+
+def _image(found: Any) -> str:
+    """An image part named by what it is: a data URL's type and size (its bytes would be
+    a screenful of base64), else its URL."""
+    url = str(found.get("url", "") if isinstance(found, dict) else found or "")
+    if url.startswith("data:"):
+        header, _, data = url.partition(",")
+        kind = header[5:].split(";")[0] or "image"
+        size = len(data) * 3 // 4 - data.endswith("=") - data.endswith("==")
+        return f"<image {kind}, {size:,} bytes>"
+    return f"<image {url}>"
 
 
 def _block(text: str, width: int) -> list[str]:
@@ -86,8 +100,11 @@ def _number(value: float | None) -> str:
 def format_transcript(record: RolloutRecord, *, width: int = 100) -> str:
     """The whole rollout as plain text, ``width`` columns at most (long words wrap)."""
     usage = record.usage
+    where = f"rollout {record.rollout_index}"
+    if record.episode is not None:
+        where = f"episode {record.episode}, agent {record.agent or '-'} ({where})"
     facts = [
-        f"== example {record.example_id}, rollout {record.rollout_index}: "
+        f"== example {record.example_id}, {where}: "
         f"reward {_number(record.reward)}, stop {record.stop_reason}",
         f"{record.turns} turn{'s' if record.turns != 1 else ''}, tokens "
         f"{usage.prompt_tokens} prompt / {usage.completion_tokens} completion",

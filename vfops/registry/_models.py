@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -198,6 +199,9 @@ def _rollouts_table() -> Table:
                 column.name,
                 _sql_type(column),
                 nullable=column.nullable or column.name in ARCHIVED_COLUMNS,
+                server_default=(
+                    None if column.stored_default is None else text(repr(column.stored_default))
+                ),
             )
             for column in ROLLOUT_RECORD_COLUMNS
         ),

@@ -51,19 +51,14 @@ class Batch:
 
 
 def to_batch(index: int, groups: Groups, generation_s: float, loss: LossConfig) -> Batch:
-    """Step ``index``'s batch: group-relative advantages per prompt (a group with fewer
-    than two scored rollouts has no baseline and is skipped), every rollout split into
+    """Step ``index``'s batch: group-relative advantages per prompt and agent (a group
+    with fewer than two scored rollouts has no baseline and is skipped), every rollout split into
     token sequences, truncated completions masked out when ``loss.mask_truncated``."""
     samples: list[Sample] = []
     rewards: list[float] = []
     generated = truncated = rollouts = 0
     min_version = index  # no turn can be newer than the step that trains on it
-    for states, scores in groups:
-        kept = [
-            (state, score.reward)
-            for state, score in zip(states, scores, strict=True)
-            if state.get("error") is None and score.reward is not None
-        ]
+    for kept in (role for states, scores in groups for role in _role_groups(states, scores)):
         if len(kept) < 2:  # no baseline to compare with
             continue
         advantages = group_advantages([float(r) for _, r in kept], scale=loss.scale_rewards)
@@ -80,6 +75,23 @@ def to_batch(index: int, groups: Groups, generation_s: float, loss: LossConfig) 
                 min_version = min(min_version, seq.policy_version)
                 samples.append(Sample(seq, advantage))
     return Batch(index, samples, rewards, generation_s, generated, truncated, rollouts, min_version)
+
+
+def _role_groups(
+    states: list[State], scores: list[RolloutScore]
+) -> list[list[tuple[State, float]]]:
+    """A prompt's scored rollouts as one group per agent: an episode of several agents
+    (two seats of a game, a solver and its proposer) gives each seat its own baseline,
+    the traces of the same seat across the prompt's episodes. A trace of a seat its
+    ``Env`` does not train (``trainable`` false: a judge, a simulated user) is left out."""
+    by_agent: dict[str, list[tuple[State, float]]] = {}
+    for state, score in zip(states, scores, strict=True):
+        if state.get("error") is not None or score.reward is None:
+            continue
+        if not state.get("trainable", True):
+            continue
+        by_agent.setdefault(str(state.get("agent", "")), []).append((state, score.reward))
+    return list(by_agent.values())
 
 
 def batch_from_dict(fields: dict[str, Any]) -> Batch:

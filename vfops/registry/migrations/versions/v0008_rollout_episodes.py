@@ -29,7 +29,9 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table("rollouts", recreate="never") as batch:
         batch.add_column(sa.Column("episode", sa.Integer(), nullable=True))
-        batch.add_column(sa.Column("agent", sa.String(200), nullable=False, server_default=""))
+        batch.add_column(
+            sa.Column("agent", sa.String(200), nullable=False, server_default=sa.text("''"))
+        )
 
 
 def downgrade() -> None:
