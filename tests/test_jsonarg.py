@@ -11,13 +11,13 @@ from vfops._jsonarg import parse_json_object
 
 
 def test_inline_and_file_values_read_alike(tmp_path: Path) -> None:
-    judges = {"task": {"judges": [{"type": "reference", "model": "m", "weight": 0.5}]}}
-    (tmp_path / "args.json").write_text('{"task": {"judges": [{"type": "reference", '
+    judges = {"task": {"judges": [{"id": "reference", "model": "m", "weight": 0.5}]}}
+    (tmp_path / "args.json").write_text('{"task": {"judges": [{"id": "reference", '
                                         '"model": "m", "weight": 0.5}]}}')  # fmt: skip
     (tmp_path / "args.toml").write_text(
-        '[[task.judges]]\ntype = "reference"\nmodel = "m"\nweight = 0.5\n'
+        '[[task.judges]]\nid = "reference"\nmodel = "m"\nweight = 0.5\n'
     )
-    assert parse_json_object('{"task": {"judges": [{"type": "reference", "model": "m", '
+    assert parse_json_object('{"task": {"judges": [{"id": "reference", "model": "m", '
                              '"weight": 0.5}]}}', "-a") == judges  # fmt: skip
     assert parse_json_object(f"@{tmp_path / 'args.json'}", "-a") == judges
     assert parse_json_object(f"@{tmp_path / 'args.toml'}", "-a") == judges
