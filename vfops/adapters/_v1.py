@@ -119,9 +119,10 @@ class TasksetEnvironment(GroupEnvironment):
         self._built: list[dict[str, Any]] | None = None
         self._limit: int | None = None
         self._serving: _Serving | None = None
-        self.multi_trace = not isinstance(vf_env, SingleAgentEnv)
-        """Whether an episode may produce several traces (any ``Env`` but the plain one):
-        its traces' rollout indices are then episode x EPISODE_TRACE_SLOTS + position."""
+        self.multi_trace = type(vf_env).run is not SingleAgentEnv.run
+        """Whether an episode may produce several traces (an ``Env`` with a ``run`` of its
+        own: several agents, a role run twice, a user replaying turns): its traces'
+        rollout indices are then episode x EPISODE_TRACE_SLOTS + position."""
         # a taskset has no splits (its config may select one): the trainer's split and
         # the held-out one are the taskset as configured
         super().__init__(dataset=self._rows, eval_dataset=self._rows, name=name)
