@@ -25,6 +25,7 @@ import verifiers as vf
 from tests.verifiers_reference import metrics_by_example, rewards_by_example, verifiers_outputs
 from tests.verifiers_stub import reply
 from vfops._rollout import RolloutRecord
+from vfops._tool_counts import TOOL_COUNT_METRICS
 from vfops.envs import installed_environments, load_environment
 from vfops.evaluation import (
     EvalRequest,
@@ -94,7 +95,9 @@ def test_same_rewards_and_metrics_per_example_as_verifiers_own_evaluation(
     for record in records:
         assert record.reward is not None, record.error
         ours.setdefault(record.example_id, []).append(record.reward)
-        our_metrics.setdefault(record.example_id, []).append(record.metrics)
+        # verifiers' own metrics: vfops's tool counts (TOOL_COUNT_METRICS) are its addition
+        theirs_only = {k: v for k, v in record.metrics.items() if k not in TOOL_COUNT_METRICS}
+        our_metrics.setdefault(record.example_id, []).append(theirs_only)
     theirs = rewards_by_example(reference)
     assert {k: sorted(v) for k, v in ours.items()} == {k: sorted(v) for k, v in theirs.items()}
     assert len({tuple(v) for v in theirs.values()}) > 1  # the stub's choices differ per row
@@ -123,6 +126,10 @@ def test_records_hold_every_message_tool_calls_and_tokens(stub: Any, tmp_path: P
         and str(answer["content"]).strip().lstrip("-").isdigit()
     )
     assert record.turns == sum(1 for m in record.completion if m["role"] == "assistant")
+    for each in records:  # the calls run (each answered by a tool message), none failed
+        answers = sum(1 for m in each.completion if m["role"] == "tool")
+        assert (each.metrics["tool_calls"], each.metrics["tool_errors"]) == (answers, 0.0)
+    assert sum(r.metrics["tool_calls"] for r in records) > 0
     assert record.usage.prompt_tokens > 0 and record.usage.completion_tokens > 0
     assert record.prompt[0]["role"] == "system"
 

@@ -36,6 +36,7 @@ import orjson
 
 from vfops._errors import MissingExtraError, VfopsError
 from vfops._rollout import ErrorStage, RolloutError, StopReason, TokenUsage
+from vfops._tool_counts import FIRST_TOOL_ERROR, TOOL_CALLS, TOOL_ERRORS
 from vfops._types import Message, Messages, SamplingArgs, State
 from vfops.adapters._group import GroupEnvironment
 from vfops.adapters._wire import completion_json
@@ -162,13 +163,15 @@ class VerifiersEnvironment(GroupEnvironment):
     scored as ``verifiers``' own ``run_group`` does it (every rollout, then the rubric's
     ``score_group`` over the group, then its cleanup), each rollout inside vfops's
     concurrency limit. Its reward and per-function metrics are the ones ``verifiers``
-    wrote into its state.
+    wrote into its state. A ``ToolEnv``'s rollouts also count their tool calls and
+    failed tool calls (:mod:`vfops._tool_counts`; :func:`_count_tool_failures`).
     """
 
     library = "verifiers"
 
     def __init__(self, vf_env: Any, *, name: str) -> None:
         self.vf_env = vf_env
+        self._counts_tools = _count_tool_failures(vf_env)
         self._rows: dict[str, dict[int, dict[str, Any]]] = {}
         has_train = getattr(vf_env, "dataset_source", None) is not None
         has_eval = getattr(vf_env, "eval_dataset_source", None) is not None
@@ -231,14 +234,17 @@ class VerifiersEnvironment(GroupEnvironment):
         vf_client = verifiers_client(client)
         row = self._input_for(example)
 
-        async def one() -> Any:
+        async def one() -> tuple[Any, list[str]]:
+            failures: list[str] = []
+            _TOOL_FAILURES.set(failures)  # in this rollout's own task (gather's)
             if limiter is None:
-                return await vf_env.rollout(dict(row), vf_client, model, dict(sampling))
+                return await vf_env.rollout(dict(row), vf_client, model, dict(sampling)), failures
             async with limiter:
-                return await vf_env.rollout(dict(row), vf_client, model, dict(sampling))
+                return await vf_env.rollout(dict(row), vf_client, model, dict(sampling)), failures
 
         started = time.perf_counter()
-        vf_states = list(await asyncio.gather(*(one() for _ in rollout_indices)))
+        rolled = list(await asyncio.gather(*(one() for _ in rollout_indices)))
+        vf_states = [vf_state for vf_state, _ in rolled]
         generated = time.perf_counter()
         scorer = _scoring_env(vf_env, row)
         scoring_error: RolloutError | None = None
@@ -256,6 +262,9 @@ class VerifiersEnvironment(GroupEnvironment):
             self._to_state(vf_state, example, index, (generated - started) * 1000.0)
             for vf_state, index in zip(vf_states, rollout_indices, strict=True)
         ]
+        if self._counts_tools:
+            for state, (_, failures) in zip(states, rolled, strict=True):
+                _add_tool_counts(state, failures)
         scores = [_score(vf_state, scoring_error, scoring_ms) for vf_state in vf_states]
         return states, scores
 
@@ -286,6 +295,56 @@ class VerifiersEnvironment(GroupEnvironment):
             # the model's own empty or invalid reply: verifiers scored it, vfops keeps that
             "error_scored": error is not None and error.type in _MODEL_BEHAVIOUR_ERRORS,
         }
+
+
+_TOOL_FAILURES: ContextVar[list[str] | None] = ContextVar(
+    "vfops_verifiers_tool_failures", default=None
+)
+"""The failed tool calls of the rollout running in this task, as ``verifiers``' tool
+environments report them (see :func:`_count_tool_failures`)."""
+
+
+def _count_tool_failures(vf_env: Any) -> bool:
+    """Have every ``ToolEnv`` in ``vf_env`` (an ``EnvGroup``'s too) note its failed tool
+    calls; whether there is one.
+
+    ``verifiers`` 0.3 hands a tool's exception (and arguments that are not JSON) to the
+    environment's ``error_formatter`` and sends its text to the model as the tool's
+    answer; by default that text is the exception's message alone, which nothing tells
+    from a result. So the formatter is wrapped: each call it gets is one failure, noted
+    for the rollout running in the task (:data:`_TOOL_FAILURES`)."""
+    import verifiers as vf
+
+    found, pending = False, [vf_env]
+    while pending:
+        env = pending.pop()
+        if isinstance(env, vf.EnvGroup):
+            pending.extend(env.envs)
+        elif isinstance(env, vf.ToolEnv):
+            formatter = env.error_formatter
+            if not getattr(formatter, "_vfops_counting", False):
+                env.error_formatter = _counting(formatter)
+            found = True
+    return found
+
+
+def _counting(format_error: Callable[[Exception], Any]) -> Callable[[Exception], Any]:
+    def formatted(exc: Exception) -> Any:
+        failures = _TOOL_FAILURES.get()
+        if failures is not None:
+            failures.append(f"{type(exc).__name__}: {exc}")
+        return format_error(exc)
+
+    formatted._vfops_counting = True  # type: ignore[attr-defined]
+    return formatted
+
+
+def _add_tool_counts(state: State, failures: list[str]) -> None:
+    """The rollout's tool calls (each answered by a tool message) and its failures."""
+    calls = sum(1 for message in state["completion"] if message.get("role") == "tool")
+    state[TOOL_CALLS] = max(calls, len(failures))
+    state[TOOL_ERRORS] = len(failures)
+    state[FIRST_TOOL_ERROR] = failures[0] if failures else None
 
 
 def _scoring_env(vf_env: Any, row: dict[str, Any]) -> Any:

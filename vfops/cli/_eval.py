@@ -23,6 +23,7 @@ from vfops.cli._sampling import (
 )
 from vfops.evaluation import (
     DEFAULT_MAX_ERROR_RATE,
+    DEFAULT_MAX_TOOL_ERROR_RATE,
     DEFAULT_OUTPUT_ROOT,
     EvalRequest,
     ModelOptions,
@@ -141,6 +142,14 @@ def eval_command(
             "above it (or when every rollout errored) the run exits 3.",
         ),
     ] = DEFAULT_MAX_ERROR_RATE,
+    max_tool_error_rate: Annotated[
+        float,
+        typer.Option(
+            help="Share of failed tool calls (0 to 1) a completed run may hold and still exit "
+            "0; above it the run exits 3 (by default 1: any share; the summary warns when "
+            "most tool calls failed).",
+        ),
+    ] = DEFAULT_MAX_TOOL_ERROR_RATE,
     adaptive_concurrency: Annotated[
         bool,
         typer.Option(
@@ -162,13 +171,19 @@ def eval_command(
     """Run N examples x R rollouts and save every trace as it completes.
 
     Exit status: 0 completed; 1 failed (finish it with --resume); 2 bad input;
-    3 completed with errors above --max-error-rate; 4 another process is working on
+    3 completed with errors above --max-error-rate (or failed tool calls above
+    --max-tool-error-rate); 4 another process is working on
     the run; 5 stopped by --max-cost; 130 interrupted (SIGINT), 143 interrupted
     (SIGTERM): all resumable with --resume.
     """
     if not 0.0 <= max_error_rate <= 1.0:  # also rejects NaN
         raise VfopsError(
             f"--max-error-rate must be between 0 and 1 (a share of rollouts), not {max_error_rate}"
+        )
+    if not 0.0 <= max_tool_error_rate <= 1.0:
+        raise VfopsError(
+            "--max-tool-error-rate must be between 0 and 1 (a share of tool calls), "
+            f"not {max_tool_error_rate}"
         )
     sampling = sampling_from_flags(sampling_args, temperature, max_tokens)
     request = EvalRequest(
@@ -224,10 +239,10 @@ def eval_command(
         # 128 + the signal's number, as a shell reports a process killed by it
         raise typer.Exit(128 + (signals[0] if signals else signal.SIGINT)) from None
     print_summary(result)
-    problem = result.problem(max_error_rate)
+    problem = result.problem(max_error_rate, max_tool_error_rate)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
-        raise typer.Exit(result_exit_code(result, max_error_rate))
+        raise typer.Exit(result_exit_code(result, max_error_rate, max_tool_error_rate))
 
 
 async def _stopped_by_signals(evaluation: Coroutine[Any, Any, T], signals: list[int]) -> T:

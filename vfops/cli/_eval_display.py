@@ -105,6 +105,8 @@ def summary_rows(result: EvalResult) -> list[tuple[str, str]]:
     rows.append(("rollouts", f"{summary.rollouts} ({summary.reward.count} scored)"))
     rows.append(("errors", str(summary.error_count)))
     rows += [(f"  {kind}", str(count)) for kind, count in sorted(summary.errors.items())]
+    if summary.tool_calls:
+        rows.append(("tool calls (failed)", f"{summary.tool_calls} ({summary.tool_errors})"))
     rows.append(("truncated", str(summary.truncated_count)))
     rows.append(
         ("tokens (prompt / completion)", f"{summary.prompt_tokens} / {summary.completion_tokens}")
@@ -121,6 +123,9 @@ def format_summary(result: EvalResult) -> str:
     width = max(len(name) for name, _ in rows)
     lines = [f"{meta['env_name']} · {meta['model']}"]
     lines += [f"  {name.ljust(width)}  {value}" for name, value in rows]
+    warning = result.summary.tool_warning()
+    if warning is not None:  # a run whose tools failed must not read as a weak model's
+        lines.append(f"warning: {warning}")
     for kind, example in sorted(result.summary.error_examples.items()):
         lines.append(f"{kind}: {example}")  # the cause, unwrapped: greppable and copyable
     if result.run_id is not None:

@@ -20,17 +20,18 @@ EXIT_CODES: Final[dict[Outcome, int]] = {
     "completed": 0,
     "failed": 1,
     # 2 is bad input (VfopsError), caught before a run is recorded
-    "completed_with_errors": 3,
+    "completed_with_errors": 3,  # or more tool calls failed than --max-tool-error-rate
     # 4: the run is busy (another process holds its lease or folder lock): RunBusyError
     "interrupted": 130,  # 128 + SIGINT; SIGTERM exits 143 (the CLI knows which came)
     "budget_exhausted": BUDGET_EXHAUSTED_EXIT_CODE,  # a cost cap stopped it; resumable
 }
 
 
-def result_exit_code(result: EvalResult, max_error_rate: float) -> int:
-    """The process exit status that says ``result.outcome(max_error_rate)`` (0 only when
-    it completed). An interruption by a signal exits 128 + the signal's number instead."""
-    return EXIT_CODES[result.outcome(max_error_rate)]
+def result_exit_code(result: EvalResult, max_error_rate: float, max_tool_error_rate: float) -> int:
+    """The process exit status that says ``result.outcome(max_error_rate,
+    max_tool_error_rate)`` (0 only when it completed). An interruption by a signal exits
+    128 + the signal's number instead."""
+    return EXIT_CODES[result.outcome(max_error_rate, max_tool_error_rate)]
 
 
 def error_exit_code(exc: VfopsError) -> int:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from vfops._errors import InvalidArgumentError, VfopsError
 from vfops._rollout import RolloutError, RolloutRecord, Timing, TokenUsage
-from vfops._types import Messages, SamplingArgs, State
+from vfops._tool_counts import FIRST_TOOL_ERROR, first_tool_error, tool_count_metrics
+from vfops._types import Info, Messages, SamplingArgs, State
 from vfops.clients._base import ModelClient
 from vfops.envs._dataset import (
     DatasetSource,
@@ -271,7 +272,12 @@ def new_state(example: Example, rollout_index: int) -> State:
 def state_to_record(
     state: State, score: RolloutScore, *, model: str, sampling_args: SamplingArgs
 ) -> RolloutRecord:
-    """Combine a finished state and its score into the rollout record."""
+    """Combine a finished state and its score into the rollout record.
+
+    A state that counted its tool calls (``tool_calls``, ``tool_errors``,
+    ``first_tool_error``: :mod:`vfops._tool_counts`) gives the metrics of those names
+    (they replace a rubric's of the same name: the state's are the counts) and the
+    first error's message in ``info``."""
     generation_error: RolloutError | None = state.get("error")
     # A rollout whose generation failed is not scored: 0.0 would bias the mean. Unless
     # the state says the error is the model's own answer (``error_scored``: an empty or
@@ -284,10 +290,10 @@ def state_to_record(
         prompt=state["prompt"],
         completion=state["completion"],
         answer=state["answer"],
-        info=state["info"],
+        info=_info(state),
         task=state["task"],
         reward=reward,
-        metrics=score.metrics,
+        metrics=_metrics(state, score),
         stop_reason=state["stop_reason"],
         error=generation_error or score.error,
         timing=Timing(generation_ms=state["generation_ms"], scoring_ms=score.scoring_ms),
@@ -296,3 +302,17 @@ def state_to_record(
         model=model,
         sampling_args=sampling_args,
     )
+
+
+def _metrics(state: State, score: RolloutScore) -> dict[str, float]:
+    counts = tool_count_metrics(state)
+    return {**score.metrics, **counts} if counts else score.metrics
+
+
+def _info(state: State) -> Info:
+    message = first_tool_error(state)
+    if message is None:
+        info: Info = state["info"]
+        return info
+    # a copy: the rollouts of one example share its info
+    return {**state["info"], FIRST_TOOL_ERROR: message}

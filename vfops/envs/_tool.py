@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from vfops._tool_counts import count_tool_call, start_tool_counts
 from vfops._types import Message, Messages, State
 from vfops.envs._environment import Scorer
 from vfops.envs._multiturn import MultiTurnEnv
@@ -25,8 +26,10 @@ class ToolEnv(MultiTurnEnv):
     ends when the model answers without tool calls (or at ``max_turns``). A tool
     that raises, an unknown tool name or arguments that are not valid JSON are
     reported back to the model as the tool message's content: the model can
-    recover, and the rollout does not crash. Tool-call counts are added to the
-    metrics (``total_tool_calls``, ``tool_errors``, ``tool_calls/<name>``).
+    recover, and the rollout does not crash; each counts as a tool error. Tool-call
+    counts are added to the metrics (``total_tool_calls``, ``tool_errors``,
+    ``tool_calls/<name>``), and the state carries ``tool_calls``, ``tool_errors`` and
+    ``first_tool_error`` (:mod:`vfops._tool_counts`), which the run's summary adds up.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class ToolEnv(MultiTurnEnv):
 
     async def setup_state(self, state: State) -> State:
         state["tool_stats"] = {"calls": 0, "errors": 0, "per_tool": {}}
+        start_tool_counts(state)
         return await super().setup_state(state)
 
     async def is_completed(self, messages: Messages, state: State) -> bool:
@@ -94,6 +98,9 @@ class ToolEnv(MultiTurnEnv):
         except Exception as exc:  # reported to the model, not raised: it may recover
             stats["errors"] += 1
             content = f"Error: {type(exc).__name__}: {exc}"
+            count_tool_call(state, f"{name}: {type(exc).__name__}: {exc}")
+        else:
+            count_tool_call(state)
         return {"role": "tool", "tool_call_id": call.get("id", ""), "content": content}
 
     async def _call_tool(

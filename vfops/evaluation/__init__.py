@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from vfops.evaluation._provenance import Provenance, config_fingerprint, resolve_provenance
     from vfops.evaluation._result import (
         DEFAULT_MAX_ERROR_RATE,
+        DEFAULT_MAX_TOOL_ERROR_RATE,
         DEFAULT_OUTPUT_ROOT,
         EvalProgress,
         EvalResult,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_ERROR_RATE",
+    "DEFAULT_MAX_TOOL_ERROR_RATE",
     "DEFAULT_OUTPUT_ROOT",
     "DefaultSinks",
     "EvalProgress",
@@ -78,6 +80,7 @@ _LAZY = {
     "compare_runs": "vfops.evaluation._compare",
     "per_example_rewards": "vfops.evaluation._compare",
     "DEFAULT_MAX_ERROR_RATE": "vfops.evaluation._result",
+    "DEFAULT_MAX_TOOL_ERROR_RATE": "vfops.evaluation._result",
     "DEFAULT_OUTPUT_ROOT": "vfops.evaluation._result",
     "EvalProgress": "vfops.evaluation._result",
     "EvalResult": "vfops.evaluation._result",

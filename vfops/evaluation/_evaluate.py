@@ -4,10 +4,12 @@ Every caller — ``vfops eval``, sweep and nightly cells, promotion gates, the
 environments' own tests — runs an evaluation through it, so every run lands in
 the same places with the same provenance:
 
-1. the tracker (MLflow) starts first, in its own process, so its start-up
-   overlaps everything below;
-2. the environment loads and the model is resolved and checked (bad input
-   fails here, before any run is recorded);
+1. the arguments are checked, the environment loads and its rows are counted
+   (bad input, an unknown environment, an argument it refuses, a task it cannot
+   run: one line, before anything is started or written);
+2. only then the recorders start: the tracker (MLflow, in its own process, so its
+   start-up overlaps the model and the rollouts) and the registry calls; the model
+   is resolved and checked meanwhile;
 3. the run is opened: created, resumed (``resume=`` a run id, id prefix or run
    folder; or ``existing="resume"``: the newest unfinished run with the same
    configuration fingerprint) or reused (``existing="reuse"``: a completed run
@@ -29,6 +31,7 @@ finishing it (:mod:`._finish`). Where and how a run is recorded is one object,
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,21 +109,26 @@ async def evaluate_async(
     model_opts = model_options or ModelOptions()
     _check_input(request, opts, model_opts)
     track = opts.registry and tracking_on(opts.tracking)
-    # first: MLflow's start-up in the tracker overlaps everything below
-    tracker = start_tracker(request.env_name) if track else None
     env = environment
+    tracker: Tracker | None = None
     connection_client: ModelClient | None = None
     calls: RegistryCalls | None = None
     try:
-        if opts.registry:
-            # first, so that the registry process's imports overlap everything below
-            calls = await registry_calls(opts.engine, tracker)
         if env is None:
             from vfops.envs import load_environment
 
-            env = load_environment(request.env_name, **request.env_args)
+            # a copy, however deep: a loader that changes what it is given (verifiers
+            # turns judge entries into config objects) must not change what is recorded
+            env = load_environment(request.env_name, **copy.deepcopy(request.env_args))
         # recorded as what runs: -1 (all) and an N above the dataset's size are its size
         request.num_examples = _examples_to_run(env, request)
+        # Nothing that records the run starts before the environment and its rows are
+        # checked: a refusal costs no tracker, registry or model start (and writes
+        # nothing). The tracker's start-up (MLflow) overlaps the model and the rollouts.
+        if track:
+            tracker = start_tracker(request.env_name, serve_registry=opts.engine is None)
+        if opts.registry:
+            calls = await registry_calls(opts.engine, tracker)
         if client is None:
             connection = await connect_model(request.model, model_opts)
             client = connection_client = connection.client

@@ -12,13 +12,16 @@ process: the functions it is handed are module-level, and return plain data.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vfops._errors import VfopsError
+from vfops._plain_json import PLAIN_JSON, UnrecordableValueError, check_plain_json
 from vfops.evaluation._result import Action, EvalResult, Existing
 from vfops.evaluation._runner import EvalRequest, new_run_dir
 from vfops.evaluation._store import read_metadata
@@ -77,15 +80,16 @@ async def open_run(
             return Plan(request, run_dir, "resumed", resume_folder=True)
         return Plan(request, new_run_dir(output_root, request.env_name, request.model), "created")
     installed = await asyncio.to_thread(_inspect_installed, request.env_name)
-    return await registry.call(
-        open_registry_run,
-        request,
-        output_root,
-        resume,
-        existing,
-        pid=os.getpid(),
-        installed=installed,
-    )
+    with _named_unrecordable(request):
+        return await registry.call(
+            open_registry_run,
+            request,
+            output_root,
+            resume,
+            existing,
+            pid=os.getpid(),
+            installed=installed,
+        )
 
 
 def open_in_background(
@@ -99,22 +103,61 @@ def open_in_background(
 
     async def open_run() -> RegistryCalls:
         installed = await asyncio.to_thread(_inspect_installed, request.env_name)
-        opened = await registry.call(
-            open_registry_run,
-            request,
-            output_root,
-            None,
-            "new",
-            new_run=(run_id, run_dir),
-            pid=os.getpid(),
-            installed=installed,
-        )
+        with _named_unrecordable(request):
+            opened = await registry.call(
+                open_registry_run,
+                request,
+                output_root,
+                None,
+                "new",
+                new_run=(run_id, run_dir),
+                pid=os.getpid(),
+                installed=installed,
+            )
         # the registry may have worked on a copy (another process): take what it found
         plan.provenance, plan.lease = opened.provenance, opened.lease
         request.env_version = opened.request.env_version
         return registry
 
     return plan, asyncio.create_task(open_run())
+
+
+@contextlib.contextmanager
+def _named_unrecordable(request: EvalRequest) -> Iterator[None]:
+    """A run that could not be recorded because a value of its arguments is not JSON
+    (found when the request was checked, unless something changed the arguments after)
+    fails as :class:`UnrecordableValueError` naming that value, never as a database
+    fault."""
+    try:
+        yield
+    except UnrecordableValueError:
+        raise
+    except Exception as exc:
+        for name, flag, value in (
+            ("env_args", "-a/--env-args", request.env_args),
+            ("sampling_args", "-S/--sampling-args", request.sampling_args),
+        ):
+            try:
+                check_plain_json(value, name, flag)
+            except UnrecordableValueError as found:
+                raise found from exc
+        if _serialisation_error(exc):
+            raise UnrecordableValueError(
+                f"a value of the run's configuration cannot be recorded ({_first_line(exc)})",
+                f"pass {PLAIN_JSON} in env_args (-a/--env-args) and sampling_args",
+            ) from exc
+        raise
+
+
+def _serialisation_error(exc: BaseException) -> bool:
+    # orjson's and json's words for a value they cannot write (the error may come back
+    # from the registry's process as its text only)
+    return "JSON serializable" in str(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def open_registry_run(

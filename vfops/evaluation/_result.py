@@ -27,6 +27,10 @@ DEFAULT_OUTPUT_ROOT = Path("outputs")
 DEFAULT_MAX_ERROR_RATE: Final = 0.0
 """The share of errored rollouts above which a completed run is reported as
 ``completed_with_errors`` (``vfops eval --max-error-rate``): by default any error."""
+DEFAULT_MAX_TOOL_ERROR_RATE: Final = 1.0
+"""The share of failed tool calls above which a completed run is reported as
+``completed_with_errors`` (``vfops eval --max-tool-error-rate``): by default none is
+(the summary still warns when most failed)."""
 
 
 @dataclass(frozen=True)
@@ -87,25 +91,39 @@ class EvalResult:
     error: str | None = None
     """Why a failed run failed, and how to finish it."""
 
-    def outcome(self, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> Outcome:
+    def outcome(
+        self,
+        max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
+        max_tool_error_rate: float = DEFAULT_MAX_TOOL_ERROR_RATE,
+    ) -> Outcome:
         """What happened, in one word: ``completed``, ``completed_with_errors`` (more
-        than ``max_error_rate`` of the rollouts errored, or every one did),
-        ``interrupted`` or ``failed``."""
+        than ``max_error_rate`` of the rollouts errored, or every one did, or more than
+        ``max_tool_error_rate`` of the tool calls failed), ``interrupted`` or ``failed``."""
         if self.status != "completed":
             if self.status in ("interrupted", "budget_exhausted"):
                 return self.status  # type: ignore[return-value]
             return "failed"
-        errors, rollouts = self.summary.error_count, self.summary.rollouts
-        if errors and (errors == rollouts or errors > max_error_rate * rollouts):
+        too_many_tool_errors = self.summary.tool_error_rate > max_tool_error_rate
+        if self._too_many_errors(max_error_rate) or too_many_tool_errors:
             return "completed_with_errors"
         return "completed"
 
-    def problem(self, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> str | None:
+    def _too_many_errors(self, max_error_rate: float) -> bool:
+        errors, rollouts = self.summary.error_count, self.summary.rollouts
+        return bool(errors) and (errors == rollouts or errors > max_error_rate * rollouts)
+
+    def problem(
+        self,
+        max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
+        max_tool_error_rate: float = DEFAULT_MAX_TOOL_ERROR_RATE,
+    ) -> str | None:
         """One line saying what went wrong and what to do; ``None`` when it completed."""
-        outcome = self.outcome(max_error_rate)
+        outcome = self.outcome(max_error_rate, max_tool_error_rate)
         label = self.run_id or self.run_dir
         if outcome == "completed":
             return None
+        if outcome == "completed_with_errors" and not self._too_many_errors(max_error_rate):
+            return self._tool_problem(max_tool_error_rate)
         if outcome == "completed_with_errors":
             summary = self.summary
             kinds = ", ".join(f"{kind}: {n}" for kind, n in summary.errors.most_common(3))
@@ -115,6 +133,17 @@ class EvalResult:
                 "--max-retries and rerun, or accept a share of errors with --max-error-rate"
             )
         return self.error or f"eval run {label} ended {self.status}"
+
+    def _tool_problem(self, max_tool_error_rate: float) -> str:
+        summary = self.summary
+        first = summary.first_tool_error_line
+        first = f" (first: {first})" if first else ""
+        return (
+            f"completed with tool errors: {summary.tool_errors} of {summary.tool_calls} tool "
+            f"calls failed{first}, above --max-tool-error-rate {max_tool_error_rate:g}; fix "
+            "what the tools call (a tool server, its credentials) and rerun, or accept a "
+            "higher share with --max-tool-error-rate"
+        )
 
     def raise_for_status(self, max_error_rate: float | None = None) -> None:
         """Raise :class:`RunEnded` unless the run completed (and, when

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, runtime_checkab
 
 from vfops._arrow import ResultsExport, export_fix, export_problem
 from vfops._errors import VfopsError
+from vfops._plain_json import UnrecordableValueError
 from vfops._rollout import RolloutRecord
 from vfops.evaluation._store import ARROW_FILE
 
@@ -238,6 +239,12 @@ class RegistrySink:
     def _raise_failure(self, writer: asyncio.Task[None]) -> None:
         exc = writer.exception() if not writer.cancelled() else None
         resume = f"vfops eval ... --resume {self._run_id}"
+        if isinstance(exc, UnrecordableValueError):  # the value's fault, not the database's
+            raise SinkError(
+                self.name,
+                f"could not record run {self._run_id}: {exc.problem}",
+                f"{exc.fix}, then run the evaluation again",
+            ) from exc
         if isinstance(exc, _RunNotOpened):
             raise SinkError(
                 self.name,
@@ -274,6 +281,8 @@ class RegistrySink:
             return self._registry
         try:
             return await self._registry
+        except UnrecordableValueError:
+            raise
         except Exception as exc:
             raise _RunNotOpened(first_line(exc)) from exc
 

@@ -11,10 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vfops._rollout import RolloutRecord
+from vfops._tool_counts import FIRST_TOOL_ERROR, TOOL_CALLS, TOOL_ERRORS
 
 ERROR_EXAMPLE_CHARS = 500
 _PASSES_MASK = (1 << 32) - 1  # the passing rollouts' part of a packed count
 """An error kind's example message is cut here (it is stored with the run's summary)."""
+WARNING_ERROR_CHARS = 300
+"""The first tool error, quoted in :meth:`EvalSummary.tool_warning`'s one line, is cut here."""
 
 
 @dataclass(slots=True)
@@ -66,6 +69,13 @@ class EvalSummary:
     """The sum of the rollouts' costs; ``None`` when none was priced ("unpriced")."""
     generation_ms: RunningMean = field(default_factory=RunningMean)
     wall_s: float = 0.0
+    tool_calls: int = 0
+    """Tool calls of the rollouts that counted theirs (metric ``tool_calls``)."""
+    tool_errors: int = 0
+    first_tool_error: str | None = None
+    """The first failed tool call's message, of the first rollout that had one."""
+    zero_rewards: int = 0
+    """Scored rollouts whose reward is 0 (all of them: nothing the model did counted)."""
     # example_id -> rollouts << 32 | passing rollouts (errors count as failures), one
     # int per example: a [rollouts, passes] list each was ~4 MB more for 50,000 examples
     _passes: dict[int, int] = field(default_factory=dict)
@@ -75,11 +85,16 @@ class EvalSummary:
         self.new_rollouts += new
         if record.reward is not None:
             self.reward.add(record.reward)
-        for name, value in record.metrics.items():
+            self.zero_rewards += record.reward == 0.0
+        metrics = record.metrics
+        for name, value in metrics.items():
             mean = self.metrics.get(name)
             if mean is None:
                 mean = self.metrics[name] = RunningMean()
             mean.add(value)
+        calls = metrics.get(TOOL_CALLS)
+        if calls is not None:  # the rollout counted its tool calls
+            self._add_tool_counts(record, calls, metrics.get(TOOL_ERRORS, 0.0))
         if record.error is not None:
             kind = f"{record.error.stage}:{record.error.type}"
             self.errors[kind] += 1
@@ -94,6 +109,42 @@ class EvalSummary:
         passed = record.reward is not None and record.reward >= self.pass_threshold
         key = record.example_id
         self._passes[key] = self._passes.get(key, 0) + (1 << 32) + passed
+
+    def _add_tool_counts(self, record: RolloutRecord, calls: float, errors: float) -> None:
+        self.tool_calls += int(calls)
+        self.tool_errors += int(errors)
+        if errors and self.first_tool_error is None:
+            message = record.info.get(FIRST_TOOL_ERROR) if isinstance(record.info, dict) else None
+            if message is not None:
+                self.first_tool_error = str(message)[:ERROR_EXAMPLE_CHARS]
+
+    @property
+    def tool_error_rate(self) -> float:
+        """The share of tool calls that failed (0 without tool calls)."""
+        return self.tool_errors / self.tool_calls if self.tool_calls else 0.0
+
+    def tool_warning(self) -> str | None:
+        """One line when the run's tool calls say its scores are not the model's: most of
+        them failed, or some failed and every scored rollout scored 0 (a tool server
+        refusing every call reads like a weak model otherwise); ``None`` when neither."""
+        if not self.tool_errors:
+            return None
+        most_failed = 2 * self.tool_errors > self.tool_calls
+        all_zero = self.reward.count > 0 and self.zero_rewards == self.reward.count
+        if not (most_failed or all_zero):
+            return None
+        line = f"{self.tool_errors} of {self.tool_calls} tool calls failed"
+        if not most_failed:
+            line = f"every rollout scored 0 and {line}"
+        first = self.first_tool_error_line
+        return f"{line} (first: {first})" if first else line
+
+    @property
+    def first_tool_error_line(self) -> str | None:
+        """:attr:`first_tool_error` on one line, cut to quote in one."""
+        if not self.first_tool_error:
+            return None
+        return _one_line(self.first_tool_error, WARNING_ERROR_CHARS)
 
     @property
     def error_count(self) -> int:
@@ -147,6 +198,15 @@ class EvalSummary:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cost_usd": self.cost_usd,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+            "tool_error_rate": self.tool_error_rate,
+            "first_tool_error": self.first_tool_error,
             "wall_s": self.wall_s,
             "rollouts_per_s": self.new_rollouts / self.wall_s if self.wall_s > 0 else 0.0,
         }
+
+
+def _one_line(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

@@ -90,6 +90,11 @@ def _metrics_from_stored(stored: dict[str, Any]) -> dict[str, float]:
         "completion_tokens": float(completion),
         "total_tokens": float(prompt + completion),
     }
+    if stored.get("tool_calls") is not None:  # absent from a summary stored before them
+        calls, tool_errors = int(stored["tool_calls"]), int(stored.get("tool_errors") or 0)
+        metrics["tool_calls"] = float(calls)
+        metrics["tool_errors"] = float(tool_errors)
+        metrics["tool_error_rate"] = tool_errors / calls if calls else 0.0
     if stored.get("cost_usd") is not None:  # unpriced: no metric, never a 0
         metrics["cost_usd"] = float(stored["cost_usd"])
     if scored:
