@@ -60,7 +60,11 @@ def eval_command(
     sampling_args: SamplingArgsOption = None,
     env_args: Annotated[
         str | None,
-        typer.Option("--env-args", "-a", help="JSON object passed to load_environment."),
+        typer.Option(
+            "--env-args",
+            "-a",
+            help="JSON object passed to load_environment, or @FILE (.json, or .toml).",
+        ),
     ] = None,
     temperature: TemperatureOption = None,
     max_tokens: MaxTokensOption = None,

@@ -101,6 +101,12 @@ def summary_rows(result: EvalResult) -> list[tuple[str, str]]:
     )
     rows = [("reward", reward)]
     rows += [(f"  {name}", f"{mean.mean:.4f}") for name, mean in sorted(summary.metrics.items())]
+    # episodes of several agents: each seat's own mean (a zero-sum game's is 0 overall)
+    if len(summary.agents) > 1:
+        rows += [
+            (f"  {name} reward", f"{mean.mean:.4f} ({summary.agent_rollouts[name]} rollouts)")
+            for name, mean in sorted(summary.agents.items())
+        ]
     rows += [(f"pass@{k}", f"{value:.4f}") for k, value in summary.pass_at().items()]
     rows.append(("rollouts", f"{summary.rollouts} ({summary.reward.count} scored)"))
     rows.append(("errors", str(summary.error_count)))

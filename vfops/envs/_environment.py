@@ -143,9 +143,10 @@ class Environment(ABC):
         found = {split: self._dataset_split(split) for split in ("train", "eval")}
         return {split: data for split, data in found.items() if data is not None}
 
-    def eval_size(self) -> int | None:
+    def eval_size(self, wanted: int = -1) -> int | None:
         """Rows of the eval split (falling back to train, as ``eval_dataset`` does);
-        None when there is neither. Never converts plain rows to a Dataset."""
+        None when there is neither. Never converts plain rows to a Dataset. ``wanted``:
+        how many the caller will read (-1: all); an endless source builds only those."""
         found = self._eval_split()
         return None if found is None else len(found)
 
@@ -178,6 +179,11 @@ class Environment(ABC):
         sampling_args: SamplingArgs | None = None,
     ) -> State:
         """Run one rollout; return its final state (never raise for model errors)."""
+
+    def episode_of(self, rollout_index: int) -> int:
+        """The planned episode a stored rollout index belongs to: itself, unless the
+        environment's episodes produce several traces (see ``RolloutRecord.episode``)."""
+        return rollout_index
 
     def merged_sampling_args(self, overrides: SamplingArgs | None) -> SamplingArgs:
         return {**self.sampling_args, **(overrides or {})}
@@ -299,6 +305,8 @@ def state_to_record(
         timing=Timing(generation_ms=state["generation_ms"], scoring_ms=score.scoring_ms),
         usage=state["usage"],
         turns=state["turn"],
+        episode=state.get("episode"),
+        agent=state.get("agent", ""),
         model=model,
         sampling_args=sampling_args,
     )

@@ -76,6 +76,9 @@ class EvalSummary:
     """The first failed tool call's message, of the first rollout that had one."""
     zero_rewards: int = 0
     """Scored rollouts whose reward is 0 (all of them: nothing the model did counted)."""
+    agents: dict[str, RunningMean] = field(default_factory=dict)
+    """Reward per agent (role) of episodes of several traces; empty for one agent."""
+    agent_rollouts: Counter[str] = field(default_factory=Counter)
     # example_id -> rollouts << 32 | passing rollouts (errors count as failures), one
     # int per example: a [rollouts, passes] list each was ~4 MB more for 50,000 examples
     _passes: dict[int, int] = field(default_factory=dict)
@@ -86,6 +89,8 @@ class EvalSummary:
         if record.reward is not None:
             self.reward.add(record.reward)
             self.zero_rewards += record.reward == 0.0
+        if record.agent:
+            self._add_agent(record)
         metrics = record.metrics
         for name, value in metrics.items():
             mean = self.metrics.get(name)
@@ -109,6 +114,14 @@ class EvalSummary:
         passed = record.reward is not None and record.reward >= self.pass_threshold
         key = record.example_id
         self._passes[key] = self._passes.get(key, 0) + (1 << 32) + passed
+
+    def _add_agent(self, record: RolloutRecord) -> None:
+        self.agent_rollouts[record.agent] += 1
+        mean = self.agents.get(record.agent)
+        if mean is None:
+            mean = self.agents[record.agent] = RunningMean()
+        if record.reward is not None:
+            mean.add(record.reward)
 
     def _add_tool_counts(self, record: RolloutRecord, calls: float, errors: float) -> None:
         self.tool_calls += int(calls)
@@ -188,6 +201,14 @@ class EvalSummary:
             "reward_std": self.reward.std,
             "reward_stderr": self.reward.stderr,
             "metrics": {name: m.mean for name, m in sorted(self.metrics.items())},
+            "agents": {
+                name: {
+                    "rollouts": self.agent_rollouts[name],
+                    "scored": m.count,
+                    "reward_mean": m.mean,
+                }
+                for name, m in sorted(self.agents.items())
+            },
             "pass_at_k": {str(k): v for k, v in pass_at.items()},
             "pass_threshold": self.pass_threshold,
             "errors": self.error_count,
