@@ -241,3 +241,33 @@ def test_detection_power_near_the_noise_floor() -> None:
     assert 0.3 <= at_floor <= 0.65  # a drop at the floor is a coin flip
     assert 0.7 <= at_mde <= 0.9  # the quoted 80 %, within simulation error
     assert 1.2 < mde / floor < 1.6  # (1.96 + 0.84) / 1.96 ≈ 1.43
+
+
+def test_a_runs_summary_and_mlflow_metrics_per_agent() -> None:
+    from vfops._rollout import RolloutRecord
+    from vfops.stats import EvalSummary
+    from vfops.tracking._eval_runs import _metrics_from_stored
+
+    summary = EvalSummary()
+    for episode, (a, b) in enumerate([(2.0, -2.0), (1.0, -1.0)]):
+        for position, (agent, reward) in enumerate([("opener", a), ("responder", b)]):
+            summary.add(
+                RolloutRecord(
+                    example_id=0,
+                    rollout_index=episode * 1000 + position,
+                    prompt=[],
+                    completion=[],
+                    reward=reward,
+                    episode=episode,
+                    agent=agent,
+                )
+            )
+    stored = summary.to_dict()
+    assert stored["reward_mean"] == 0.0  # zero-sum overall: only the seats tell
+    assert stored["agents"] == {
+        "opener": {"rollouts": 2, "scored": 2, "reward_mean": 1.5},
+        "responder": {"rollouts": 2, "scored": 2, "reward_mean": -1.5},
+    }
+    metrics = _metrics_from_stored(stored)
+    assert metrics["agent/opener/reward_mean"] == 1.5
+    assert metrics["agent/responder/reward_mean"] == -1.5

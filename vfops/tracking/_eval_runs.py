@@ -104,6 +104,9 @@ def _metrics_from_stored(stored: dict[str, Any]) -> dict[str, float]:
         metrics[f"metric/{_metric_name(name)}"] = float(mean)
     for k, value in (stored.get("pass_at_k") or {}).items():
         metrics[f"pass_at_{k}"] = float(value)
+    for name, agent in sorted((stored.get("agents") or {}).items()):
+        if agent.get("scored"):  # the seat's mean reward, in an episode of several agents
+            metrics[f"agent/{_metric_name(name)}/reward_mean"] = float(agent["reward_mean"])
     for key in ("rollouts_per_s", "wall_s"):
         stored_value = stored.get(key)
         if isinstance(stored_value, int | float):
