@@ -3,11 +3,14 @@ environment library of vfops, registered as ``verifiers-v1 = "vfops.adapters:VER
 in ``vfops.environment_libraries``.
 
 A v1 taskset package declares no entry point either: ``vf-eval <taskset-id>`` imports the
-module named like the id and takes the ``Taskset`` subclass its ``__all__`` exports. vfops
-finds it the same way: an installed package that requires ``verifiers`` (listed by
-``vfops env list``), or any installed module named like the id (found by name, as
-``vf-eval`` finds ``reverse_text``, whose package declares only ``datasets``). Only while
-verifiers 0.4 or later is installed: with the classic line installed,
+module named like the id and takes the ``Taskset`` subclass its ``__all__`` exports. Which
+packages hold one is decided, without importing them, by the rule of
+:mod:`vfops.adapters._v1_packages` (a package that requires ``verifiers``, or one whose
+module named like it imports ``verifiers``, as upstream's reverse_text does while declaring
+only ``datasets``): ``vfops env list`` lists those, ``vfops env publish`` publishes them,
+and ``vfops eval`` finds them by it first, then takes any other importable module named
+like the id, as ``vf-eval`` does (loading it confirms it is a taskset, in one line). Only
+while verifiers 0.4 or later is installed: with the classic line installed,
 :mod:`vfops.adapters._verifiers_library` finds the packages instead. This module imports
 no ``verifiers``; :mod:`vfops.adapters._v1` does, on load.
 """
@@ -19,16 +22,14 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, distribution, version
 from typing import Any
 
-from vfops.adapters._verifiers_line import NATIVE_GROUP, dependents, installed_line, module_of
+from vfops.adapters._v1_packages import installed_candidates, module_named_like, taskset_module
+from vfops.adapters._verifiers_line import NATIVE_GROUP, installed_line
 from vfops.envs import (
     Environment,
     EnvironmentEntry,
     EnvironmentLibrary,
     EnvironmentPackage,
 )
-
-_NOT_TASKSETS = frozenset({"verifiers", "vfops", "prime-rl"})
-"""Distributions that require ``verifiers`` (or provide it) but hold no taskset."""
 
 
 class VerifiersV1Library(EnvironmentLibrary):
@@ -37,26 +38,26 @@ class VerifiersV1Library(EnvironmentLibrary):
     name = "verifiers-v1"
 
     def environments(self, package: EnvironmentPackage) -> dict[str, str]:
-        if installed_line() != "v1" or package.entry_points.get(NATIVE_GROUP):
+        if installed_line() != "v1":
             return {}
-        if not package.depends_on("verifiers") or package.distribution in _NOT_TASKSETS:
-            return {}
-        module = module_of(package)
+        module = taskset_module(package)
         # the module alone: its Taskset is the one its __all__ exports (verifiers' rule)
-        return {module: module}
+        return {module: module} if module is not None else {}
 
     def installed(self) -> list[EnvironmentEntry]:
+        """Every installed package the rule claims (0.14 s for the v1 venv's ~290: most
+        are settled by their metadata or one file)."""
         if installed_line() != "v1":
             return []
-        return [entry for package in dependents() for entry in self.entries(package)]
+        return [entry for package in installed_candidates() for entry in self.entries(package)]
 
     def find(self, name: str) -> EnvironmentEntry | None:
-        """The distribution named like the taskset, else any importable module of that
-        name (the way ``vf-eval <taskset-id>`` resolves an id; whether it holds a
-        ``Taskset`` is checked when it is loaded, in one line)."""
+        """The distribution named like the taskset when the rule claims it (as listed),
+        else any importable module of that name (the way ``vf-eval <taskset-id>`` resolves
+        an id; whether it holds a ``Taskset`` is checked when it is loaded, in one line)."""
         if installed_line() != "v1":
             return None
-        module = _taskset_module(name)
+        module = module_named_like(name)
         for candidate in dict.fromkeys((name, name.replace("_", "-"), name.replace("-", "_"))):
             try:
                 dist = distribution(candidate)
@@ -65,7 +66,8 @@ class VerifiersV1Library(EnvironmentLibrary):
             package = EnvironmentPackage.from_distribution(dist)
             if package.entry_points.get(NATIVE_GROUP):
                 return None  # a vfops environment of that name
-            return EnvironmentEntry(module, module, "", self.name, dist)
+            claimed = self.entries(package)
+            return claimed[0] if claimed else EnvironmentEntry(module, module, "", self.name, dist)
         if importlib.util.find_spec(module) is not None:
             return EnvironmentEntry(module, module, "", self.name, None)
         return None
@@ -93,11 +95,6 @@ class VerifiersV1Library(EnvironmentLibrary):
             EnvironmentEntry(name, module, "", self.name, package.dist)
             for name, module in self.environments(package).items()
         ]
-
-
-def _taskset_module(taskset_id: str) -> str:
-    """The module ``vf-eval`` imports for a taskset id (``owner/name@1.0`` -> ``name``)."""
-    return taskset_id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
 
 
 VERIFIERS_V1 = VerifiersV1Library()

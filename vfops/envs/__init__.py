@@ -9,7 +9,9 @@ from vfops.envs._library import (
     EnvironmentEntry,
     EnvironmentLibrary,
     EnvironmentPackage,
+    SourceReader,
     distribution_name,
+    installed_source,
     requires,
 )
 from vfops.envs._load_errors import load_failure
@@ -38,6 +40,7 @@ __all__ = [
     "MultiTurnEnv",
     "Scorer",
     "SingleTurnEnv",
+    "SourceReader",
     "StatefulToolEnv",
     "ToolEnv",
     "distribution_name",
@@ -47,6 +50,7 @@ __all__ = [
     "find_environment",
     "format_dataset",
     "installed_environments",
+    "installed_source",
     "iter_examples",
     "library_of",
     "load_environment",

@@ -43,9 +43,12 @@ from __future__ import annotations
 
 import abc
 import importlib
+import importlib.util
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from importlib import metadata
 from importlib.metadata import Distribution, PackageNotFoundError, distributions
 from typing import Any
@@ -57,6 +60,13 @@ DEFAULT_FACTORY = "load_environment"
 """The function an environment package exposes, by every library's convention so far."""
 
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+SourceReader = Callable[[str], "bytes | None"]
+"""Reads one of a package's importable files by its path below the import root
+(``pkg/__init__.py``, ``pkg/sub.py``, ``mod.py``), without importing anything; None when
+the package has no such file. A library that decides from a package's source whether it
+holds its environments (verifiers v1's does: its packages need not declare verifiers)
+reads it through this, wherever the package is: installed, a source folder, a wheel."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,8 @@ class EnvironmentPackage:
     """The top-level modules it installs, where known (empty: not known)."""
     dist: Distribution | None = None
     """The installed distribution it was read from (None: a source folder or a wheel)."""
+    read_source: SourceReader | None = field(default=None, compare=False, repr=False)
+    """Reads its source files (None: not at hand)."""
 
     @classmethod
     def from_distribution(cls, dist: Distribution) -> EnvironmentPackage:
@@ -110,11 +122,43 @@ class EnvironmentPackage:
             entry_points=groups,
             modules=tuple(m.strip() for m in listed if m.strip() and not m.startswith("_")),
             dist=dist,
+            read_source=installed_source(dist),
         )
 
     def depends_on(self, name: str) -> bool:
         """Whether the package requires ``name`` unconditionally (not only for an extra)."""
         return requires(self.requires, name)
+
+
+def installed_source(dist: Distribution) -> SourceReader:
+    """Reads the files of an installed distribution: where it installed them, else
+    (an editable install, whose files stay in its project folder) where the import
+    system finds its top-level module, as ``import`` would."""
+    installed_root = str(dist.locate_file(""))
+
+    @cache
+    def spec_roots(top: str) -> tuple[str, ...]:
+        try:
+            spec = importlib.util.find_spec(top)  # a top-level name: imports nothing
+        except (ImportError, ValueError):
+            return ()
+        if spec is None:
+            return ()
+        if spec.submodule_search_locations is not None:  # a package: its folders' parent
+            return tuple(os.path.dirname(folder) for folder in spec.submodule_search_locations)
+        return (os.path.dirname(spec.origin),) if spec.origin else ()
+
+    def read(relpath: str) -> bytes | None:
+        top = relpath.split("/", 1)[0].removesuffix(".py")
+        for root in (installed_root, *spec_roots(top)):
+            try:
+                with open(os.path.join(root, relpath), "rb") as file:
+                    return file.read()
+            except OSError:  # not there (or not a file): the next place
+                continue
+        return None
+
+    return read
 
 
 def requires(requirements: Iterable[str], name: str) -> bool:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from vfops._config import read_toml
 from vfops._errors import VfopsError
-from vfops.envs import EnvironmentPackage, library_of
+from vfops.envs import EnvironmentPackage, SourceReader, library_of
 
 ENTRY_POINT_GROUP = "vfops.environments"
 Bump = Literal["patch", "minor", "major"]
@@ -55,7 +55,8 @@ def read_project(path: Path) -> EnvironmentProject:
             f"{pyproject} must declare exactly one entry point in "
             f'[project.entry-points."{ENTRY_POINT_GROUP}"], found {len(entry_points)} '
             "(an environment of another library follows its convention: a verifiers "
-            "one depends on verifiers and has one module)"
+            "one depends on verifiers and has one module; a verifiers v1 taskset's module, "
+            "named like the package, imports verifiers and exports its Taskset in __all__)"
         )
     ((env_name, entry_point),) = entry_points.items()
     declared_version = str(project.get("version") or "")
@@ -90,7 +91,24 @@ def _package(pyproject: dict[str, Any], path: Path, dependencies: list[str]) -> 
         requires=tuple(dependencies),
         entry_points=groups,
         modules=_declared_modules(pyproject),
+        read_source=_folder_source(path),
     )
+
+
+def _folder_source(path: Path) -> SourceReader:
+    """Reads a source folder's importable files, from ``src/`` when it has one (where
+    publishing imports them from too)."""
+    roots = [path / "src", path] if (path / "src").is_dir() else [path]
+
+    def read(relpath: str) -> bytes | None:
+        for root in roots:
+            try:
+                return (root / relpath).read_bytes()
+            except OSError:  # not there (or not a file): the next root
+                continue
+        return None
+
+    return read
 
 
 def _declared_modules(pyproject: dict[str, Any]) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from packaging.utils import (
 )
 
 from vfops._errors import VfopsError
-from vfops.envs import EnvironmentPackage, library_of
+from vfops.envs import EnvironmentPackage, SourceReader, library_of
 from vfops.publishing._project import ENTRY_POINT_GROUP
 
 
@@ -85,12 +85,26 @@ def read_wheel_identity(wheel: Path) -> WheelIdentity:
         requires=tuple(metadata.get_all("Requires-Dist") or ()),
         entry_points=_entry_points(wheel, entry_points_text),
         modules=_top_level_modules(names),
+        read_source=_wheel_source(wheel, names),
     )
     claimed = library_of(package)  # the environment library that claims the wheel
     environments = claimed[1] if claimed is not None else {}
     return WheelIdentity(
         distribution=str(file_name), version=str(meta_version), environments=environments
     )
+
+
+def _wheel_source(wheel: Path, names: list[str]) -> SourceReader:
+    """Reads the wheel's files (for a library that reads a package's source to claim it)."""
+    present = set(names)
+
+    def read(relpath: str) -> bytes | None:
+        if relpath not in present:
+            return None
+        with zipfile.ZipFile(wheel) as archive:
+            return archive.read(relpath)
+
+    return read
 
 
 def _top_level_modules(names: list[str]) -> tuple[str, ...]:

@@ -1,0 +1,3 @@
+from v1_datasets_only.taskset import MirrorTaskset
+
+__all__ = ["MirrorTaskset"]
