@@ -43,6 +43,7 @@ from vfops._rollout import (
     TokenUsage,
     episode_of,
 )
+from vfops._tool_counts import FIRST_TOOL_ERROR, TOOL_CALLS, TOOL_ERRORS
 from vfops._types import Messages, SamplingArgs, State
 from vfops.adapters._group import GroupEnvironment
 from vfops.adapters._verifiers_line import installed_line
@@ -369,8 +370,8 @@ def trace_state(
         "trainable": bool(trace.agent.trainable),
     }
     if tools is not None and tools.calls:
-        state["tool_calls"], state["tool_errors"] = tools.calls, tools.errors
-        state["first_tool_error"] = tools.first_error
+        state[TOOL_CALLS], state[TOOL_ERRORS] = tools.calls, tools.errors
+        state[FIRST_TOOL_ERROR] = tools.first_error
     metrics = {name: float(r.score) for name, r in trace.rewards.items() if r is not None}
     metrics.update((name, float(v)) for name, v in trace.metrics.items() if v is not None)
     reward = float(trace.reward) if error is None else None
