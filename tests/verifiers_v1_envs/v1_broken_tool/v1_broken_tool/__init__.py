@@ -1,0 +1,3 @@
+from v1_broken_tool.taskset import BrokenToolTaskset
+
+__all__ = ["BrokenToolTaskset"]
