@@ -152,3 +152,14 @@ def test_each_seats_turns_are_its_own_tokens(tmp_path: Path) -> None:
             assert f"You are the {state['agent']}" in prompt
     batch = to_batch(0, [(states, scores)], 0.1, LossConfig(scale_rewards=False))
     assert batch.rollouts == sum(1 for s in scores if s.reward is not None)
+
+
+def test_an_infinite_taskset_publishes_its_first_tasks(
+    home: dict[str, str], tmp_path: Path
+) -> None:
+    from vfops.publishing._build import SNAPSHOT_ROWS
+
+    folder = Path(__file__).resolve().parents[1] / "verifiers_v1_envs" / "v1_endless"
+    done = vfops(["env", "publish", str(folder)], home, tmp_path)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert f"train: {SNAPSHOT_ROWS} rows, eval: {SNAPSHOT_ROWS} rows" in done.stdout, done.stdout

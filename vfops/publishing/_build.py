@@ -109,6 +109,11 @@ class DatasetSnapshot:
     rows: int
 
 
+SNAPSHOT_ROWS = 100
+"""Rows of an environment without an end (an infinite taskset) that a published
+version's dataset snapshot holds: its first ones, as ``-n`` would run them."""
+
+
 def snapshot_datasets(project: EnvironmentProject, out_dir: Path) -> list[DatasetSnapshot]:
     """Load the environment from source and write each formatted split as parquet."""
     env = load_from_source(project)
@@ -136,6 +141,9 @@ def load_from_source(project: EnvironmentProject) -> Environment:
             factory: Any = getattr(module, attr) if attr else module
             with quiet_datasets():  # environments build their datasets with Dataset.map
                 env = library.build(factory, project.env_name)
+                # an endless source (an infinite v1 taskset) builds, and so snapshots, its
+                # first SNAPSHOT_ROWS rows; every other environment, all of its rows
+                env.eval_size(SNAPSHOT_ROWS)
                 env.splits()  # built while its source is the one imported
         except VfopsError as exc:
             raise VfopsError(
