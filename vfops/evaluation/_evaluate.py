@@ -4,12 +4,13 @@ Every caller — ``vfops eval``, sweep and nightly cells, promotion gates, the
 environments' own tests — runs an evaluation through it, so every run lands in
 the same places with the same provenance:
 
-1. the arguments are checked, the environment loads and its rows are counted
-   (bad input, an unknown environment, an argument it refuses, a task it cannot
-   run: one line, before anything is started or written);
+1. the arguments are checked, the environment loads, its rows are counted and the
+   endpoint is checked (bad input, an unknown environment, an argument it refuses,
+   a task it cannot run, an endpoint that does not answer or serve the model: one
+   line, before anything is started or written);
 2. only then the recorders start: the tracker (MLflow, in its own process, so its
-   start-up overlaps the model and the rollouts) and the registry calls; the model
-   is resolved and checked meanwhile;
+   start-up overlaps the rollouts and a model loaded in-process) and the registry
+   calls; then an in-process model loads;
 3. the run is opened: created, resumed (``resume=`` a run id, id prefix or run
    folder; or ``existing="resume"``: the newest unfinished run with the same
    configuration fingerprint) or reused (``existing="reuse"``: a completed run
@@ -42,7 +43,7 @@ from vfops._paths import check_writable_folder
 from vfops._settings import registry_retry_s, scoring_timeout_s
 from vfops._twins import blocking_twin
 from vfops.evaluation._loop import RunContext, run
-from vfops.evaluation._model import ModelOptions, connect_model
+from vfops.evaluation._model import ModelOptions, connect_model, is_in_process
 from vfops.evaluation._open_run import (
     open_in_background,
     open_run,
@@ -122,23 +123,25 @@ async def evaluate_async(
             env = load_environment(request.env_name, **copy.deepcopy(request.env_args))
         # recorded as what runs: -1 (all) and an N above the dataset's size are its size
         request.num_examples = _examples_to_run(env, request)
-        # Nothing that records the run starts before the environment and its rows are
-        # checked: a refusal costs no tracker, registry or model start (and writes
-        # nothing). The tracker's start-up (MLflow) overlaps the model and the rollouts.
+        if client is not None:
+            request.base_url = request.base_url or model_opts.base_url
+        elif not is_in_process(request.model):
+            # an endpoint is checked (reachable, serving the model) before anything below
+            client = connection_client = await _connect(request, model_opts)
+        if opts.capped:
+            check_priced(client, request.model)  # None: in-process, refused before it loads
+        if track:
+            await asyncio.to_thread(check_tracking_server)
+        # Nothing that records the run starts before the arguments, the environment, its
+        # rows and the endpoint are checked: a refusal starts no tracker, registry or
+        # model, and writes nothing. The tracker's start-up (MLflow) overlaps an
+        # in-process model's loading and the rollouts.
         if track:
             tracker = start_tracker(request.env_name, serve_registry=opts.engine is None)
         if opts.registry:
             calls = await registry_calls(opts.engine, tracker)
         if client is None:
-            connection = await connect_model(request.model, model_opts)
-            client = connection_client = connection.client
-            request.model, request.base_url = connection.model, connection.base_url
-        else:
-            request.base_url = request.base_url or model_opts.base_url
-        if opts.capped:
-            check_priced(client, request.model)
-        if track:
-            await asyncio.to_thread(check_tracking_server)
+            client = connection_client = await _connect(request, model_opts)
         return await _open_and_run(request, opts, env, client, calls, tracker, progress, sinks)
     finally:
         if connection_client is not None:
@@ -151,6 +154,13 @@ async def evaluate_async(
             await calls.aclose()
         if tracker is not None:
             await tracker.aclose()
+
+
+async def _connect(request: EvalRequest, options: ModelOptions) -> ModelClient:
+    """The client of ``request.model``; the request records the name and URL it resolved to."""
+    connection = await connect_model(request.model, options)
+    request.model, request.base_url = connection.model, connection.base_url
+    return connection.client
 
 
 def _check_input(request: EvalRequest, options: RunOptions, model_options: ModelOptions) -> None:

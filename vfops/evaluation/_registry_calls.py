@@ -10,8 +10,9 @@ the lease renewals, recording the end, reading the run for MLflow) goes through
   itself (``vfops eval``): the evaluating process never imports SQLAlchemy, and its
   GIL stays with the event loop. On a 2-core machine the registry's import alone
   (~0.5 s of CPU) and each batch's row building otherwise took turns with the
-  rollouts; there they run on the other core. A tracked ``vfops eval`` has them
-  served by a thread of its tracker process (:data:`SERVICE`, the tracker's side
+  rollouts; there they run on the other core. A tracked evaluation on the default
+  registry (``vfops eval``'s) has them served by a thread of its tracker process
+  (:data:`SERVICE`, the tracker's side
   service: :meth:`ChildCalls.over`), which loads SQLAlchemy for MLflow's store
   anyway: one recorder process, not two (~45 MB less for the run's process tree);
   an untracked one starts a registry child (:meth:`ChildCalls.start`).
@@ -44,7 +45,8 @@ _HEADER: Final = struct.Struct(">I")  # each frame: its length, then a pickle
 _PROTOCOL: Final = pickle.HIGHEST_PROTOCOL
 
 SERVICE: Final = "vfops.evaluation._registry_calls:serve"
-""":func:`serve` as the tracker process's side service (``vfops eval`` starts it so)."""
+""":func:`serve` as the tracker process's side service (a tracked evaluation on the
+default registry starts it so)."""
 
 
 class RegistryUnavailable(VfopsError):

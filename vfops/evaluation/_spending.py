@@ -42,7 +42,9 @@ def check_caps(
         )
 
 
-def check_priced(client: ModelClient, model: str) -> None:
+def check_priced(client: ModelClient | None, model: str) -> None:
+    """Refuse a cost cap on a model without prices (``client`` None: one loaded
+    in-process, which has none)."""
     if getattr(client, "pricing", None) is None:
         raise VfopsError(
             f"a cost cap needs prices for model {model!r}: set input_price_per_mtok and "

@@ -1,11 +1,12 @@
 """Starting what records an evaluation: the MLflow tracker and the registry calls.
 
-The tracker (MLflow, in a process of its own) is started before anything else of an
-evaluation, so its imports and the opening of the tracking store overlap the
-environment, the model and the first rollouts; the registry calls go through it
-when it serves them (``vfops eval``), so one recorder process, not two, holds
-SQLAlchemy. A tracking server that does not answer fails here, before a run is
-recorded.
+Both start once the environment is loaded and its rows are checked, never before: a
+refused environment or argument starts neither (nor writes a store). The tracker
+(MLflow, in a process of its own) then starts first, so its imports and the opening
+of the tracking store overlap the model and the first rollouts; on the default
+registry the registry calls go through it (its side service), so one recorder
+process, not two, holds SQLAlchemy. A tracking server that does not answer fails
+here, before a run is recorded.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
 
 async def registry_calls(engine: Engine | None, tracker: Tracker | None) -> RegistryCalls:
     """The caller's engine in a worker thread, else the default registry in the tracker
-    process when it serves it (``vfops eval`` starts it so), else in a child process of
-    its own (see :mod:`vfops.evaluation._registry_calls`)."""
+    process when it serves it (:func:`start_tracker` with ``serve_registry``), else in a
+    child process of its own (see :mod:`vfops.evaluation._registry_calls`)."""
     from vfops.evaluation._registry_calls import ChildCalls, ThreadCalls
 
     if engine is not None:
@@ -37,10 +38,14 @@ def tracking_on(tracking: bool | None) -> bool:
     return tracking_enabled() if tracking is None else tracking and tracking_enabled()
 
 
-def start_tracker(env_name: str) -> Tracker:
+def start_tracker(env_name: str, *, serve_registry: bool) -> Tracker:
+    """The tracker of an evaluation of ``env_name``; ``serve_registry``: it also serves
+    the evaluation's calls to the default registry
+    (:data:`vfops.evaluation._registry_calls.SERVICE`)."""
+    from vfops.evaluation._registry_calls import SERVICE
     from vfops.tracking import Tracker
 
-    return Tracker.for_run(env_name=env_name)
+    return Tracker.spawn(env_name=env_name, side_service=SERVICE if serve_registry else None)
 
 
 def check_tracking_server() -> None:

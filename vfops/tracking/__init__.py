@@ -46,7 +46,7 @@ from vfops.tracking._links import (
 )
 from vfops.tracking._params import flatten_params
 from vfops.tracking._run_info import link_mlflow_run, prepare_run_info, prepare_run_log
-from vfops.tracking._tracker import ExportError, SideChannel, Tracker, prestart
+from vfops.tracking._tracker import ExportError, SideChannel, Tracker
 
 __all__ = [
     "EMBEDDED_DIR",
@@ -79,7 +79,6 @@ __all__ = [
     "prepare_experiment",
     "prepare_run_info",
     "prepare_run_log",
-    "prestart",
     "start_sweep_runs",
     "tracking_enabled",
     "tracking_uri",

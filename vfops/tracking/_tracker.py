@@ -1,10 +1,10 @@
 """The tracker: a child process that records an eval run in MLflow while it runs.
 
 Importing MLflow and opening its store costs over a second of CPU, more than a
-short evaluation takes. The evaluation starts the tracker first (``vfops eval``
-starts it before it even parses its flags: :func:`prestart`), so that work runs
-on another core while the environment loads and the rollouts run, and MLflow
-(and its memory) stays out of the evaluating process.
+short evaluation takes. The evaluation starts the tracker as soon as its environment
+is loaded and checked (a refused one starts no tracker), so that work runs on another
+core while the model is connected and the rollouts run, and MLflow (and its memory)
+stays out of the evaluating process.
 
 The run is recorded as it runs, so that little is left when the last rollout is
 in: the MLflow run is opened (params, tags) as soon as the registry run is; the
@@ -55,9 +55,6 @@ from typing import IO, Any
 import orjson
 
 from vfops._errors import VfopsError
-
-_prestarted: Tracker | None = None
-_prestarted_lock = threading.Lock()
 
 
 class _Sender:
@@ -185,18 +182,6 @@ class Tracker:
         """The side service's pipes (see :meth:`spawn`), handed over once; None without one."""
         side, self._side = self._side, None
         return side
-
-    @classmethod
-    def for_run(cls, *, env_name: str) -> Tracker:
-        """The tracker started early for this evaluation (:func:`prestart`), else a new one."""
-        global _prestarted
-        with _prestarted_lock:
-            early, _prestarted = _prestarted, None
-        if early is not None:
-            if early.env_name == env_name:
-                return early
-            early.kill()
-        return cls.spawn(env_name=env_name)
 
     # ------------------------------------------------------------------ commands
 
@@ -355,19 +340,3 @@ class Tracker:
         except TimeoutError:
             self.kill()
         self._close_pipes()
-
-
-def prestart(env_name: str, *, side_service: str | None = None) -> None:
-    """Start the tracker of an evaluation of ``env_name`` now, before the evaluation
-    (``side_service``: see :meth:`Tracker.spawn`).
-
-    ``vfops eval`` calls this before importing anything heavy; the evaluation then
-    adopts it (:meth:`Tracker.for_run`). A tracker nobody adopts sees its input
-    close when this process exits, and exits too.
-    """
-    global _prestarted
-    tracker = Tracker.spawn(env_name=env_name, side_service=side_service)
-    with _prestarted_lock:
-        previous, _prestarted = _prestarted, tracker
-    if previous is not None:
-        previous.kill()
