@@ -90,8 +90,8 @@ def test_vfops_train_runs_grpo_steps_on_a_v1_taskset(tiny_dir: Path, tmp_path: P
 async def test_a_v1_tool_rollout_through_the_vllm_backend_keeps_every_turns_tokens(
     fake: tuple[FakeVLLM, str], tiny_dir: Path, tmp_path: Path
 ) -> None:
-    """``glossary`` (copied from verifiers) through the vLLM backend: the model asks its MCP
-    tool, verifiers' toolset answers, the model replies; each turn's tokens are the
+    """``v1_lookup`` (an MCP toolset per rollout) through the vLLM backend: the model asks
+    its MCP tool, verifiers' toolset answers, the model replies; each turn's tokens are the
     server's exactly, the second continuing the first (the tool result between them is
     masked: one sequence)."""
     from transformers import AutoTokenizer
@@ -101,10 +101,10 @@ async def test_a_v1_tool_rollout_through_the_vllm_backend_keeps_every_turns_toke
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_dir))
     server, url = fake
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    env = load_environment("glossary")
+    env = load_environment("v1_lookup")
     example = next(iter(env.iter_eval_examples(1)))
-    entity = str(example.prompt[-1]["content"]).split('"')[1]
-    call = f'<tool_call>{{"name":"facts_lookup","arguments":{{"name":"{entity}"}}}}</tool_call>'
+    term = str(example.prompt[-1]["content"]).split('"')[1]
+    call = f'<tool_call>{{"name":"dictionary_define","arguments":{{"term":"{term}"}}}}</tool_call>'
     sent = [[*encode(tokenizer, call), eos], [*encode(tokenizer, "<answer>done</answer>"), eos]]
     server.script += [list(ids) for ids in sent]
     config = VLLMGenerationConfig(
@@ -119,7 +119,7 @@ async def test_a_v1_tool_rollout_through_the_vllm_backend_keeps_every_turns_toke
         await backend.aclose()
         await env.aclose()
     (state,) = states
-    assert state["error"] is None and scores[0].reward == 0.0  # "done" is not the fact
+    assert state["error"] is None and scores[0].reward == 0.0  # "done" is not the definition
     assert [m["role"] for m in state["completion"]] == ["assistant", "tool", "assistant"]
     assert state["completion"][1]["content"] == example.answer  # verifiers ran the tool
     t1, t2 = (r.raw[TOKENS_KEY] for r in state["responses"])

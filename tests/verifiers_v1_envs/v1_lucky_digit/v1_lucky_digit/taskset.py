@@ -62,5 +62,7 @@ class LuckyDigitTaskset(vf.Taskset[DigitTask, DigitConfig]):
         for index in range(c.num_tasks):
             digit = c.digits[index % len(c.digits)]
             prompt = rng.choice(TEMPLATES[c.split]).format(d=digit, w=rng.choice(WORDS[c.split]))
-            data = DigitData(system_prompt="Reply with the digit only.", prompt=prompt, answer=digit)
+            data = DigitData(
+                system_prompt="Reply with the digit only.", prompt=prompt, answer=digit
+            )
             yield DigitTask(data, c.task)

@@ -1,3 +1,0 @@
-from glossary.taskset import GlossaryTaskset
-
-__all__ = ["GlossaryTaskset"]

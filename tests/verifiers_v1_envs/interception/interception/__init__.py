@@ -1,3 +1,0 @@
-from interception.taskset import InterceptionTaskset
-
-__all__ = ["InterceptionTaskset"]

@@ -1,0 +1,3 @@
+from v1_duel.taskset import DuelEnv, DuelTaskset
+
+__all__ = ["DuelEnv", "DuelTaskset"]

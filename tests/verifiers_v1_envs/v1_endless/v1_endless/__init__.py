@@ -1,0 +1,3 @@
+from v1_endless.taskset import EndlessEnv, EndlessTaskset
+
+__all__ = ["EndlessEnv", "EndlessTaskset"]

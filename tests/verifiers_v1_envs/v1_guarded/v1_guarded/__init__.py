@@ -1,0 +1,3 @@
+from v1_guarded.taskset import GuardedTaskset
+
+__all__ = ["GuardedTaskset"]

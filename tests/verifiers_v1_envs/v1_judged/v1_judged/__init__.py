@@ -1,0 +1,3 @@
+from v1_judged.taskset import JudgedTaskset
+
+__all__ = ["JudgedTaskset"]

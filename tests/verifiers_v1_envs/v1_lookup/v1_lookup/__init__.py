@@ -1,0 +1,3 @@
+from v1_lookup.taskset import LookupTaskset
+
+__all__ = ["LookupTaskset"]

@@ -1,0 +1,3 @@
+from v1_notes.taskset import NotesTaskset
+
+__all__ = ["NotesTaskset"]

@@ -1,0 +1,3 @@
+from v1_picture.taskset import PictureEnv, PictureTaskset
+
+__all__ = ["PictureEnv", "PictureTaskset"]

@@ -1,0 +1,3 @@
+from v1_twice.taskset import TwiceEnv, TwiceTaskset
+
+__all__ = ["TwiceEnv", "TwiceTaskset"]
