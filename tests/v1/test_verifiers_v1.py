@@ -254,6 +254,10 @@ def test_each_task_scores_as_vf_eval_scores_it(
     check_rows(case, rows)
     shown = vfops(["runs", "show", run_id, "--rollout", "0"], home, tmp_path)
     assert shown.returncode == 0, shown.stderr
+    if case.traces_per_episode > 1:  # the episode's traces shown together, each named
+        assert all(f"agent {role}" in shown.stdout for role in case.roles), shown.stdout
+    if case.taskset == "v1_picture":
+        assert "image/png" in shown.stdout, shown.stdout
 
 
 def check_rows(case: Case, rows: list[dict[str, Any]]) -> None:
