@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -90,13 +91,26 @@ def load_verifiers_environment(entry: EnvironmentEntry, /, **kwargs: Any) -> Ver
     vf = _import_verifiers()
 
     def factory(**args: Any) -> Any:
-        return vf.load_environment(entry.name, **args)
+        # verifiers logs a failed load as an error before it raises it: the error line
+        # vfops writes (build_verifiers_environment) says it once, with the fix
+        with _logger_off(vf.load_environment.__module__):
+            return vf.load_environment(entry.name, **args)
 
     # the package's signature, for the error of arguments that do not fit it; a module
     # that does not import is reported by verifiers' own import, just below
     with contextlib.suppress(Exception):
         factory.__wrapped__ = entry.load()  # type: ignore[attr-defined]
     return build_verifiers_environment(factory, entry.name, **kwargs)
+
+
+@contextlib.contextmanager
+def _logger_off(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    was_disabled, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = was_disabled
 
 
 def build_verifiers_environment(
