@@ -1,0 +1,54 @@
+"""``vfops eval`` of a verifiers v1 taskset it will not run, or with arguments it refuses,
+answers before anything that records a run starts: exit 2, one line naming the problem
+and the fix, no process started (no MLflow tracker, no registry child), nothing written.
+Tracking and the registry are on, as a user has them. ``v1_needs_box``
+(tests/verifiers_v1_envs) is a taskset whose tasks run in a container. Their time is
+measured in bench/refusal_time.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.refusals import assert_refused, run_refusal
+
+VFOPS = str(Path(sys.executable).parent / "vfops")
+CLOSED = "http://127.0.0.1:9/v1"  # never asked: each is refused before the endpoint is
+
+CASES = {
+    "task-image": (
+        ["v1_needs_box"],
+        ["task 0 of taskset 'v1_needs_box' needs a container runtime (image "
+         "'localhost/v1-box:latest')", "run it with verifiers' own eval"],
+    ),
+    "task-needs-container": (
+        ["v1_needs_box", "-a", '{"image": null, "sealed": true}'],
+        ["needs a container runtime (a container)", "--env.agent.runtime.type docker"],
+    ),
+    "taskset-field-unknown": (
+        ["v1_arith", "-a", '{"sizee": 3}'],
+        ["taskset 'v1_arith': argument 'sizee'", "set its TasksetConfig fields with -a"],
+    ),
+    "task-config-field-unknown": (
+        ["v1_arith", "-a", '{"task": {"nope": 1}}'],
+        ["argument 'task.nope'", 'its TaskConfig\'s under "task"'],
+    ),
+    "unknown-environment": (
+        ["no_such_taskset"],
+        ["unknown environment 'no_such_taskset'", "install it with: vfops env install"],
+    ),
+    "num-examples-0": (["v1_arith", "-n", "0"], ["--num-examples must be positive"]),
+    "env-args-not-json": (
+        ["v1_arith", "-a", "{bad"],
+        ["--env-args is not valid JSON", "pass an object such as"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_refusal_starts_nothing_and_writes_nothing(case: str, tmp_path: Path) -> None:
+    args, phrases = CASES[case]
+    refusal = run_refusal(VFOPS, ["eval", *args, "-m", "stub-model", "-b", CLOSED], tmp_path)
+    assert_refused(refusal, *phrases)
