@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import threading
 from collections.abc import Iterator
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import Any, Final
 
 from vfops._errors import EnvironmentNotFoundError, VfopsError
 from vfops.envs._environment import Environment
@@ -130,25 +131,46 @@ def load_environment(name: str, /, **env_args: Any) -> Environment:
             f"unknown environment '{name}' (installed: {listing}); "
             f"install it with: vfops env install PATH"
         )
-    with _collector_paused():
+    with _rare_collections():
         return environment_library(entry.library).load(entry, **env_args)
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while an environment loads.
+class _RareCollections:
+    """Young-generation collections every 20,000 allocations instead of 700 while an
+    environment loads (the thresholds are the process's: the first load to start sets
+    them, the last to end puts back what was there).
 
-    Loading one is mostly imports (``verifiers`` 0.4's alone ~2.5 s of CPU here, or
-    ``datasets``), and every collection the objects they create set off walks them all
-    again: paused, ``import verifiers.v1`` took ~0.5 s less CPU (bench/README.md,
-    "Refusals"), a refused environment answers that much sooner and an accepted one
-    starts that much sooner. What the imports leave as cyclic garbage (a few thousand
-    objects) is collected by the next collection after.
+    Loading one is mostly imports (``verifiers`` 0.4's alone ~2.2 s of CPU here, or
+    ``datasets``), and each collection the objects they create set off walks them again:
+    importing ``verifiers.v1`` and its tasksets took 2.3-2.4 s instead of 2.9-3.1 s, a
+    refused environment answers that much sooner and an accepted one starts that much
+    sooner (bench/README.md, refusal_time.py). Collections still run, so the imports'
+    garbage is freed as before (the collector off instead: the same CPU, ~20 MB more
+    resident, and ~20 MB of garbage kept for good once vfops.adapters._v1 freezes what
+    verifiers' import left).
     """
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
+
+    THRESHOLDS: Final = (20_000, 50, 50)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loading = 0
+        self._saved = gc.get_threshold()
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._loading == 0:
+                self._saved = gc.get_threshold()
+                gc.set_threshold(*self.THRESHOLDS)
+            self._loading += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._loading -= 1
+                if self._loading == 0:
+                    gc.set_threshold(*self._saved)
+
+
+_rare_collections = _RareCollections()
