@@ -7,6 +7,8 @@ measured in bench/refusal_time.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,3 +54,30 @@ def test_a_refusal_starts_nothing_and_writes_nothing(case: str, tmp_path: Path) 
     args, phrases = CASES[case]
     refusal = run_refusal(VFOPS, ["eval", *args, "-m", "stub-model", "-b", CLOSED], tmp_path)
     assert_refused(refusal, *phrases)
+
+
+def test_verifiers_builtin_tasksets_are_imported_only_when_asked_for(tmp_path: Path) -> None:
+    """Loading a taskset does not import verifiers' built-in ones (harbor, openenv,
+    nemo_gym and mcp: ~0.45 s of every load, a refusal's included); they import as before
+    when asked for (vfops/adapters/_v1_speedups.py)."""
+    code = (
+        "import sys\n"
+        "from vfops.envs import load_environment\n"
+        "load_environment('v1_arith')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('verifiers.v1.tasksets.')))\n"
+        "print('mcp' in sys.modules)\n"
+        "from verifiers.v1.tasksets import NeMoGymTaskset\n"
+        "import verifiers.v1.tasksets.harbor as harbor\n"
+        "print(NeMoGymTaskset.__name__, harbor.HarborTaskset.__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "VFOPS_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "False", "NeMoGymTaskset HarborTaskset"]

@@ -1,4 +1,4 @@
-"""Two costs of ``verifiers`` 0.4 that vfops removes in its own process, each behaviour-
+"""Three costs of ``verifiers`` 0.4 that vfops removes in its own process, each behaviour-
 preserving, applied once when a v1 taskset is loaded (:func:`install`).
 
 Measured on 2,000 single-turn rollouts of a tool-less taskset against a 0 ms stub, CPU
@@ -16,11 +16,22 @@ with both (``bench/v1_eval.py``; ``bench/README.md``).
    runtime makes a folder per rollout at start and removes it in a thread at stop; a
    tool-less rollout never touches it. vfops's runtime is that runtime with the folder
    made on first use (a command, a file, a tool server) and removed only if made.
+3. **The built-in tasksets only when asked for.** ``verifiers`` finds a taskset by id
+   with ``find_spec("verifiers.v1.tasksets.<id>")``, which imports the package
+   ``verifiers.v1.tasksets``, whose ``__init__`` imports its built-in tasksets (harbor,
+   openenv, nemo_gym and through it ``mcp``): ~0.45 s of CPU at every load of any
+   taskset, a refused one included (bench/README.md, refusal_time.py). The package is
+   registered with its folder, so its submodules are found and imported as before, and
+   its ``__init__`` runs when one of its own names is first asked for.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
+import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -28,12 +39,13 @@ _INSTALLED = False
 
 
 def install() -> None:
-    """Apply both (idempotent)."""
+    """Apply all three (idempotent)."""
     global _INSTALLED
     if _INSTALLED:
         return
     _memoise_factory_signatures()
     _lazy_subprocess_folders()
+    _builtin_tasksets_on_demand()
     _INSTALLED = True
 
 
@@ -117,3 +129,42 @@ def _lazy_runtime_class(base: type, folder_root: Any) -> type:
             await super().teardown()
 
     return LocalRuntime
+
+
+_TASKSETS = "verifiers.v1.tasksets"
+
+
+def _builtin_tasksets_on_demand() -> None:
+    if _TASKSETS in sys.modules:
+        return  # imported already: nothing left to save
+    spec = importlib.util.find_spec(_TASKSETS)  # its parent is imported; it is not
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return
+    package = _PackageOnDemand(_TASKSETS)
+    package.__spec__ = spec
+    package.__loader__ = spec.loader
+    package.__file__ = spec.origin
+    package.__package__ = _TASKSETS
+    package.__path__ = list(spec.submodule_search_locations)
+    sys.modules[_TASKSETS] = package
+    parent = sys.modules[_TASKSETS.rpartition(".")[0]]
+    setattr(parent, _TASKSETS.rpartition(".")[2], package)
+
+
+class _PackageOnDemand(types.ModuleType):
+    """A package whose ``__init__`` runs when a name it does not hold yet is first asked
+    for; its ``__path__`` (how its submodules are found) is there from the start."""
+
+    _ran = False
+    _lock = threading.RLock()  # re-entered by the __init__'s own lookups on the package
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("__"):
+            with self._lock:
+                if not self._ran:
+                    self._ran = True
+                    assert self.__spec__ is not None and self.__spec__.loader is not None
+                    self.__spec__.loader.exec_module(self)
+            if name in self.__dict__:
+                return self.__dict__[name]
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
