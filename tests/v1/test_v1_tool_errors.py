@@ -75,3 +75,26 @@ def test_max_tool_error_rate_fails_the_run(stub: StubServer, tmp_path: Path) -> 
     done = evaluate(stub, tmp_path, "--max-tool-error-rate", "0.5")
     assert done.returncode == 3, done.stderr + done.stdout
     assert "tool" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_an_unreachable_tool_server_is_named_as_the_cause(stub: StubServer, tmp_path: Path) -> None:
+    """A toolset pointed at a server that is not there (v1_lookup's ``tools.url`` on a
+    closed port): each rollout's error names the connection failure, never the task
+    group that wrapped it."""
+    import socket
+
+    with socket.socket() as closed:  # a port nobody listens on once it is closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    env = {**os.environ, "VFOPS_HOME": str(tmp_path / "home"), "VFOPS_TRACKING": "0"}
+    args = json.dumps({"task": {"tools": {"url": f"http://127.0.0.1:{port}/mcp"}}})
+    done = subprocess.run(
+        [VFOPS, "eval", "v1_lookup", "-m", "stub-model", "-b", stub.base_url, "-n", "2",
+         "-r", "1", "-o", str(tmp_path / "out"), "-a", args],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr + done.stdout  # every rollout errored
+    (results,) = (tmp_path / "out").rglob("results.jsonl")
+    for line in results.read_bytes().splitlines():
+        message = orjson.loads(line)["error"]["message"]
+        assert "TaskGroup" not in message and "Connect" in message, message

@@ -75,10 +75,15 @@ class InProcessChatHarness(NullHarness):  # type: ignore[misc]
         found = current_ledger()
         if found is not None:
             loop.tally = found.tools.setdefault(trace.id, ToolTally())
-        async with AsyncExitStack() as stack:
-            if mcp_urls:
-                await loop.connect(mcp_urls, self.config.tool_timeout, stack)
-            return await loop.run(messages)
+        try:
+            async with AsyncExitStack() as stack:
+                if mcp_urls:
+                    await loop.connect(mcp_urls, self.config.tool_timeout, stack)
+                return await loop.run(messages)
+        except BaseExceptionGroup as group:
+            # the MCP client's task group wraps what failed (a server it cannot reach):
+            # the trace's error names that cause, not "unhandled errors in a TaskGroup"
+            raise _leaf(group) from group
 
 
 def _opening(system_prompt: str | None, prompt: Any) -> list[dict[str, Any]]:
@@ -179,6 +184,14 @@ class _ChatLoop:
         if not result.is_error:
             return content, None
         return content, f"{name}: {_text_of(content)}"
+
+
+def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The first exception in ``group`` that is not itself a group."""
+    found: BaseException = group
+    while isinstance(found, BaseExceptionGroup) and found.exceptions:
+        found = found.exceptions[0]
+    return found
 
 
 def _text_of(content: Any) -> str:

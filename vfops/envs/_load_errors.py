@@ -12,6 +12,7 @@ one of their own.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -41,10 +42,16 @@ def load_failure(
     return VfopsError(f"{problem} {first_line(exc)}; {fix}")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def first_line(exc: BaseException) -> str:
-    """``Type: first line of the message`` (a multi-line message would break the one line)."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    """``Type: first line of the message`` (a multi-line message would break the one line):
+    its first line with a word in it, colour codes dropped (NLTK's errors open with a
+    banner of asterisks)."""
+    lines = [_ANSI.sub("", line).strip() for line in str(exc).splitlines()]
+    worded = next((line for line in lines if any(c.isalnum() for c in line)), "")
+    return f"{type(exc).__name__}: {worded}" if worded else type(exc).__name__
 
 
 def _fix(exc: BaseException, factory: Callable[..., Any] | None, env_args: dict[str, Any]) -> str:
