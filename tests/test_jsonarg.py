@@ -1,4 +1,5 @@
-"""``-a``/``-S`` values: a JSON object inline, or ``@FILE`` (JSON, or TOML by suffix)."""
+"""``-a``/``-S`` values: a JSON object inline, or ``@FILE`` (JSON, or TOML by suffix); and
+the one line an environment's load error is told in."""
 
 from __future__ import annotations
 
@@ -41,3 +42,12 @@ def test_a_bad_file_is_named_in_one_line(
         parse_json_object(f"@{tmp_path / name}", "-a")
     message = str(caught.value)
     assert expected in message and name in message and "\n" not in message
+
+
+def test_a_load_errors_one_line_is_its_first_line_with_words() -> None:
+    # NLTK opens a missing-resource error with a banner of asterisks, and colours it
+    from vfops.envs._load_errors import first_line
+
+    banner = "\n" + "*" * 70 + "\n  \x1b[93mResource words not found.\x1b[0m\n  Please use nltk"
+    assert first_line(LookupError(banner)) == "LookupError: Resource words not found."
+    assert first_line(ValueError("")) == "ValueError"
