@@ -66,6 +66,7 @@ def test_each_seat_of_an_episode_is_a_rollout_read_back_together(
     done = evaluate("v1_duel", stub, home, tmp_path, "-n", "3", "-r", "2")
     assert done.returncode == 0, done.stderr + done.stdout
     found = rows(tmp_path)
+    assert "note:" not in done.stdout  # both seats pin verifiers' chat harness (null)
     # 3 hands x 2 episodes x 2 seats, each seat's trace its own rollout
     assert len(found) == 12
     episodes: dict[tuple[int, int], list[dict]] = {}
@@ -96,6 +97,12 @@ def test_an_infinite_taskset_runs_its_first_n_tasks(
     done = evaluate("v1_endless", stub, home, tmp_path, "-n", "4", "-r", "1")
     assert done.returncode == 0, done.stderr + done.stdout
     assert sorted(row["example_id"] for row in rows(tmp_path)) == [0, 1, 2, 3]
+    # its role is unpinned: vf-eval would run its default coding-agent harness, vfops the
+    # chat loop, and says so (in the summary and the run's metadata)
+    (note,) = [line for line in done.stdout.splitlines() if line.startswith("note:")]
+    assert "'bash' harness" in note and "--env.agent.harness.id null" in note, note
+    (metadata,) = (tmp_path / "out").rglob("metadata.json")
+    assert orjson.loads(metadata.read_bytes())["notes"] == [note.removeprefix("note: ")]
 
     every = evaluate("v1_endless", stub, home, tmp_path, "-n", "-1")
     assert every.returncode == 2, every.stdout + every.stderr

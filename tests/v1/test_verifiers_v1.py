@@ -401,5 +401,5 @@ def test_a_taskset_with_its_own_harness_is_refused_before_any_request(
     done = vfops(["eval", "own_harness", "-m", "stub-model", "-b", stub.base_url], env, tmp_path)
     assert done.returncode != 0
     (line,) = done.stderr.strip().splitlines()
-    assert "runs in the 'own_harness' harness" in line, line
+    assert "'own_harness' ships its own harness" in line, line
     assert stub.stats["requests"] == before

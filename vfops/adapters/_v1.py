@@ -87,7 +87,7 @@ def load_taskset_environment(module: str, name: str, /, **args: Any) -> TasksetE
     vf = _import_v1()
     from vfops.adapters._v1_config import env_config
 
-    config = env_config(vf, module, name, args)
+    config, notes = env_config(vf, module, name, args)
     try:
         env = vf.load_environment(config)
     except VfopsError:
@@ -97,7 +97,7 @@ def load_taskset_environment(module: str, name: str, /, **args: Any) -> TasksetE
             f"taskset '{name}' could not be built: {type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}"
         ) from exc
-    return TasksetEnvironment(env, name=name)
+    return TasksetEnvironment(env, name=name, notes=notes)
 
 
 class TasksetEnvironment(GroupEnvironment):
@@ -112,7 +112,7 @@ class TasksetEnvironment(GroupEnvironment):
 
     library = "verifiers-v1"
 
-    def __init__(self, vf_env: Any, *, name: str) -> None:
+    def __init__(self, vf_env: Any, *, name: str, notes: Sequence[str] = ()) -> None:
         from verifiers.v1.envs.single_agent import SingleAgentEnv
 
         self.vf_env = vf_env
@@ -120,6 +120,7 @@ class TasksetEnvironment(GroupEnvironment):
         self._built: list[dict[str, Any]] | None = None
         self._limit: int | None = None
         self._serving: _Serving | None = None
+        self._notes = list(notes)
         self.multi_trace = type(vf_env).run is not SingleAgentEnv.run
         """Whether an episode may produce several traces (an ``Env`` with a ``run`` of its
         own: several agents, a role run twice, a user replaying turns): its traces'
@@ -132,6 +133,9 @@ class TasksetEnvironment(GroupEnvironment):
         if self._built is None:
             self._built = self._load_rows()
         return self._built
+
+    def notices(self) -> list[str]:
+        return list(self._notes)
 
     @property
     def infinite(self) -> bool:

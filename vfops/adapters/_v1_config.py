@@ -22,7 +22,9 @@ _IN_PROCESS_HARNESSES = frozenset({"null", HARNESS_ID})
 """The harnesses whose loop vfops runs in-process: ``null`` is the one it replaces."""
 
 
-def env_config(vf: Any, module: str, name: str, args: dict[str, Any]) -> Any:
+def env_config(vf: Any, module: str, name: str, args: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The run's ``EnvConfig``, and notes on what vfops runs differently from a plain
+    ``vf-eval`` of the taskset (printed with the run's summary, kept in its metadata)."""
     from pydantic import ValidationError
 
     raw: dict[str, Any] = {"taskset": {**copy.deepcopy(args), "id": module}}
@@ -36,22 +38,44 @@ def env_config(vf: Any, module: str, name: str, args: dict[str, Any]) -> Any:
             "written for verifiers' classic API runs with verifiers 0.3: pip install "
             "'vfops[verifiers]' in its own virtualenv"
         ) from exc
+    notes = []
     for role, spec in _roles(config).items():
-        _check_harness(vf, name, module, spec)
+        if _check_harness(vf, name, module, spec) == _VERIFIERS_DEFAULT:
+            notes.append(_default_harness_note(role))
         raw[role] = {"harness": {"id": HARNESS_ID}, "runtime": {"type": "subprocess"}}
-    return vf.resolve_env_config(raw)
+    return vf.resolve_env_config(raw), notes
 
 
-def _check_harness(vf: Any, name: str, module: str, spec: Any) -> None:
-    # unpinned, a taskset without a harness of its own runs verifiers' default (bash): the
-    # chat loop it stands for; a harness pinned by the role or shipped by the taskset is a
-    # program, but for null
+_VERIFIERS_DEFAULT = "bash"
+"""verifiers' harness for a role nothing pins: a coding agent (bash and edit tools run in
+the rollout's runtime, its own system prompt). vfops runs the chat loop instead."""
+
+
+def _default_harness_note(role: str) -> str:
+    return (
+        f"role '{role}' runs verifiers' chat loop (harness null) in-process, where a plain "
+        "vf-eval runs its default 'bash' harness (a coding agent: bash and edit tools, its "
+        f"own system prompt); compare with vf-eval --env.{role}.harness.id null"
+    )
+
+
+def _check_harness(vf: Any, name: str, module: str, spec: Any) -> str:
+    """The harness verifiers would run for the role; refused when it is a program: a
+    harness pinned by the role (but null) or shipped by the taskset. Unpinned, a taskset
+    without a harness of its own runs verifiers' default, for which vfops runs the chat
+    loop (and says so)."""
     pinned = spec.harness.id if spec.harness is not None else vf.default_harness_id(module)
-    if pinned not in _IN_PROCESS_HARNESSES and (spec.harness is not None or pinned != "bash"):
+    if pinned in _IN_PROCESS_HARNESSES or (spec.harness is None and pinned == _VERIFIERS_DEFAULT):
+        return str(pinned)
+    if spec.harness is None:  # default_harness_id names the taskset: it ships a harness
         raise VfopsError(
-            f"taskset '{name}' runs in the '{pinned}' harness, which needs its own program "
-            "and runtime; vfops runs the tool-less chat harness (null) in-process"
+            f"taskset '{name}' ships its own harness (a program with its own runtime); vfops "
+            "runs verifiers' chat harness (null) in-process: evaluate it with verifiers' own eval"
         )
+    raise VfopsError(
+        f"taskset '{name}' runs in the '{pinned}' harness, which needs its own program "
+        "and runtime; vfops runs the tool-less chat harness (null) in-process"
+    )
 
 
 def _roles(config: Any) -> dict[str, Any]:

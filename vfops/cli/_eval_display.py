@@ -129,6 +129,7 @@ def format_summary(result: EvalResult) -> str:
     width = max(len(name) for name, _ in rows)
     lines = [f"{meta['env_name']} · {meta['model']}"]
     lines += [f"  {name.ljust(width)}  {value}" for name, value in rows]
+    lines += [f"note: {note}" for note in meta.get("notes") or ()]
     warning = result.summary.tool_warning()
     if warning is not None:  # a run whose tools failed must not read as a weak model's
         lines.append(f"warning: {warning}")

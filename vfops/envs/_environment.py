@@ -180,6 +180,12 @@ class Environment(ABC):
     ) -> State:
         """Run one rollout; return its final state (never raise for model errors)."""
 
+    def notices(self) -> list[str]:
+        """What a user should know about how this environment runs under vfops (e.g. an
+        adapted library's run that differs from that library's own eval), one line each:
+        kept in the run's metadata and printed with its summary."""
+        return []
+
     def episode_of(self, rollout_index: int) -> int:
         """The planned episode a stored rollout index belongs to: itself, unless the
         environment's episodes produce several traces (see ``RolloutRecord.episode``)."""

@@ -76,6 +76,9 @@ async def run(context: RunContext) -> EvalResult:
     another run, locked by another process), it frees the run's lease again."""
     plan, registry = context.plan, context.registry
     metadata = initial_metadata(plan.request, type(context.env).__name__)
+    notes = context.env.notices()
+    if notes:
+        metadata["notes"] = notes
     if plan.run_id is not None:
         metadata["run_id"] = plan.run_id
         add_provenance(metadata, plan)
