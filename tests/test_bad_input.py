@@ -245,6 +245,12 @@ CASES = [
          r"resume .*ckpt' is not a folder; pass a checkpoint folder"),
     Case("train-deepspeed-missing", ("train", str(TRAIN_CONFIG), "--deepspeed", "{tmp}/z.json"),
          r"deepspeed config .*z\.json' does not exist"),
+    # before torch loads and the tiny model it would build is written
+    Case("train-environment-unknown", ("train", "{tmp}/t.toml"),
+         r"unknown environment 'no_such_env' \(installed: .*\); install it with: vfops env "
+         r"install PATH",
+         write("t.toml", '[model]\npath = "model"\nbuild_tiny_if_missing = true\n'
+               '[environment]\nid = "no_such_env"\n[run]\noutput_dir = "out"\n')),
     # ------------------------------------------------------------------ db / registry
     Case("db-upgrade-missing-postgres-db", ("db", "upgrade", "--url", MISSING_PG_DB),
          r"cannot connect to the registry database .*vfops_no_such_database.*"

@@ -24,6 +24,7 @@ from vfops.envs._loading import (
     installed_environments,
     library_of,
     load_environment,
+    require_environment,
 )
 from vfops.envs._multiturn import MultiTurnEnv, SingleTurnEnv
 from vfops.envs._tool import StatefulToolEnv, ToolEnv
@@ -56,6 +57,7 @@ __all__ = [
     "load_environment",
     "load_failure",
     "quiet_datasets",
+    "require_environment",
     "requires",
     "tool_schema",
 ]

@@ -124,6 +124,14 @@ def load_environment(name: str, /, **env_args: Any) -> Environment:
     ``name`` is positional-only: every keyword is an environment argument, one called
     ``name`` included (``-a '{"name": "x"}'`` reaches a loader that takes ``name``).
     """
+    entry = require_environment(name)
+    with _rare_collections():
+        return environment_library(entry.library).load(entry, **env_args)
+
+
+def require_environment(name: str) -> EnvironmentEntry:
+    """The installed environment ``name``; :class:`EnvironmentNotFoundError` (one line
+    listing the installed ones) when there is none. Cheap: nothing is imported."""
     entry = find_environment(name)
     if entry is None:
         listing = ", ".join(sorted(installed_environments())) or "none"
@@ -131,8 +139,7 @@ def load_environment(name: str, /, **env_args: Any) -> Environment:
             f"unknown environment '{name}' (installed: {listing}); "
             f"install it with: vfops env install PATH"
         )
-    with _rare_collections():
-        return environment_library(entry.library).load(entry, **env_args)
+    return entry
 
 
 class _RareCollections:

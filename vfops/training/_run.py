@@ -200,8 +200,12 @@ def train(
     checkpoint = check_resume(resume)
     if num_processes < 1:
         raise VfopsError(f"num_processes = {num_processes}; use 1 or more")
-    # a missing flash-attn: one line, before torch loads or anything is built or written
+    # a missing flash-attn or environment: one line, before torch loads or anything is
+    # built or written (a bad environment argument still shows once it loads)
     check_attention(cfg)
+    from vfops.envs import require_environment
+
+    require_environment(cfg.environment.id)
     require_train_extra()
     if (num_processes > 1 or cfg.run.deepspeed) and not os.environ.get(LAUNCHED_ENV):
         return _launch(cfg, checkpoint, num_processes, progress)
