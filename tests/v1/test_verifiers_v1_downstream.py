@@ -123,6 +123,33 @@ async def test_a_v1_cell_runs_is_priced_and_is_reused_on_both_dialects(
     assert stub.stats["requests"] == requests
 
 
+async def test_an_infinite_and_a_two_agent_taskset_are_sweep_cells(
+    db_url: str, stub: StubServer, tmp_path: Path
+) -> None:
+    """A sweep takes an infinite taskset with its num_examples (its first tasks) and a
+    two-agent Env: every seat's trace of every episode is a stored rollout."""
+    from vfops.sweeps import run_cell_async, validate_sweep
+
+    endpoints = write_endpoints(tmp_path / "endpoints.toml", stub.base_url, "")
+    spec = SweepSpec(
+        environments=["v1_endless", "v1_duel"], endpoints=["stub"],
+        endpoints_file=str(endpoints), num_examples=2, rollouts_per_example=2,
+        max_concurrent=8,
+    )  # fmt: skip
+    for cell in validate_sweep(spec):
+        done = await run_cell_async(cell, output_root=tmp_path / "out")
+        assert (done.action, done.status) == ("created", "completed"), done
+        records = stored_rollouts(get_engine(db_url), done.run_id)
+        seats = {(r.example_id, r.episode, r.agent) for r in records}
+        if cell.env_name == "v1_endless":  # its first 2 tasks, 2 episodes each, one trace
+            assert {(e, p) for e, p, _ in seats} == {(e, p) for e in (0, 1) for p in (0, 1)}
+        else:  # 2 hands x 2 episodes x both seats
+            assert seats == {
+                (e, p, a) for e in (0, 1) for p in (0, 1) for a in ("opener", "responder")
+            }
+        assert done.rollouts == len(records) == len(seats)
+
+
 @pytest.fixture(scope="module")
 def published_v1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """v1_arith renamed v1_night, published, then installed from the registry into a
