@@ -70,7 +70,7 @@ test: setup test-setup setup-v1
 	$(VENV)/bin/mypy
 	bash tests/run_passes.sh $(VENV)  # two pytest passes at once; see tests/conftest.py
 	# verifiers 0.4's venv; two workers, a file each (its tests spend much of their time
-	# waiting on vf-eval's and vfops's subprocesses): 41 tests in 270 s, 2026-12-06
+	# waiting on vf-eval's and vfops's subprocesses): 45 tests in 193-198 s, 2026-12-06
 	VFOPS_TEST_V1=1 $(V1_VENV)/bin/pytest -p no:cacheprovider -n 2 --dist loadfile tests/v1
 
 lint: setup
