@@ -16,6 +16,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -110,15 +111,37 @@ def test_an_infinite_taskset_runs_its_first_n_tasks(
     assert "infinite" in line and "-n N" in line
 
 
-def test_resume_runs_the_missing_episodes_whole(tmp_path: Path) -> None:
-    """A rollout index of an episode of several traces maps back to its episode: the
-    runner re-plans an episode only when none of its traces is recorded."""
+def test_resume_runs_the_missing_episodes_whole(stub: StubServer) -> None:
+    """The runner maps a stored rollout index of an episode of several traces back to its
+    episode: with both seats of example 0's episode 0 recorded, a resumed run plays only
+    episode 1 (both seats), never episode 0 again nor a seat of it alone."""
     from vfops._rollout import EPISODE_TRACE_SLOTS
+    from vfops.clients import OpenAIClient
+    from vfops.evaluation import EvalRequest
+    from vfops.evaluation._runner import run_rollouts
 
     env = load_environment("v1_duel")
-    single = load_environment("v1_arith")
     assert env.episode_of(2 * EPISODE_TRACE_SLOTS + 1) == 2
-    assert single.episode_of(2 * EPISODE_TRACE_SLOTS + 1) == 2 * EPISODE_TRACE_SLOTS + 1
+    assert load_environment("v1_arith").episode_of(2001) == 2001  # one trace: itself
+    request = EvalRequest(env_name="v1_duel", model="stub-model", num_examples=1,
+                          rollouts_per_example=2)  # fmt: skip
+    env.eval_size(request.num_examples)
+    done = {(0, 0), (0, 1)}  # episode 0's two seats (rollout indices 0 and 1)
+    handled: list[Any] = []
+
+    async def handle(records: list[Any]) -> None:
+        handled.extend(records)
+
+    async def resume() -> None:
+        async with OpenAIClient(stub.base_url, api_key="k") as client:
+            try:
+                await run_rollouts(env, client, request, done, handle)
+            finally:
+                await env.aclose()
+
+    asyncio.run(resume())
+    assert sorted((r.episode, r.agent) for r in handled) == [(1, "opener"), (1, "responder")]
+    assert {r.rollout_index for r in handled} == {EPISODE_TRACE_SLOTS, EPISODE_TRACE_SLOTS + 1}
 
 
 @pytest.mark.train
