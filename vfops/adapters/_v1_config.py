@@ -6,13 +6,12 @@
 Each agent role (every seat of a multi-agent ``Env``) runs vfops's in-process harness
 (``vfops``) on a local runtime: what a role's author pinned otherwise (a coding-agent CLI,
 a container) is refused. ``verifiers`` replaces entries of the arguments it is handed
-(a judge's dict by its config object): it gets a deep copy, so that the run records the
-arguments as the user gave them, plain JSON.
+(a judge's dict by its config object): ``vfops.envs.load_environment`` hands every loader
+a deep copy, so that the run records the arguments as the user gave them.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from vfops._errors import InvalidArgumentError, VfopsError
@@ -27,7 +26,7 @@ def env_config(vf: Any, module: str, name: str, args: dict[str, Any]) -> tuple[A
     ``vf-eval`` of the taskset (printed with the run's summary, kept in its metadata)."""
     from pydantic import ValidationError
 
-    raw: dict[str, Any] = {"taskset": {**copy.deepcopy(args), "id": module}}
+    raw: dict[str, Any] = {"taskset": {**args, "id": module}}
     try:
         config = vf.resolve_env_config(raw)
     except ValidationError as exc:

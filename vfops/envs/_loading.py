@@ -11,6 +11,7 @@ adapter: an adapter sits above it and plugs in.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import gc
 import threading
@@ -125,8 +126,12 @@ def load_environment(name: str, /, **env_args: Any) -> Environment:
     ``name`` included (``-a '{"name": "x"}'`` reaches a loader that takes ``name``).
     """
     entry = require_environment(name)
+    # a copy, however deep: a loader that changes what it is given (verifiers turns judge
+    # entries into config objects) must not change the caller's arguments, which a run
+    # records as given
+    given = copy.deepcopy(env_args)
     with _rare_collections():
-        return environment_library(entry.library).load(entry, **env_args)
+        return environment_library(entry.library).load(entry, **given)
 
 
 def require_environment(name: str) -> EnvironmentEntry:

@@ -32,7 +32,6 @@ finishing it (:mod:`._finish`). Where and how a run is recorded is one object,
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
@@ -118,9 +117,7 @@ async def evaluate_async(
         if env is None:
             from vfops.envs import load_environment
 
-            # a copy, however deep: a loader that changes what it is given (verifiers
-            # turns judge entries into config objects) must not change what is recorded
-            env = load_environment(request.env_name, **copy.deepcopy(request.env_args))
+            env = load_environment(request.env_name, **request.env_args)  # copied there
         # recorded as what runs: -1 (all) and an N above the dataset's size are its size
         request.num_examples = _examples_to_run(env, request)
         if client is not None:
