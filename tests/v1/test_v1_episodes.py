@@ -193,3 +193,42 @@ def test_an_infinite_taskset_publishes_its_first_tasks(
     done = vfops(["env", "publish", str(folder)], home, tmp_path)
     assert done.returncode == 0, done.stderr + done.stdout
     assert f"train: {SNAPSHOT_ROWS} rows, eval: {SNAPSHOT_ROWS} rows" in done.stdout, done.stdout
+
+
+def test_killed_and_resumed_every_episode_is_whole(tmp_path: Path) -> None:
+    """``kill -9`` of the whole process tree once some episodes are recorded, then
+    ``--resume``: every episode has both seats' traces exactly once, in the folder and
+    in the registry (an example's episodes are written as one group: never half)."""
+    import signal
+    import time
+
+    home = {**os.environ, "VFOPS_HOME": str(tmp_path / "home"), "VFOPS_TRACKING": "0"}
+    with StubServer(StubConfig(reply_mode=reply, latency_ms=150)) as slow:
+        args = ["eval", "v1_duel", "-m", "stub-model", "-b", slow.base_url, "-n", "4", "-r",
+                "2", "-c", "2", "-o", str(tmp_path / "out")]  # fmt: skip
+        first = subprocess.Popen(
+            [VFOPS, *args], env=home, cwd=tmp_path, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not any(p.stat().st_size for p in (tmp_path / "out").rglob("results.jsonl")):
+            assert first.poll() is None, "the run ended before any episode was recorded"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)  # polling the folder's state, not a guessed wait
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+        (results,) = (tmp_path / "out").rglob("results.jsonl")
+        partial = len(results.read_bytes().splitlines())
+        assert 0 < partial < 16  # 4 hands x 2 episodes x 2 seats in all
+        resumed = vfops([*args, "--resume", str(results.parent)], home, tmp_path)
+        assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    found = rows(tmp_path)
+    seats = sorted((r["example_id"], r["episode"], r["agent"]) for r in found)
+    expected = sorted(
+        (e, p, a) for e in range(4) for p in range(2) for a in ("opener", "responder")
+    )
+    assert seats == expected  # the folder: each seat of each episode once
+    run_id = re.search(r"run: ([0-9a-f]{32})", resumed.stdout).group(1)  # type: ignore[union-attr]
+    shown = vfops(["runs", "show", run_id, "--limit", "100"], home, tmp_path)
+    previews = re.findall(r"^example (\d+) episode (\d+) (\w+) #", shown.stdout, re.M)
+    assert sorted((int(e), int(p), a) for e, p, a in previews) == expected  # the registry
