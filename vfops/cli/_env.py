@@ -127,7 +127,18 @@ def publish_command(
         str | None, typer.Option(help="Publish a new version: patch, minor or major.")
     ] = None,
 ) -> None:
-    """Build, hash, snapshot datasets, upload and register a new version."""
+    """Build, hash, snapshot datasets, upload and register a new version.
+
+    Content already published (same content hash) publishes nothing and names its
+    version. The content hash covers every file under PATH except:
+
+    \b
+    - anywhere: __pycache__, .git, .mypy_cache, .ruff_cache, .pytest_cache
+      and *.egg-info folders, *.pyc and *.pyo files;
+    - at PATH's root only: the build, dist, outputs, .venv, venv, .tox and
+      .eggs folders (a sub-folder named build, dist or outputs is hashed);
+    - the version line of pyproject.toml.
+    """
     from vfops.publishing import publish_environment
 
     if bump not in (None, "patch", "minor", "major"):

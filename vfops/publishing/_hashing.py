@@ -2,11 +2,12 @@
 
 Two hashes, for two questions:
 
-- ``content_hash``: sha256 over the package's source tree (every file but build
-  output and caches), as ``file:<relpath>`` + bytes in sorted order. The version
-  string in ``pyproject.toml`` is left out, so "the same content" means the same
-  code, data and metadata whatever the version says. It decides whether a
-  publish is a no-op, a new version, or a refused overwrite.
+- ``content_hash``: sha256 over the package's source tree (every file but caches
+  anywhere and build output at the package root: ``EXCLUDED_*`` below), as
+  ``file:<relpath>`` + bytes in sorted order. The version string in
+  ``pyproject.toml`` is left out, so "the same content" means the same code, data
+  and metadata whatever the version says. It decides whether a publish is a no-op,
+  a new version, or a refused overwrite.
 - ``code_hash``: sha256 over the importable code (the top-level module or
   package that the environment's entry point lives in), computed the same way
   from a wheel, an installed distribution or an editable source tree. It decides
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import re
 import zipfile
 from collections.abc import Iterable, Iterator
@@ -24,21 +26,17 @@ from pathlib import Path
 
 from vfops._errors import VfopsError
 
-EXCLUDED_DIRS = {
-    "__pycache__",
-    ".git",
-    ".venv",
-    "venv",
-    "build",
-    "dist",
-    ".mypy_cache",
-    ".ruff_cache",
-    ".pytest_cache",
-    "outputs",
-    ".tox",
-    ".eggs",
-}
-EXCLUDED_SUFFIXES = (".pyc", ".pyo", ".egg-info")
+# What the content hash leaves out (``vfops env publish --help`` says the same; keep the
+# two in step). Caches and metadata that tools write, wherever they are: never content.
+EXCLUDED_ANYWHERE = frozenset(
+    {"__pycache__", ".git", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+)
+EXCLUDED_DIR_SUFFIXES = (".egg-info",)
+EXCLUDED_FILE_SUFFIXES = (".pyc", ".pyo")
+# Build output, eval outputs and virtualenvs, only as folders at the package root, where
+# the build backend, ``vfops eval`` and ``python -m venv`` put them: a sub-folder with one
+# of these names (``sub/build/``, ``mypkg/dist/``) is the package's content.
+EXCLUDED_AT_ROOT = frozenset({"build", "dist", "outputs", ".venv", "venv", ".tox", ".eggs"})
 _VERSION_LINE = re.compile(rb'(?m)^version\s*=\s*["\'][^"\']*["\']\s*$')
 
 
@@ -52,14 +50,28 @@ def digest_entries(entries: Iterable[tuple[str, bytes]]) -> str:
 
 
 def iter_source_files(project_dir: Path) -> Iterator[Path]:
-    for path in sorted(project_dir.rglob("*")):
-        relative = path.relative_to(project_dir)
-        if any(
-            part in EXCLUDED_DIRS or part.endswith(EXCLUDED_SUFFIXES) for part in relative.parts
-        ):
-            continue
-        if path.is_file():
+    """Every file the content hash covers, in sorted order (see the EXCLUDED_* sets).
+
+    Excluded folders are pruned, not walked: a root ``.venv`` costs nothing.
+    """
+    files: list[Path] = []
+    for folder, dirs, names in os.walk(project_dir):
+        at_root = Path(folder) == project_dir
+        dirs[:] = [d for d in dirs if not _excluded_dir(d, at_root=at_root)]
+        files.extend(
+            Path(folder, name) for name in names if not name.endswith(EXCLUDED_FILE_SUFFIXES)
+        )
+    for path in sorted(files):
+        if path.is_file():  # a file, or a link to one; not a broken link or a socket
             yield path
+
+
+def _excluded_dir(name: str, *, at_root: bool) -> bool:
+    return (
+        name in EXCLUDED_ANYWHERE
+        or name.endswith(EXCLUDED_DIR_SUFFIXES)
+        or (at_root and name in EXCLUDED_AT_ROOT)
+    )
 
 
 def content_hash(project_dir: Path) -> str:
