@@ -8,8 +8,10 @@ at a small fraction of a millisecond of CPU (``bench/client_transport.py``).
 
 from __future__ import annotations
 
+import asyncio
 import urllib.request
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 
 import aiohttp
 from yarl import URL
@@ -43,12 +45,51 @@ def _env_proxy(url: str) -> str | None:
     return proxy
 
 
+class _Deadline:
+    """A request's wall-clock limit, armed once its headers are on the wire.
+
+    aiohttp's own read timeout restarts at every chunk, so a server dripping one
+    byte a second never trips it; this one bounds the whole exchange (request body
+    sent, response waited for, body read). It starts when the headers are sent, not
+    when the request is made, so waiting for a free pooled connection (queueing, not
+    a slow server) is not counted: aiohttp's ``on_request_headers_sent`` signal arms it.
+    """
+
+    __slots__ = ("armed", "seconds", "timeout")
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.timeout = asyncio.timeout(None)
+        self.armed = False
+
+    def arm(self) -> None:
+        if not self.armed:
+            self.armed = True
+            self.timeout.reschedule(asyncio.get_running_loop().time() + self.seconds)
+
+
+async def _arm_deadline(
+    _session: aiohttp.ClientSession, context: SimpleNamespace, _params: object
+) -> None:
+    deadline = context.trace_request_ctx
+    if isinstance(deadline, _Deadline):
+        deadline.arm()
+
+
+def _trace_config() -> aiohttp.TraceConfig:
+    config = aiohttp.TraceConfig()
+    config.on_request_headers_sent.append(_arm_deadline)
+    config.freeze()
+    return config
+
+
 class HTTPTransport:
     """Requests to one server over a pool of keep-alive connections.
 
-    ``headers`` go with every request. ``timeout_s`` bounds each request's wait for
-    the response (and the connect, capped at 30 s); waiting for a free connection
-    is not bounded. ``secrets`` (the API key in ``headers``) never appear in an
+    ``headers`` go with every request. ``timeout_s`` bounds each request in wall-clock
+    time from the moment it is sent to the last byte of its response (a body that
+    trickles in does not extend it), and the connect (capped at 30 s); waiting for a
+    free connection is not bounded. ``secrets`` (the API key in ``headers``) never appear in an
     error's message or body (:func:`~vfops.clients._errors.redact_secrets`). The
     aiohttp session is created on first use, in the running event loop; use and
     close the transport inside that loop.
@@ -96,6 +137,7 @@ class HTTPTransport:
             timeout=self._timeout,
             proxy=_env_proxy(self.base_url),
             cookie_jar=aiohttp.DummyCookieJar(),  # an API client keeps no cookies
+            trace_configs=[_trace_config()],
         )
         return self._session
 
@@ -116,15 +158,22 @@ class HTTPTransport:
         """
         session = self._session or self._open()
         timeout = self._timeout if timeout_s is None else self._client_timeout(timeout_s)
+        deadline = _Deadline(self.timeout_s if timeout_s is None else timeout_s)
+        answered = False  # the status line and headers are in; the body may not be
         try:
-            async with session.request(
-                method,
-                url,
-                data=data,
-                headers=headers,
-                timeout=timeout,
-                allow_redirects=False,  # a POST must not silently turn into a GET
-            ) as response:
+            async with (
+                deadline.timeout,
+                session.request(
+                    method,
+                    url,
+                    data=data,
+                    headers=headers,
+                    timeout=timeout,
+                    allow_redirects=False,  # a POST must not silently turn into a GET
+                    trace_request_ctx=deadline,
+                ) as response,
+            ):
+                answered = True
                 content = await response.read()
                 status = response.status
                 if 200 <= status < 300:
@@ -143,8 +192,10 @@ class HTTPTransport:
         except TimeoutError as exc:  # aiohttp's timeouts subclass it (so does asyncio's)
             if isinstance(exc, aiohttp.ConnectionTimeoutError):
                 what = f"could not connect within {timeout.sock_connect} s"
+            elif answered:
+                what = f"response body not complete within {deadline.seconds} s"
             else:
-                what = f"no response within {timeout.sock_read} s"
+                what = f"no response within {deadline.seconds} s"
             raise APITimeoutError(self._redacted(f"{method} {url}: {what}")) from exc
         except aiohttp.ClientError as exc:
             raise APIConnectionError(
