@@ -152,7 +152,7 @@ class OpenAIClient:
     ``api_key`` is sent as a bearer token and never logged, shown in ``repr`` or
     kept in an error (redacted from what the server answers: some echo it back);
     ``None`` sends ``EMPTY``, which local servers accept. ``timeout_s`` bounds
-    each attempt's connect and wait for the response. ``max_retries`` (default 5:
+    each attempt in wall-clock time, from sending it to the response's last byte. ``max_retries`` (default 5:
     retries of 5xx, timeouts and connection errors), ``max_timeout_retries``
     (default 2: how many of them may be timeouts) and ``max_retry_wait_s``
     (default 300: seconds of waits one request may spend on 429s that name their

@@ -47,8 +47,9 @@ class ModelOptions:
     endpoints_file: str | Path | None = None
     """``endpoints.toml`` with model aliases."""
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
-    """Seconds one attempt waits for the model's response. A request that still has
-    none after its retries is an error of the rollout (never scored), unlike an
+    """Seconds one attempt may take, wall-clock, from sending the request to the last
+    byte of the response (a body that trickles in does not extend it). A request with
+    no complete response after its retries is an error of the rollout (never scored), unlike an
     environment's own turn or rollout timeout (stop reason ``timeout``)."""
     max_retries: int = DEFAULT_MAX_RETRIES
     """Retries per request on 5xx/timeouts/connection errors (and a 429 that names no wait)."""
