@@ -108,7 +108,8 @@ def eval_command(
         float,
         typer.Option(
             help="Seconds one model request may take, wall-clock, from sending it to the "
-            "last byte of its response (reasoning models can take minutes). Retries after a timeout: at most "
+            "last byte of its response (reasoning models can take minutes). Retries after "
+            "a timeout: at most "
             f"{_MODEL_DEFAULTS.max_timeout_retries} (a hung endpoint fails a request after "
             f"about {_MODEL_DEFAULTS.max_timeout_retries + 1}x this); the rollout is then "
             "recorded as an error, never scored.",
