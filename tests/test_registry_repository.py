@@ -493,6 +493,13 @@ def _lease_of(engine: Engine, run_id: str) -> str | None:
         return row.lease_owner
 
 
+def _expiry_of(engine: Engine, run_id: str) -> object:
+    with session_scope(engine, write=False) as session:
+        row = get_run(session, run_id)
+        assert row is not None
+        return row.lease_expires
+
+
 def test_a_run_lease_is_held_by_one_owner_until_released_or_expired(engine: Engine) -> None:
     import subprocess
     import sys
@@ -545,7 +552,11 @@ def test_a_run_lease_is_held_by_one_owner_until_released_or_expired(engine: Engi
         take_run_lease(session, run_id, first)
     with session_scope(engine) as session:
         release_run_lease(session, run_id, remote)
-    assert _lease_of(engine, run_id) is None
+    # released: no expiry, the last holder's name kept (a fenced-out holder reads it)
+    assert _lease_of(engine, run_id) == str(remote) and _expiry_of(engine, run_id) is None
+    with session_scope(engine) as session:
+        take_run_lease(session, run_id, second)  # free for anyone
+        assert not renew_run_lease(session, run_id, remote)
 
 
 def test_concurrent_takers_of_one_lease_one_wins(engine: Engine) -> None:

@@ -1,17 +1,60 @@
 """Who holds an eval run's lease (its own module: the evaluating process builds and
-reads one without importing the registry, whose work may run in a child process)."""
+reads one, and learns it lost one, without importing the registry, whose work may run
+in a child process).
+
+The lease is also the run's fencing token: every write that belongs to the run's
+holder (its rollouts, the lease's renewals, the run's end) is made only while that
+holder still holds it (:func:`vfops.registry.hold_run_lease`), so a holder that was
+paused or cut off past its lease, and came back after another process took the run
+over, writes nothing more (:class:`LeaseLostError`).
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
 from dataclasses import dataclass
 from typing import Final
 
-LEASE_TTL_S: Final = 60.0
+from vfops._errors import VfopsError
+
+DEFAULT_LEASE_TTL_S: Final = 60.0
+
+
+def _lease_ttl_s() -> float:
+    """``VFOPS_LEASE_TTL_S`` (seconds, > 0), else :data:`DEFAULT_LEASE_TTL_S`; read once,
+    when this module is imported (every process of one run must agree on it)."""
+    raw = os.environ.get("VFOPS_LEASE_TTL_S")
+    if not raw:
+        return DEFAULT_LEASE_TTL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and math.isfinite(value)):
+        raise VfopsError(
+            f"VFOPS_LEASE_TTL_S must be a number of seconds > 0, not {raw!r}; fix or unset it"
+        )
+    return value
+
+
+LEASE_TTL_S: Final = _lease_ttl_s()
 """How long a run's lease lasts unless renewed (the running process renews it every
-quarter of this): how long a run whose process died on another machine stays locked."""
+quarter of this): how long a run whose process died on another machine, or was paused,
+stays locked. ``VFOPS_LEASE_TTL_S`` (default 60) sets it."""
+
+
+class RunBusyError(VfopsError):
+    """Another process holds the run's lease (or its folder's lock)."""
+
+    exit_code = 4
+
+
+class LeaseLostError(RunBusyError):
+    """This process's lease on a run was taken over (it lapsed while the process was
+    paused or cut off): the process writes nothing more to the run and stops."""
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,13 @@ def list_command(
         ),
     ] = False,
 ) -> None:
-    """List eval runs, newest first."""
-    from vfops.registry import RunFilter, list_runs, session_scope
+    """List eval runs, newest first.
+
+    A run still ``running`` in the registry whose process is gone (its lease expired, or
+    its holder died on this host) shows as ``stale``: resume it with
+    ``vfops eval ... --resume RUN``.
+    """
+    from vfops.registry import RunFilter, list_runs, session_scope, shown_status
 
     engine = _engine()
     if quiet:
@@ -63,7 +68,7 @@ def list_command(
                 run.id[:12],
                 f"{run.environment_name} {run.environment_version}",
                 run.model,
-                run.status,
+                shown_status(run),
                 f"{run.rollouts_stored}/{run.num_examples * run.rollouts_per_example}",
                 "-" if reward is None else f"{reward:.3f}",
                 run.started_at.strftime("%m-%d %H:%M"),
@@ -111,6 +116,7 @@ def show_command(
 
     engine = _engine()
     metadata = run_metadata(engine, run_id)
+    metadata["status"] = _status_said(engine, metadata["run_id"])
     console = Console()
     console.print(_run_table(metadata))
     # one read transaction while the rollouts stream (pages of batch_size)
@@ -133,6 +139,23 @@ def show_command(
             shown = _print_transcripts(itertools.islice(chosen, limit), console)
     if not shown:
         raise VfopsError(f"run {metadata['run_id'][:12]}: {_selection(example, rollout, failed)}")
+
+
+def _status_said(engine: Engine, run_id: str) -> str:
+    """The run's status as read now: a stale run says so, and how to finish it."""
+    from vfops.registry import STALE, get_run, session_scope, shown_status
+
+    with session_scope(engine, write=False) as session:
+        run = get_run(session, run_id, exact=True)
+        if run is None:  # removed since it was read
+            raise VfopsError(f"no eval run {run_id!r} in the registry; see: vfops runs list")
+        status = shown_status(run)
+    if status != STALE:
+        return status
+    return (
+        f"{STALE} (still running in the registry, but its process is gone and its lease "
+        f"expired; finish it with vfops eval ... --resume {run_id})"
+    )
 
 
 def _with_episode(session: Any, run_id: str, records: list[Any]) -> list[Any]:

@@ -2,17 +2,20 @@
 
 However the run ended (completed, a sink failed, the evaluation raised, it was
 cancelled), its end is recorded: the sinks are closed (each failure recorded, none
-swallowed), then ``metadata.json``, the registry (releasing the run's lease) and
-MLflow, in that order; a run is never left ``running`` with rows missing, even when
-the task is cancelled again meanwhile (:func:`settled`).
+swallowed), then ``metadata.json``, the registry and MLflow, in that order, and the
+run's lease is released last; a run is never left ``running`` with rows missing, even
+when the task is cancelled again meanwhile (:func:`settled`). Every registry write is
+fenced by the lease: a process that lost the run to another writes none of this.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from vfops.evaluation._registry_calls import RegistryUnavailable
 from vfops.evaluation._result import EvalResult
 from vfops.evaluation._runner import now_iso
 from vfops.evaluation._sinks import (
@@ -99,7 +102,15 @@ async def finish_run(
     registry: RegistryCalls | None,
 ) -> EvalResult:
     """Close every sink (each failure recorded, none swallowed), then record the end: in
-    the registry, in MLflow (waiting until it has everything), in ``metadata.json``."""
+    the registry, in MLflow (waiting until it has everything), in ``metadata.json``.
+
+    Every registry write of the end is fenced by the run's lease, held until the last
+    one: a process that lost the run to another (paused or cut off past its lease)
+    writes nothing more, stops its tracker without touching the MLflow run, and raises
+    :class:`~vfops._lease.LeaseLostError` (exit 4) naming the new holder. MLflow is
+    told how the run ended only once the registry recorded it."""
+    from vfops._lease import LeaseLostError
+
     finish = RunFinish(status=status, summary=summary, error=error)
     for sink in sinks:
         try:
@@ -109,34 +120,12 @@ async def finish_run(
         except Exception as exc:
             problem = f"{sink.name}: {first_line(exc)}"
             finish.status, finish.error = "failed", finish.error or resume_hint(plan, problem)
-    registry_sink = next((s for s in sinks if isinstance(s, RegistrySink)), None)
-    recorded = registry is not None and plan.run_id is not None
-    # the folder first: one that cannot say how the run ended (a full disk) fails it
-    # before the registry and MLflow record it as anything else
-    _end_metadata(plan, metadata, finish)
-    if recorded:
-        assert registry is not None and plan.run_id is not None
-        await _record_end(registry, plan.run_id, finish, summary, plan.lease, registry_sink)
-    mlflow_run_id = None
-    if tracking_sink is not None and recorded:
-        assert registry is not None and plan.run_id is not None
-        if finish.status == "completed":
-            finish.extra["rollouts_file"] = str(plan.run_dir / ARROW_FILE)
-        try:
-            await tracking_sink.close(finish)
-            mlflow_run_id = tracking_sink.mlflow_run_id
-        except SinkError as exc:
-            if finish.status == "completed":  # else the first problem stays the news
-                finish.status, finish.error = "failed", str(exc)
-                await _record_end(registry, plan.run_id, finish, summary)
-    if mlflow_run_id is not None or finish.status != metadata["status"]:
-        if mlflow_run_id is not None:
-            metadata["mlflow_run_id"] = mlflow_run_id
-        status_before = finish.status
-        _end_metadata(plan, metadata, finish)
-        if finish.status != status_before and recorded:
-            assert registry is not None and plan.run_id is not None
-            await _record_end(registry, plan.run_id, finish, summary)
+    try:
+        mlflow_run_id = await _record(plan, sinks, tracking_sink, metadata, finish, registry)
+    except LeaseLostError:
+        if tracking_sink is not None:
+            tracking_sink.abandon()  # the new holder's tracker ends the MLflow run
+        raise
     return EvalResult(
         run_dir=plan.run_dir,
         summary=summary,
@@ -146,6 +135,83 @@ async def finish_run(
         action=plan.action,
         mlflow_run_id=mlflow_run_id,
         error=finish.error,
+    )
+
+
+async def _record(
+    plan: Plan,
+    sinks: Sequence[Sink],
+    tracking_sink: TrackingSink | None,
+    metadata: dict[str, Any],
+    finish: RunFinish,
+    registry: RegistryCalls | None,
+) -> str | None:
+    """Record ``finish`` in the folder, the registry and MLflow; the MLflow run's id."""
+    registry_sink = next((s for s in sinks if isinstance(s, RegistrySink)), None)
+    run_id, lease = plan.run_id, plan.lease
+    if registry is None or run_id is None:
+        _end_metadata(plan, metadata, finish)
+        return None
+    down = registry_sink is not None and registry_sink.gave_up
+    if lease is not None and not down:
+        # still this run's holder? (else the folder, the registry and MLflow are left
+        # to the process that took it over)
+        await _still_held(registry, run_id, lease)
+    # the folder first: one that cannot say how the run ended (a full disk) fails it
+    # before the registry and MLflow record it as anything else
+    _end_metadata(plan, metadata, finish)
+    recorded = await _record_end(registry, run_id, finish, lease, registry_sink)
+    mlflow_run_id = None
+    if tracking_sink is not None and recorded:
+        if finish.status == "completed":
+            finish.extra["rollouts_file"] = str(plan.run_dir / ARROW_FILE)
+        try:
+            await tracking_sink.close(finish)
+            mlflow_run_id = tracking_sink.mlflow_run_id
+        except SinkError as exc:
+            if finish.status == "completed":  # else the first problem stays the news
+                finish.status, finish.error = "failed", str(exc)
+                await _record_end(registry, run_id, finish, lease)
+        except RegistryUnavailable as exc:  # MLflow has the end; the link was not stored
+            finish.status, finish.error = "failed", finish.error or _registry_down(run_id, exc)
+    # not recorded (the registry did not answer): MLflow is not told an end the registry
+    # lacks; the tracker ends its run as killed when its input closes, --resume finishes
+    if mlflow_run_id is not None or finish.status != metadata["status"]:
+        if mlflow_run_id is not None:
+            metadata["mlflow_run_id"] = mlflow_run_id
+        status_before = finish.status
+        _end_metadata(plan, metadata, finish)
+        if finish.status != status_before:
+            await _record_end(registry, run_id, finish, lease)
+    if lease is not None:
+        await _release(registry, run_id, lease)
+    return mlflow_run_id
+
+
+async def _still_held(registry: RegistryCalls, run_id: str, lease: LeaseOwner) -> None:
+    """Raise :class:`~vfops._lease.LeaseLostError` when another process took the run
+    over. Any other failure is met again, and reported, by the end's (fenced) write."""
+    from vfops._lease import LeaseLostError
+
+    try:
+        await registry.call(_hold, run_id, lease)
+    except LeaseLostError:
+        raise
+    except Exception:
+        return
+
+
+async def _release(registry: RegistryCalls, run_id: str, lease: LeaseOwner) -> None:
+    """The run free for the next process at once. Best effort: the end is recorded
+    already, and a lease that is not released expires (LEASE_TTL_S)."""
+    with contextlib.suppress(Exception):
+        await registry.call(_write_release, run_id, lease)
+
+
+def _registry_down(run_id: str, exc: RegistryUnavailable) -> str:
+    return (
+        f"registry: {exc}; bring it back (VFOPS_DATABASE_URL), then finish the run with "
+        f"vfops eval ... --resume {run_id}"
     )
 
 
@@ -171,13 +237,15 @@ async def _record_end(
     registry: RegistryCalls,
     run_id: str,
     finish: RunFinish,
-    summary: EvalSummary,
-    lease: LeaseOwner | None = None,
+    lease: LeaseOwner | None,
     registry_sink: RegistrySink | None = None,
-) -> None:
-    """Record the end in the registry (retried while the database does not answer,
-    unless the run failed because it did not: then once)."""
-    stored = summary.to_dict()
+) -> bool:
+    """Record the end in the registry, fenced by ``lease`` (retried while the database
+    does not answer, unless the run failed because it did not: then once); whether it
+    was recorded. :class:`~vfops._lease.LeaseLostError` is raised as it is."""
+    from vfops._lease import LeaseLostError
+
+    stored = finish.summary.to_dict()
     if finish.error:
         stored["error"] = finish.error
     args = (run_id, finish.status, stored, lease)
@@ -186,22 +254,41 @@ async def _record_end(
             await registry_sink.retrying(registry, _write_end, *args)
         else:
             await registry.call(_write_end, *args)
+    except LeaseLostError:
+        raise
     except Exception as exc:
         # The registry itself is down: the folder says failed; --resume fixes both.
         finish.status = "failed"
+        if finish.error is None and isinstance(exc, RegistryUnavailable):
+            finish.error = _registry_down(run_id, exc)
         finish.error = finish.error or (
             f"registry: could not record the end of run {run_id} ({first_line(exc)}); "
             f"fix the database, then finish the run with vfops eval ... --resume {run_id}"
         )
+        return False
+    return True
 
 
 def _write_end(
     engine: Engine, run_id: str, status: str, stored: dict[str, Any], lease: LeaseOwner | None
 ) -> None:
-    """The run's end and, with its ``lease``, the run free for the next process at once."""
-    from vfops.registry import finish_run, release_run_lease, session_scope
+    """The run's end, only while ``lease`` is held (the lease stays held: released
+    after the end's last write, :func:`_write_release`)."""
+    from vfops.registry import finish_run, session_scope
 
     with session_scope(engine) as session:
-        finish_run(session, run_id, status, stored)
-        if lease is not None:
-            release_run_lease(session, run_id, lease)
+        finish_run(session, run_id, status, stored, lease=lease)
+
+
+def _hold(engine: Engine, run_id: str, lease: LeaseOwner) -> None:
+    from vfops.registry import hold_run_lease, session_scope
+
+    with session_scope(engine) as session:
+        hold_run_lease(session, run_id, lease)
+
+
+def _write_release(engine: Engine, run_id: str, lease: LeaseOwner) -> None:
+    from vfops.registry import release_run_lease, session_scope
+
+    with session_scope(engine) as session:
+        release_run_lease(session, run_id, lease)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from vfops._errors import VfopsError
 from vfops._plain_json import PLAIN_JSON, UnrecordableValueError, check_plain_json
+from vfops.evaluation._registry_calls import RegistryUnavailable
 from vfops.evaluation._result import Action, EvalResult, Existing
 from vfops.evaluation._runner import EvalRequest, new_run_dir
 from vfops.evaluation._store import read_metadata
@@ -80,16 +81,21 @@ async def open_run(
             return Plan(request, run_dir, "resumed", resume_folder=True)
         return Plan(request, new_run_dir(output_root, request.env_name, request.model), "created")
     installed = await asyncio.to_thread(_inspect_installed, request.env_name)
-    with _named_unrecordable(request):
-        return await registry.call(
-            open_registry_run,
-            request,
-            output_root,
-            resume,
-            existing,
-            pid=os.getpid(),
-            installed=installed,
-        )
+    try:
+        with _named_unrecordable(request):
+            return await registry.call(
+                open_registry_run,
+                request,
+                output_root,
+                resume,
+                existing,
+                pid=os.getpid(),
+                installed=installed,
+            )
+    except RegistryUnavailable as exc:  # nothing was generated or changed yet
+        again = f"vfops eval ... --resume {resume}" if resume is not None else "the evaluation"
+        fix = f"bring it back (VFOPS_DATABASE_URL), then run {again} again"
+        raise exc.with_fix(fix) from exc
 
 
 def open_in_background(
@@ -306,15 +312,35 @@ def _take_over(session: Session, opening: _Opening, found: EvalRunRow) -> Path:
     changes: one process per run); the folder it continues in."""
     from vfops.registry import set_run_status, take_run_lease
 
+    resume = opening.resume
+    moved = resume is not None and Path(resume).is_dir()
+    if moved:
+        run_dir = Path(str(resume))
+    elif found.output_dir:
+        run_dir = Path(found.output_dir)
+    else:
+        run_dir = Path(resume or opening.output_root)
+    _check_folder_free(run_dir)
     take_run_lease(session, found.id, opening.lease)
     set_run_status(session, found.id, "running")
-    resume = opening.resume
-    if resume is not None and Path(resume).is_dir():
+    if moved:
         # the folder given, wherever it is now (moved off a full disk, another host's
         # copy): the run's files are there from now on
-        found.output_dir = str(Path(resume))
-        return Path(resume)
-    return Path(found.output_dir) if found.output_dir else Path(resume or opening.output_root)
+        found.output_dir = str(run_dir)
+    return run_dir
+
+
+def _check_folder_free(run_dir: Path) -> None:
+    """Refuse (:class:`RunFolderBusyError`, naming it) a run whose folder a live process
+    still works in, before its lease is touched: one paused past its lease (Ctrl-Z,
+    SIGSTOP) keeps its folder's lock, and would otherwise lose the run to a resume that
+    can only be refused."""
+    from vfops.evaluation._lock import LOCK_FILE, RunFolderLock
+
+    if (run_dir / LOCK_FILE).exists():
+        probe = RunFolderLock(run_dir)
+        probe.acquire()
+        probe.release()
 
 
 def _library_tags(provenance: Provenance) -> list[str]:

@@ -18,7 +18,9 @@ the lease renewals, recording the end, reading the run for MLflow) goes through
   an untracked one starts a registry child (:meth:`ChildCalls.start`).
 
 Either way a connection failure is raised as :class:`RegistryUnavailable` (the
-caller retries it), anything else as the error ``fn`` raised.
+caller retries it; it names the registry, its URL's password masked, and the reason
+in a few words, never the driver's whole message), anything else as the error ``fn``
+raised.
 """
 
 from __future__ import annotations
@@ -50,7 +52,43 @@ default registry starts it so)."""
 
 
 class RegistryUnavailable(VfopsError):
-    """The registry's database did not answer (a connection error: worth retrying)."""
+    """The registry's database did not answer (a connection error: worth retrying).
+
+    A runtime failure, not bad input (exit 1): whoever meets it last says how to finish
+    the run (``--resume``)."""
+
+    exit_code = 1
+
+    def __init__(self, url: str, reason: str, fix: str = "") -> None:
+        said = f"the registry database {url} did not answer ({reason})"
+        super().__init__(f"{said}; {fix}" if fix else said)
+        self.url, self.reason, self.fix = url, reason, fix
+
+    def __reduce__(self) -> tuple[type[RegistryUnavailable], tuple[str, str, str]]:
+        return (type(self), (self.url, self.reason, self.fix))
+
+    def with_fix(self, fix: str) -> RegistryUnavailable:
+        """The same error, saying how to go on."""
+        return RegistryUnavailable(self.url, self.reason, fix)
+
+
+def unavailable(url: str, exc: BaseException) -> RegistryUnavailable:
+    """``exc`` (a connection error of the database at ``url``) as one short line: the
+    URL with its password masked, the driver's reason in its own last words."""
+    from vfops.registry import mask_url
+
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip()
+    line = text.splitlines()[0].strip() if text else type(orig).__name__
+    if type(orig).__module__.startswith("psycopg"):
+        # 'connection failed: connection to server at "h", port 5432 failed: Connection
+        # refused' -> 'Connection refused'
+        line = line.rsplit(": ", 1)[-1]
+    try:
+        where = mask_url(url)
+    except Exception:  # not a URL SQLAlchemy reads: never print what it may hold
+        where = "(VFOPS_DATABASE_URL)"
+    return RegistryUnavailable(where, line)
 
 
 class RegistryCalls(Protocol):
@@ -92,7 +130,7 @@ class ThreadCalls:
             return await asyncio.to_thread(fn, self.engine, *args, **kwargs)
         except Exception as exc:
             if connection_error(exc):
-                raise RegistryUnavailable(_first_line(exc)) from exc
+                raise unavailable(self.database_url, exc) from exc
             raise
 
     async def aclose(self) -> None:
@@ -228,7 +266,8 @@ class ChildCalls:
 def _error_of(outcome: str, value: Any) -> BaseException:
     """The exception a failed call raises here."""
     if outcome == "unavailable":
-        return RegistryUnavailable(str(value))
+        url, reason = value
+        return RegistryUnavailable(url, reason)
     pickled, described = value
     if pickled is not None:
         with contextlib.suppress(Exception):  # a class that does not unpickle
@@ -257,12 +296,21 @@ def serve(stdin: Any, stdout: Any) -> None:
             reply = (call_id, "ok", fn(engine, *args, **kwargs))
         except Exception as exc:
             if connection_error(exc):
-                reply = (call_id, "unavailable", _first_line(exc))
+                down = unavailable(_url_of(engine), exc)
+                reply = (call_id, "unavailable", (down.url, down.reason))
             else:
                 reply = (call_id, "error", (_pickled(exc), _first_line(exc)))
         frame = pickle.dumps(reply, protocol=_PROTOCOL)
         stdout.write(_HEADER.pack(len(frame)) + frame)
         stdout.flush()
+
+
+def _url_of(engine: Engine | None) -> str:
+    if engine is not None:
+        return engine.url.render_as_string(hide_password=False)  # masked by unavailable()
+    from vfops._settings import database_url
+
+    return database_url()
 
 
 def _default_engine() -> Engine:

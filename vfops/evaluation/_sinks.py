@@ -301,8 +301,9 @@ class RegistrySink:
             if batch is None:
                 return
             if batch:
+                lease = self._lease() if self._lease is not None else None
                 self.inserted += await self.retrying(
-                    registry, _insert_rollouts, self._run_id, batch
+                    registry, _insert_rollouts, self._run_id, batch, lease
                 )
             if time.monotonic() >= next_renewal:
                 await self._renew(registry)
@@ -334,12 +335,12 @@ class RegistrySink:
                     log.warning(
                         "registry: the database does not answer (%s); rollouts paused, "
                         "retrying for up to %g s (VFOPS_REGISTRY_RETRY_S)",
-                        first_line(exc),
+                        f"{exc.url}: {exc.reason}",
                         self._retry_s,
                     )
                 left = self._retry_s - (now - down_since)
                 if left <= 0:
-                    raise _RegistryDown(first_line(exc)) from exc
+                    raise _RegistryDown(f"{exc.url}: {exc.reason}") from exc
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, _MAX_RETRY_DELAY_S)
                 continue
@@ -374,10 +375,16 @@ class RegistrySink:
 # the evaluating process never imports the registry (SQLAlchemy) to name them.
 
 
-def _insert_rollouts(engine: Engine, run_id: str, records: list[RolloutRecord]) -> int:
-    from vfops.registry import insert_rollouts, session_scope
+def _insert_rollouts(
+    engine: Engine, run_id: str, records: list[RolloutRecord], lease: LeaseOwner | None = None
+) -> int:
+    """The rows, fenced by the run's ``lease`` (none stored once another process took
+    the run over: :class:`vfops._lease.LeaseLostError`)."""
+    from vfops.registry import hold_run_lease, insert_rollouts, session_scope
 
     with session_scope(engine) as session:
+        if lease is not None:
+            hold_run_lease(session, run_id, lease)
         return insert_rollouts(session, run_id, records)
 
 
@@ -484,6 +491,11 @@ class TrackingSink:
         if self._opening.exception() is not None:
             raise self._fail("its registry run was not readable")
         return self._info
+
+    def abandon(self) -> None:
+        """Stop the tracker without ending or changing the MLflow run: this process lost
+        the run to another (:class:`vfops._lease.LeaseLostError`), whose tracker ends it."""
+        self._tracker.kill()
 
     async def seal_export(self) -> None:
         """Wait until the tracker has written the whole ``rollouts.arrow`` (``export``)."""

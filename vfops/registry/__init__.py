@@ -17,7 +17,7 @@ is its own short transaction.
 
 from __future__ import annotations
 
-from vfops._lease import LEASE_TTL_S, LeaseOwner
+from vfops._lease import LEASE_TTL_S, LeaseLostError, LeaseOwner, RunBusyError
 from vfops.registry._alias_events import AliasEvent, list_alias_events, record_alias_event
 from vfops.registry._costs import (
     RESERVATION_TTL_S,
@@ -81,8 +81,8 @@ from vfops.registry._rollouts import (
 )
 from vfops.registry._runs import (
     RUN_STATUSES,
+    STALE,
     NewRun,
-    RunBusyError,
     RunFilter,
     add_run_tags,
     create_run,
@@ -90,12 +90,14 @@ from vfops.registry._runs import (
     find_resumable_run,
     finish_run,
     get_run,
+    hold_run_lease,
     list_runs,
     release_run_lease,
     renew_run_lease,
     runs_tagged,
     set_mlflow_run_id,
     set_run_status,
+    shown_status,
     take_run_lease,
 )
 from vfops.registry._transcripts import (
@@ -110,6 +112,7 @@ __all__ = [
     "LEASE_TTL_S",
     "RESERVATION_TTL_S",
     "RUN_STATUSES",
+    "STALE",
     "AliasEvent",
     "AliasEventRow",
     "ArchivedRun",
@@ -123,6 +126,7 @@ __all__ = [
     "EvalRunRow",
     "JudgeCacheEntry",
     "JudgeCacheRow",
+    "LeaseLostError",
     "LeaseOwner",
     "NewEnvironmentVersion",
     "NewRun",
@@ -158,6 +162,7 @@ __all__ = [
     "get_or_create_environment",
     "get_run",
     "head_revision",
+    "hold_run_lease",
     "insert_rollouts",
     "is_known_revision",
     "iter_rollout_scores",
@@ -185,6 +190,7 @@ __all__ = [
     "set_mlflow_run_id",
     "set_run_status",
     "settle_cost",
+    "shown_status",
     "take_run_lease",
     "transaction",
     "upgrade",

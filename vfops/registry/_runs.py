@@ -18,7 +18,7 @@ from sqlalchemy import String, cast, select, update
 from sqlalchemy.orm import Session
 
 from vfops._errors import VfopsError
-from vfops._lease import LEASE_TTL_S, LeaseOwner
+from vfops._lease import LEASE_TTL_S, LeaseLostError, LeaseOwner, RunBusyError
 from vfops._version import __version__
 from vfops.registry._models import EvalRunRow, utcnow
 
@@ -28,11 +28,9 @@ RUN_STATUSES: Final = frozenset(
 # a run in any other status can be resumed (its missing rollouts generated)
 _FINISHED: Final = "completed"
 
-
-class RunBusyError(VfopsError):
-    """Another process holds the run's lease (or its folder's lock)."""
-
-    exit_code = 4
+STALE: Final = "stale"
+"""What a run still ``running`` in the registry is shown as once nobody works on it
+(:func:`shown_status`): its process is gone and its lease expired or was released."""
 
 
 def _aware(moment: dt.datetime) -> dt.datetime:
@@ -89,22 +87,83 @@ def renew_run_lease(
     session: Session, run_id: str, owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S
 ) -> bool:
     """Extend ``owner``'s lease (in the caller's transaction); ``False`` when another
-    process has taken the run over."""
+    process has taken the run over (or ``owner`` released it)."""
     result = session.connection().execute(
         update(EvalRunRow)
-        .where(EvalRunRow.id == run_id, EvalRunRow.lease_owner == str(owner))
+        .where(_held_by(run_id, owner))
         .values(lease_expires=utcnow() + dt.timedelta(seconds=ttl_s))
     )
     return bool(result.rowcount == 1)
 
 
-def release_run_lease(session: Session, run_id: str, owner: LeaseOwner) -> None:
-    """Clear ``owner``'s lease (a lease another process took over is left alone)."""
-    session.connection().execute(
-        update(EvalRunRow)
-        .where(EvalRunRow.id == run_id, EvalRunRow.lease_owner == str(owner))
-        .values(lease_owner=None, lease_expires=None)
+def hold_run_lease(
+    session: Session, run_id: str, owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S
+) -> None:
+    """The fence of every write ``owner`` makes to its run: renew its lease in the
+    caller's transaction, or raise :class:`LeaseLostError` naming the process that took
+    the run over. Call it first in the transaction of the write.
+
+    The renewal is one conditional UPDATE: on PostgreSQL it locks the run's row until
+    the transaction ends (a takeover's compare-and-set waits for it, then finds the
+    lease renewed), on SQLite the write transaction already excludes every other
+    writer; either way the writes of a holder whose lease was taken over never commit.
+    """
+    if not renew_run_lease(session, run_id, owner, ttl_s=ttl_s):
+        raise _lost(session, run_id, owner)
+
+
+def _held_by(run_id: str, owner: LeaseOwner) -> Any:
+    # a released lease (no expiry) keeps its last owner's name, but is no one's
+    return (
+        (EvalRunRow.id == run_id)
+        & (EvalRunRow.lease_owner == str(owner))
+        & EvalRunRow.lease_expires.is_not(None)
     )
+
+
+def _lost(session: Session, run_id: str, owner: LeaseOwner) -> LeaseLostError:
+    row = session.execute(
+        select(EvalRunRow.lease_owner, EvalRunRow.lease_expires, EvalRunRow.status).where(
+            EvalRunRow.id == run_id
+        )
+    ).one_or_none()
+    me = f"this process ({owner.describe()})"
+    if row is None:
+        return LeaseLostError(f"run {run_id} is no longer in the registry; {me} stops")
+    held_by, expires, status = row
+    if held_by is None or held_by == str(owner):
+        who = "another process"
+    else:
+        who = LeaseOwner.parse(held_by).describe()
+    now = "works on it now" if expires is not None else f"ended it ({status})"
+    return LeaseLostError(
+        f"run {run_id} was taken over by {who}, which {now}: the lease of {me} lapsed "
+        "(paused or cut off from the registry past VFOPS_LEASE_TTL_S); it wrote nothing "
+        "more to the run and stops (see: vfops runs show " + run_id[:12] + ")"
+    )
+
+
+def release_run_lease(session: Session, run_id: str, owner: LeaseOwner) -> None:
+    """End ``owner``'s lease (a lease another process took over is left alone). The
+    owner's name stays, with no expiry: a holder that lost the run learns who ended it."""
+    session.connection().execute(
+        update(EvalRunRow).where(_held_by(run_id, owner)).values(lease_expires=None)
+    )
+
+
+def shown_status(run: EvalRunRow, *, now: dt.datetime | None = None) -> str:
+    """``run``'s status as a reader should see it: :data:`STALE` for a run still
+    ``running`` that nobody works on (no lease, its lease expired, or its holder is a
+    dead process of this host: killed, out of memory, its machine gone), computed when
+    read; else its status. A stale run resumes with ``vfops eval ... --resume RUN``."""
+    if run.status != "running":
+        return run.status
+    expires = run.lease_expires
+    if run.lease_owner is None or expires is None:
+        return STALE
+    if _aware(expires) <= (now or utcnow()) or LeaseOwner.parse(run.lease_owner).is_dead():
+        return STALE
+    return run.status
 
 
 def _check_status(status: str) -> None:
@@ -264,10 +323,19 @@ def set_run_status(session: Session, run_id: str, status: str) -> EvalRunRow:
 
 
 def finish_run(
-    session: Session, run_id: str, status: str, summary: dict[str, Any] | None = None
+    session: Session,
+    run_id: str,
+    status: str,
+    summary: dict[str, Any] | None = None,
+    *,
+    lease: LeaseOwner | None = None,
 ) -> EvalRunRow:
-    """Set the final status, the summary and ``finished_at`` of a run."""
+    """Set the final status, the summary and ``finished_at`` of a run; with ``lease``,
+    only while that lease is held (:func:`hold_run_lease`: else
+    :class:`LeaseLostError`, nothing changed)."""
     _check_status(status)
+    if lease is not None:
+        hold_run_lease(session, run_id, lease)
     run = _require_run(session, run_id)
     run.status = status
     run.summary = dict(summary or {})

@@ -9,7 +9,12 @@ folder holds:
 - ``trainer_state.json``: the step (= the data position: data order is a pure
   function of the step), the config, and what the run's tags recorded;
 - ``pending_batches_rank<i>.pt``: the batches generated ahead (``async_steps > 0``),
-  whose weights are gone once the step moves on (the generation scheduler writes them).
+  whose weights are gone once the step moves on (the generation scheduler writes them);
+- ``manifest.json``: every other file's size and sha256, written last.
+
+A checkpoint is written beside its place and renamed in once sealed
+(:mod:`vfops.training._manifest`), so a crash leaves the old whole checkpoint or the
+new one, never a mix; a resume verifies the manifest first.
 
 Registration itself lives in :mod:`vfops.checkpoints` (``register_checkpoint``).
 """
@@ -24,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vfops._errors import VfopsError
+from vfops.training import _manifest
 from vfops.training._config import GRPOConfig
 from vfops.training._setup import Policy, frozen_copy
 
-STATE_FILE = "trainer_state.json"
+STATE_FILE = _manifest.STATE_FILE
 PENDING_PREFIX = "pending_batches_rank"
 MODEL_SUBDIR = "model"
 ACCELERATE_SUBDIR = "accelerate"
@@ -69,19 +74,32 @@ class Checkpointer:
     def save(
         self, directory: str | Path, state: TrainerState, ahead: Callable[[Path], None]
     ) -> Path:
-        """Write a resumable checkpoint under ``directory``; ``ahead(path)`` writes this
-        rank's batches generated ahead to ``path``. Returns the folder."""
+        """Write a resumable checkpoint at ``directory``; ``ahead(path)`` writes this
+        rank's batches generated ahead to ``path``. Returns the folder.
+
+        Everything is written to a staging folder beside ``directory``, sealed with a
+        manifest and renamed into place by the main process (a checkpoint already there
+        is replaced whole): ``directory`` never holds a half-written checkpoint.
+        """
         accelerator = self.policy.accelerator
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        with _tied_weights_not_reported():
-            accelerator.save_state(str(out / ACCELERATE_SUBDIR))
+        target = Path(directory)
         if accelerator.is_main_process:
-            self.export_model(out / MODEL_SUBDIR)
-            (out / STATE_FILE).write_text(state.to_json())
-        ahead(self.pending_file(out))
+            _manifest.begin(target)
         accelerator.wait_for_everyone()
-        return out
+        staging = _manifest.staging_path(target)
+        with _tied_weights_not_reported():
+            accelerator.save_state(str(staging / ACCELERATE_SUBDIR))
+        if accelerator.is_main_process:
+            _manifest.kill_point("staging")
+            self.export_model(staging / MODEL_SUBDIR)
+            (staging / STATE_FILE).write_text(state.to_json())
+        ahead(self.pending_file(staging))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            _manifest.seal(staging)
+            _manifest.publish(staging, target)
+        accelerator.wait_for_everyone()
+        return target
 
     def load(self, directory: Path) -> None:
         """Restore accelerate's state (weights, optimizer, schedule, RNGs) from a checkpoint
@@ -105,11 +123,11 @@ class Checkpointer:
 
 
 def read_step(src: Path) -> int:
-    """The step a checkpoint folder was saved at; a one-line error when it is not one."""
-    state_file = src / STATE_FILE
-    if not state_file.is_file():
-        raise VfopsError(f"{src} is not a vfops training checkpoint (no {STATE_FILE})")
-    state: dict[str, Any] = json.loads(state_file.read_text())
+    """The step a checkpoint folder was saved at, once an interrupted publish to it is
+    finished and its manifest verified; a one-line
+    :class:`~vfops.training._manifest.CheckpointError` when it is not whole."""
+    _manifest.open_checkpoint(src)
+    state: dict[str, Any] = json.loads((src / STATE_FILE).read_text())
     return int(state["step"])
 
 

@@ -321,7 +321,9 @@ class GRPORecipe:
 
     def save(self, directory: str | Path) -> Path:
         """Write a resumable checkpoint (model, optimizer, scheduler, RNG, data position,
-        step) plus an exported Hugging Face model folder under ``directory/model``."""
+        step) plus an exported Hugging Face model folder under ``directory/model``: written
+        beside ``directory``, sealed with a manifest, then renamed into place (one there
+        already is replaced whole)."""
         parts = self._set_up()
         generation = parts.generation
         return parts.checkpoints.save(
@@ -331,7 +333,8 @@ class GRPORecipe:
         )
 
     def resume(self, directory: str | Path) -> None:
-        """Restore a checkpoint written by :meth:`save` (after :meth:`setup`)."""
+        """Restore a checkpoint written by :meth:`save` (after :meth:`setup`); a torn or
+        damaged one (its manifest missing or not matching) is refused in one line."""
         parts = self._set_up()
         src = Path(directory)
         step = read_step(src)

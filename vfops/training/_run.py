@@ -146,13 +146,14 @@ def resolve_config(
 
 
 def check_resume(resume: str | Path | None) -> Path | None:
-    """The checkpoint folder to resume from, checked to be a folder."""
+    """The checkpoint folder to resume from, checked to be a whole checkpoint (an
+    interrupted save to it finished or undone, every file as its manifest lists it):
+    one line naming an earlier checkpoint otherwise, before any model loads."""
     if resume is None:
         return None
-    path = Path(resume)
-    if not path.is_dir():
-        raise VfopsError(f"resume {str(resume)!r} is not a folder; pass a checkpoint folder")
-    return path.resolve()
+    from vfops.training._manifest import open_checkpoint
+
+    return open_checkpoint(Path(resume))
 
 
 def require_train_extra() -> None:
