@@ -148,7 +148,7 @@ def test_every_compose_variable_is_in_env_example() -> None:
 
 def test_env_example_holds_placeholders_and_env_is_not_committed() -> None:
     env = read_env_file(ENV_EXAMPLE)
-    secrets = {key: value for key, value in env.items() if re.search("PASSWORD|KEY", key)}
+    secrets = {key: value for key, value in env.items() if re.search("PASSWORD|KEY|AUTH_STRING", key)}
     assert secrets and all("change-me" in value for value in secrets.values()), secrets
     ignored = subprocess.run(
         ["git", "check-ignore", "--no-index", "-q", "infra/.env"], cwd=ROOT, check=False
@@ -265,6 +265,7 @@ def test_kubernetes_manifests_validate_strictly() -> None:
                 problems.append(f"{path.relative_to(ROOT)}: {problem}")
     assert not problems, "\n".join(problems)
     expected = {"Namespace", "Secret", "ConfigMap", "Deployment", "Service", "ServiceAccount"}
+    expected |= {"NetworkPolicy"}
     assert expected | {"Role", "RoleBinding", "Job", "PersistentVolumeClaim"} <= kinds
 
 
@@ -327,7 +328,8 @@ def test_worker_rbac_covers_what_the_kubernetes_worker_does() -> None:
         assert spec["serviceAccountName"] == binding["subjects"][0]["name"]
         container = spec["containers"][0]
         command = container["command"]
-        assert command[:3] == ["prefect", "worker", "start"] and "kubernetes" in command
+        assert command[:4] == ["refuse-placeholders.sh", "prefect", "worker", "start"]
+        assert "kubernetes" in command
         env = {e["name"]: e.get("value") for e in container["env"]}
         # a namespaced Role: the worker's observer must not watch the whole cluster
         assert env["PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES"] == "vfops"
@@ -400,9 +402,9 @@ def test_work_pool_templates_pass_prefect_and_render_valid_jobs() -> None:
         gpus = resources["limits"].get("nvidia.com/gpu")
         if name == "work-pool-gpu":
             assert gpus and resources["requests"]["nvidia.com/gpu"] == gpus
-            # the trainer image's ENTRYPOINT is `accelerate launch`: the flow-run command
-            # must not be appended to it
-            assert container["command"] == ["/usr/bin/env"]
+            # the trainer image's ENTRYPOINT ends in `accelerate launch`: the flow-run
+            # command must not be appended to it, only to the placeholder check
+            assert container["command"] == ["refuse-placeholders.sh"]
             assert container["args"][:3] == ["prefect", "flow-run", "execute"]
         else:
             assert gpus is None
@@ -508,7 +510,7 @@ def test_vllm_servers_get_the_flags_vfops_vllm_serve_gives() -> None:
     compose_vllm = load_compose()["services"]["vllm"]
     (deployment,) = _by_kind(K8S / "training" / "vllm.yaml")["Deployment"]
     k8s_vllm = deployment["spec"]["template"]["spec"]["containers"][0]
-    k8s_env = {e["name"]: e["value"] for e in k8s_vllm["env"]}
+    k8s_env = {e["name"]: e.get("value") for e in k8s_vllm["env"]}
     for where, entrypoint, args, env in (
         (
             "compose",
@@ -518,11 +520,17 @@ def test_vllm_servers_get_the_flags_vfops_vllm_serve_gives() -> None:
         ),
         ("k8s", k8s_vllm["command"], k8s_vllm["args"], k8s_env),
     ):
-        assert entrypoint == reference[:3], where
+        # the placeholder check, then vLLM's server
+        assert entrypoint[:2] == ["/bin/sh", entrypoint[1]], where
+        assert entrypoint[1].endswith("/refuse-placeholders.sh"), where
+        assert entrypoint[2:] == reference[:3], where
         got = _flags(args)
         missing = {k: v for k, v in expected.items() if got.get(k) != v}
         assert not missing, f"{where} vLLM lacks {missing}"
-        assert env["VLLM_SERVER_DEV_MODE"] == "1", where
+        # no dev mode: the admin routes training needs come from vfops' middleware
+        assert "VLLM_SERVER_DEV_MODE" not in env, where
+        assert got["--middleware"] == "vfops_vllm_admin.AdminRoutes", where
+        assert env["VFOPS_VLLM_SYNC_DIR"] == "/sync" and "VLLM_API_KEY" in env, where
 
 
 # --- Dockerfiles -----------------------------------------------------------------------
@@ -572,5 +580,5 @@ def test_worker_image_installs_cpu_torch_first_and_runs_unprivileged() -> None:
     trainer = _instructions(INFRA / "docker" / "trainer.Dockerfile")
     assert trainer[0][0] == "FROM" and trainer[0][1].startswith("nvidia/cuda:")
     (entrypoint,) = [json.loads(args) for op, args in trainer if op == "ENTRYPOINT"]
-    assert entrypoint == ["accelerate", "launch"]
+    assert entrypoint == ["refuse-placeholders.sh", "accelerate", "launch"]
     assert any("-e '.[train]'" in args for op, args in trainer if op == "RUN")

@@ -50,6 +50,10 @@ RUN pip install --no-cache-dir -e '.[train]' \
 RUN useradd --create-home --uid 10001 vfops \
     && mkdir -p /outputs /sync /opt/vfops/outputs \
     && chown 10001:10001 /outputs /sync /opt/vfops/outputs
+# The placeholder check in front of every command (infra/docker/refuse-placeholders.sh);
+# vLLM's admin middleware, copied into the vllm pod by its init container (infra/k8s/training).
+COPY infra/docker/refuse-placeholders.sh /usr/local/bin/refuse-placeholders.sh
+COPY infra/vllm/vfops_vllm_admin.py /opt/vfops-infra/vfops_vllm_admin.py
 USER 10001
 ENV VFOPS_HOME=/home/vfops/.vfops \
     PREFECT_HOME=/home/vfops/.prefect
@@ -57,5 +61,5 @@ ENV VFOPS_HOME=/home/vfops/.vfops \
 # Each rank: accelerate launch --num_machines N --machine_rank R --main_process_ip HOST
 #   --deepspeed_config_file ... -m vfops.training._launched FOLDER  (infra/k8s/trainer.yaml);
 # on one machine `vfops train CONFIG --num-processes M --deepspeed ...` does the launch.
-ENTRYPOINT ["accelerate", "launch"]
+ENTRYPOINT ["refuse-placeholders.sh", "accelerate", "launch"]
 CMD ["--help"]

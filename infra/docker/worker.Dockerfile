@@ -40,6 +40,12 @@ USER 10001
 ENV VFOPS_HOME=/home/vfops/.vfops \
     PREFECT_HOME=/home/vfops/.prefect
 
+# Every command starts by refusing the "change-me" placeholders (infra/.env.example,
+# infra/k8s/secrets.example.yaml), then execs; Kubernetes flow-run pods (the CPU work
+# pool) keep this ENTRYPOINT and pass `prefect flow-run execute` as its arguments.
+COPY infra/docker/refuse-placeholders.sh /usr/local/bin/refuse-placeholders.sh
+
 EXPOSE 8080
+ENTRYPOINT ["refuse-placeholders.sh"]
 # --with-healthcheck serves GET /health on PREFECT_WORKER_WEBSERVER_PORT (8080).
 CMD ["prefect", "worker", "start", "--pool", "vfops", "--type", "process", "--with-healthcheck"]
