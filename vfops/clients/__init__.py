@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING
 
 from vfops._lazy import lazy_exports
+from vfops._redact import redact_secrets
 from vfops.clients._base import TOKENS_KEY, ChatResponse, ModelClient, PromptTooLongError
 from vfops.clients._endpoints import (
     DEFAULT_API_KEY_VAR,
@@ -26,7 +27,6 @@ from vfops.clients._errors import (
     RateLimitError,
     RequestTooLargeError,
     UnprocessableEntityError,
-    redact_secrets,
 )
 from vfops.clients._middleware import ChatRequest, PricedRequests, RequestMiddleware
 from vfops.clients._middleware import installed as installed_middleware

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 from vfops._env_vars import check_env_var_name
 from vfops._errors import EndpointError
+from vfops._redact import is_credential_param, public_url
 from vfops.costs import Pricing
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -49,10 +50,35 @@ class Endpoint:
 
 
 def url_problem(base_url: str) -> str | None:
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"{base_url!r} is not an http(s) URL; use e.g. http://localhost:8000/v1"
+    """What is wrong with ``base_url`` as a base URL (never quoting its credentials)."""
+    try:
+        parts = urlsplit(base_url)
+        hostname = parts.hostname
+    except ValueError:
+        hostname = None
+    if hostname is None or parts.scheme not in ("http", "https"):
+        return f"{public_url(base_url)!r} is not an http(s) URL; use e.g. http://localhost:8000/v1"
     return None
+
+
+def has_userinfo(base_url: str) -> bool:
+    """Whether ``base_url`` carries ``user[:password]@`` (sent as basic auth)."""
+    return "@" in urlsplit(base_url).netloc
+
+
+def credentials_problem(base_url: str) -> str | None:
+    """What credentials ``base_url`` carries (``user:password@``, a key-like query
+    parameter), named without their values; ``None`` when it carries none."""
+    parts = urlsplit(base_url)
+    found = ["user:password@"] if "@" in parts.netloc else []
+    found += [
+        f"?{name}="
+        for name in dict.fromkeys(
+            pair.split("=", 1)[0] for pair in parts.query.split("&") if "=" in pair
+        )
+        if is_credential_param(name)
+    ]
+    return " and ".join(found) or None
 
 
 def check_base_url(base_url: str, where: str) -> None:
@@ -83,11 +109,22 @@ def read_api_key(endpoint: Endpoint, *, required: bool) -> str:
     """The API key from the environment variable ``endpoint.api_key_var``.
 
     An unset/empty variable returns ``"EMPTY"`` when not ``required``, or for a
-    loopback base URL with the default variable; otherwise raises
-    :class:`EndpointError`.
+    loopback base URL with the default variable, or for a base URL with
+    ``user:password@`` (those are the request's credentials, sent as basic auth);
+    otherwise raises :class:`EndpointError`. A set variable next to such a URL is
+    refused too: a request carries one ``Authorization`` header.
     """
     var = endpoint.api_key_var
     value = os.environ.get(var, "")
+    if has_userinfo(endpoint.base_url):
+        if value:
+            raise EndpointError(
+                f"base URL {public_url(endpoint.base_url)} carries user:password@ (sent as "
+                f"basic auth) and {var} holds an API key too: a request has one Authorization "
+                f"header; drop the credentials from the URL, or unset {var} (or -k a variable "
+                "that is unset)"
+            )
+        return LOCAL_API_KEY
     if value:
         return value
     if not required or (var == DEFAULT_API_KEY_VAR and is_loopback(endpoint.base_url)):
@@ -104,15 +141,14 @@ async def check_reachable(base_url: str, timeout_s: float = 3.0) -> None:
     """
     parts = urlsplit(base_url)
     host = parts.hostname
+    shown = public_url(base_url)
     if parts.scheme not in ("http", "https") or not host:
-        raise EndpointError(
-            f"cannot reach base URL {base_url}: not an http(s) URL; check --base-url"
-        )
+        raise EndpointError(f"cannot reach base URL {shown}: not an http(s) URL; check --base-url")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise EndpointError(
-            f"cannot reach base URL {base_url}: invalid port; check --base-url"
+            f"cannot reach base URL {shown}: invalid port; check --base-url"
         ) from None
     try:
         async with asyncio.timeout(timeout_s):
@@ -127,6 +163,5 @@ async def check_reachable(base_url: str, timeout_s: float = 3.0) -> None:
             await writer.wait_closed()
         return
     raise EndpointError(
-        f"cannot reach base URL {base_url}: {reason}; "
-        "check --base-url and that the server is running"
+        f"cannot reach base URL {shown}: {reason}; check --base-url and that the server is running"
     )

@@ -13,7 +13,12 @@ from pydantic import AfterValidator, Field, model_validator
 
 from vfops._config import ConfigError, ConfigModel, EnvVarName, load_toml
 from vfops._errors import EndpointError
-from vfops.clients._endpoints import DEFAULT_API_KEY_VAR, Endpoint, url_problem
+from vfops.clients._endpoints import (
+    DEFAULT_API_KEY_VAR,
+    Endpoint,
+    credentials_problem,
+    url_problem,
+)
 from vfops.costs import Pricing
 
 
@@ -25,6 +30,13 @@ def _http_base_url(value: str) -> str:
     problem = url_problem(value)
     if problem:
         raise ValueError(problem)
+    carried = credentials_problem(value)
+    if carried:  # the value is never quoted: it holds a secret
+        raise ValueError(
+            f"it carries credentials ({carried}), and keys never go in this file; remove "
+            "them and set api_key_var to the NAME of an environment variable holding the "
+            "key (or pass a URL with credentials as --base-url)"
+        )
     return value
 
 

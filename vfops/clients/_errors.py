@@ -12,17 +12,20 @@ deadlines (a stop reason), while a request that never got its answer is an error
 of the rollout (as in the ``openai`` SDK, whose ``APITimeoutError`` is not one either).
 
 The key sent with a request never appears in an error: :func:`redact_secrets`
-removes it from the server's message (some echo the ``Authorization`` header back)
-before the error is built, so every record of the error holds the redacted text.
+(:mod:`vfops._redact`) removes it, in any encoding, from the server's message (some
+echo the ``Authorization`` header back) before the error is built, so every record of
+the error holds the redacted text.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
+
+from vfops._redact import REDACTED as REDACTED  # re-exported: the name tests know
+from vfops._redact import redact_secrets, redact_url_credentials
 
 MAX_MESSAGE_CHARS = 1000
 """A server's message is cut here: enough for a vLLM context-length explanation."""
@@ -170,40 +173,6 @@ def status_error_class(status_code: int) -> type[APIStatusError]:
     return _BY_STATUS.get(status_code, APIStatusError)
 
 
-REDACTED = "[redacted]"
-"""What a secret is replaced with in an error message."""
-
-MIN_SECRET_CHARS = 8
-"""Shorter values (``EMPTY``, a local server's ``x``) are no secret worth mangling
-every message that happens to contain them."""
-
-MIN_PARTIAL_CHARS = 12
-"""A word that is this long a piece of a secret (a key cut short by a length limit,
-or its tail after a prefix the server dropped) is redacted too."""
-
-_WORD = re.compile(r"[A-Za-z0-9_\-]+")
-
-
-def redact_secrets(text: str, secrets: Sequence[str]) -> str:
-    """``text`` with each of ``secrets`` (an API key) replaced by ``[redacted]``:
-    wherever it occurs (after ``Bearer ``, inside a URL...), and any word of at least
-    :data:`MIN_PARTIAL_CHARS` characters that is part of one (a truncated echo).
-    Secrets shorter than :data:`MIN_SECRET_CHARS` are left alone."""
-    keys = [secret for secret in secrets if len(secret) >= MIN_SECRET_CHARS]
-    if not keys or not text:
-        return text
-    for key in keys:
-        text = text.replace(key, REDACTED)
-
-    def partial(match: re.Match[str]) -> str:
-        word = match.group()
-        if len(word) >= MIN_PARTIAL_CHARS and any(word in key for key in keys):
-            return REDACTED
-        return word
-
-    return _WORD.sub(partial, text)
-
-
 def _one_line(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -253,6 +222,7 @@ def error_from_response(
     if secrets:
         content = redact_secrets(content.decode("utf-8", errors="replace"), secrets).encode()
         location = location and redact_secrets(location, secrets)
+    location = location and redact_url_credentials(location)
     try:
         body = orjson.loads(content) if content.strip() else None
     except orjson.JSONDecodeError:

@@ -17,13 +17,9 @@ import aiohttp
 from yarl import URL
 
 from vfops._errors import InvalidArgumentError
+from vfops._redact import Redactor, public_url, redact_url_credentials
 from vfops._version import __version__
-from vfops.clients._errors import (
-    APIConnectionError,
-    APITimeoutError,
-    error_from_response,
-    redact_secrets,
-)
+from vfops.clients._errors import APIConnectionError, APITimeoutError, error_from_response
 from vfops.clients._retry import parse_rate_limit_reset, parse_retry_after
 
 CONNECT_TIMEOUT_CAP_S = 30.0
@@ -89,8 +85,9 @@ class HTTPTransport:
     ``headers`` go with every request. ``timeout_s`` bounds each request in wall-clock
     time from the moment it is sent to the last byte of its response (a body that
     trickles in does not extend it), and the connect (capped at 30 s); waiting for a
-    free connection is not bounded. ``secrets`` (the API key in ``headers``) never appear in an
-    error's message or body (:func:`~vfops.clients._errors.redact_secrets`). The
+    free connection is not bounded. ``secrets`` (the API key in ``headers``, credentials in the URL)
+    never appear in an error's message or body, in any encoding
+    (:class:`~vfops._redact.Redactor`, also :attr:`redactor` for callers' use). The
     aiohttp session is created on first use, in the running event loop; use and
     close the transport inside that loop.
     """
@@ -106,12 +103,13 @@ class HTTPTransport:
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise InvalidArgumentError(
-                f"base_url must start with http:// or https://, got {base_url!r}"
+                f"base_url must start with http:// or https://, got {public_url(base_url)!r}"
             )
         self.base_url = base_url
         self.timeout_s = timeout_s
         self.max_connections = max_connections
         self._secrets = tuple(secrets)
+        self.redactor = Redactor(self._secrets)
         self._headers = {"User-Agent": f"vfops/{__version__}", **headers}
         self._timeout = self._client_timeout(timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -204,7 +202,7 @@ class HTTPTransport:
 
     def _redacted(self, message: str) -> str:
         # a key in the URL (some gateways take ?api-key=) must not reach the record either
-        return redact_secrets(message, self._secrets)
+        return redact_url_credentials(self.redactor.text(message))
 
     async def aclose(self) -> None:
         session, self._session = self._session, None

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from vfops._errors import InvalidArgumentError
+from vfops._redact import Redactor, basic_auth, public_url, url_secrets
 from vfops._rollout import dumps_escaped
 from vfops._types import Message, Messages, SamplingArgs
 from vfops.clients._base import ChatResponse, PromptTooLongError
@@ -36,6 +37,7 @@ from vfops.clients._retry import (
     RetryPolicy,
     RetryState,
 )
+from vfops.clients._urls import route_url, split_userinfo
 from vfops.costs import Pricing
 
 log = logging.getLogger("vfops.clients")
@@ -107,9 +109,12 @@ def _normalize_tool_calls(raw: Any) -> list[dict[str, Any]]:
     return calls
 
 
-def parse_chat_completion(body: bytes) -> ChatResponse:
+def parse_chat_completion(body: bytes, redactor: Redactor | None = None) -> ChatResponse:
     """Decode a chat-completion response body into a :class:`ChatResponse`.
 
+    ``redactor`` (the client's key and URL credentials) is applied to every string of
+    the decoded body first: an endpoint that echoes the key (plain, URL-encoded,
+    base64...) in its completion hands no store, score or log a copy of it.
     Raises :class:`MalformedResponseError` (retryable) for bad JSON or a body
     without ``choices[0].message``.
     """
@@ -117,6 +122,8 @@ def parse_chat_completion(body: bytes) -> ChatResponse:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise MalformedResponseError(f"response body is not valid JSON: {exc}") from None
+    if redactor:
+        data = redactor.json(data)
     try:
         choice = data["choices"][0]
         raw_message = choice["message"]
@@ -150,11 +157,15 @@ class OpenAIClient:
     """Chat completions against any OpenAI-compatible ``base_url``.
 
     ``api_key`` is sent as a bearer token and never logged, shown in ``repr`` or
-    kept in an error (redacted from what the server answers: some echo it back);
-    ``None`` sends ``EMPTY``, which local servers accept. ``timeout_s`` bounds
-    each attempt in wall-clock time, from sending it to the response's last byte. ``max_retries`` (default 5:
-    retries of 5xx, timeouts and connection errors), ``max_timeout_retries``
-    (default 2: how many of them may be timeouts) and ``max_retry_wait_s``
+    kept in an error or a response (redacted, in any encoding, from what the server
+    answers: some echo it back); ``None`` sends ``EMPTY``, which local servers accept.
+    Credentials in ``base_url`` are no exception: ``user:password@`` is sent as basic
+    auth instead of a key (both at once is refused: a request has one
+    ``Authorization``), a query (``?api-key=...``) goes with every request, and
+    neither is in :attr:`base_url`, an error or a response. ``timeout_s`` bounds
+    each attempt in wall-clock time, from sending it to the response's last byte.
+    ``max_retries`` (default 5: retries of 5xx, timeouts and connection errors),
+    ``max_timeout_retries`` (default 2: how many of them may be timeouts) and ``max_retry_wait_s``
     (default 300: seconds of waits one request may spend on 429s that name their
     wait), or a full ``backoff`` :class:`RetryPolicy` — not both — set the retry
     behaviour (see :mod:`vfops.clients._retry`). ``max_connections`` sizes the
@@ -196,7 +207,15 @@ class OpenAIClient:
                 "pass either max_retries/max_timeout_retries/max_retry_wait_s or "
                 "backoff=RetryPolicy(...), not both"
             )
-        self.base_url = base_url
+        url, userinfo = split_userinfo(base_url)
+        if userinfo is not None and api_key and api_key != "EMPTY":
+            raise InvalidArgumentError(
+                f"base_url {public_url(base_url)} carries user:password@ credentials and an "
+                "API key is given too: a request has one Authorization header; drop the "
+                "credentials from the URL or the key"
+            )
+        self.base_url = public_url(base_url)
+        """The URL without its credentials (what may be shown or recorded)."""
         self.timeout_s = timeout_s
         self.limiter = limiter
         self.pricing = pricing
@@ -217,19 +236,23 @@ class OpenAIClient:
                 ),
             )
         self.retry = backoff
-        self._url = base_url.rstrip("/") + "/chat/completions"
-        self._models_url = base_url.rstrip("/") + "/models"
+        self._url = route_url(url, "chat/completions")
+        self._models_url = route_url(url, "models")
+        secrets = (*((api_key,) if api_key else ()), *url_secrets(base_url))
         self._http = HTTPTransport(
-            base_url,
+            url,
             headers={
-                "Authorization": f"Bearer {api_key or 'EMPTY'}",
+                "Authorization": (
+                    basic_auth(*userinfo) if userinfo else f"Bearer {api_key or 'EMPTY'}"
+                ),
                 "Content-Type": "application/json",
                 "Accept": "application/json",
             },
             timeout_s=timeout_s,
             max_connections=max_connections or default_max_connections(),
-            secrets=(api_key,) if api_key else (),
+            secrets=secrets,
         )
+        self._redactor = self._http.redactor
 
     def __repr__(self) -> str:
         return (
@@ -311,7 +334,7 @@ class OpenAIClient:
                 else:
                     async with limiter.acquire():
                         content = await request("POST", url, payload, headers=headers)
-                return parse_chat_completion(content)
+                return parse_chat_completion(content, self._redactor)
             except Exception as exc:
                 if isinstance(exc, APIStatusError) and is_context_error(exc):
                     raise PromptTooLongError(
@@ -352,7 +375,8 @@ class OpenAIClient:
             return [str(entry["id"]) for entry in orjson.loads(content)["data"]]
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             raise MalformedResponseError(
-                f"GET {self._models_url}: not a model list ({type(exc).__name__}: {exc})"
+                f"GET {self.base_url.rstrip('/')}/models: not a model list "
+                f"({type(exc).__name__}: {exc})"
             ) from None
 
     async def aclose(self) -> None:

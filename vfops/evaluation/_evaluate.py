@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from vfops._errors import VfopsError
 from vfops._paths import check_writable_folder
+from vfops._redact import public_url
 from vfops._settings import registry_retry_s, scoring_timeout_s
 from vfops._twins import blocking_twin
 from vfops.evaluation._loop import RunContext, run
@@ -121,7 +122,8 @@ async def evaluate_async(
         # recorded as what runs: -1 (all) and an N above the dataset's size are its size
         request.num_examples = _examples_to_run(env, request)
         if client is not None:
-            request.base_url = request.base_url or model_opts.base_url
+            base_url = request.base_url or model_opts.base_url
+            request.base_url = base_url and public_url(base_url)  # recorded: no credentials
         elif not is_in_process(request.model):
             # an endpoint is checked (reachable, serving the model) before anything below
             client = connection_client = await _connect(request, model_opts)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vfops._errors import EndpointError, VfopsError
+from vfops._redact import public_url
 from vfops.clients import DEFAULT_MAX_RETRIES, DEFAULT_MAX_RETRY_WAIT_S, DEFAULT_MAX_TIMEOUT_RETRIES
 from vfops.clients._base import ModelClient
 
@@ -120,7 +121,7 @@ def resolve_model_name(model: str, options: ModelOptions) -> tuple[str, str | No
         base_url=options.base_url,
         api_key_var=options.api_key_var,
     )
-    return endpoint.model, endpoint.base_url
+    return endpoint.model, public_url(endpoint.base_url)
 
 
 async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
@@ -168,7 +169,7 @@ async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
     return ModelConnection(
         client=client,
         model=endpoint.model,
-        base_url=endpoint.base_url,
+        base_url=public_url(endpoint.base_url),  # recorded: never its credentials
         priced=endpoint.pricing is not None,
     )
 
@@ -189,7 +190,7 @@ async def _check_model_served(client: OpenAIClient, endpoint: Endpoint) -> None:
         return
     named = f"model {model!r}" + (f" (alias {endpoint.alias!r})" if endpoint.alias != model else "")
     raise EndpointError(
-        f"{named} is not served at {endpoint.base_url}; it serves {_some_models(model, served)}; "
+        f"{named} is not served at {client.base_url}; it serves {_some_models(model, served)}; "
         "pass one of them with -m (or --no-check-model if the server accepts names it does "
         "not list)"
     )
