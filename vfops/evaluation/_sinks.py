@@ -383,9 +383,10 @@ def _insert_rollouts(
     from vfops.registry import hold_run_lease, insert_rollouts, session_scope
 
     with session_scope(engine) as session:
-        if lease is not None:
+        inserted = insert_rollouts(session, run_id, records)
+        if lease is not None:  # last: the run's row is locked only until the commit
             hold_run_lease(session, run_id, lease)
-        return insert_rollouts(session, run_id, records)
+        return inserted
 
 
 def _renew_run_lease(engine: Engine, run_id: str, lease: LeaseOwner) -> bool:

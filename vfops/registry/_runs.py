@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import String, cast, select, update
+from sqlalchemy import String, cast, select, text, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from vfops._errors import VfopsError
@@ -58,20 +59,45 @@ def take_run_lease(
         holder = LeaseOwner.parse(held_by)
         if expires is not None and _aware(expires) > now and not holder.is_dead():
             raise _busy(run_id, holder, _aware(expires))
+    # the lease as read (a holder that renewed meanwhile keeps it)
+    owner_col, expires_col = EvalRunRow.lease_owner, EvalRunRow.lease_expires
     unchanged = (
-        EvalRunRow.lease_owner.is_(None) if held_by is None else EvalRunRow.lease_owner == held_by
+        owner_col.is_(None) if held_by is None else owner_col == held_by,
+        expires_col.is_(None) if expires is None else expires_col == expires,
     )
     # Core on the session's connection: the rowcount tells whether the CAS matched
-    taken = session.connection().execute(
-        update(EvalRunRow)
-        .where(EvalRunRow.id == run_id, unchanged)
-        .values(lease_owner=str(owner), lease_expires=now + dt.timedelta(seconds=ttl_s))
-    )
+    try:
+        _bounded_lock_wait(session)
+        taken = session.connection().execute(
+            update(EvalRunRow)
+            .where(EvalRunRow.id == run_id, *unchanged)
+            .values(lease_owner=str(owner), lease_expires=now + dt.timedelta(seconds=ttl_s))
+        )
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+            raise
+        holder = LeaseOwner.parse(held_by or "?@0:")
+        raise RunBusyError(
+            f"run {run_id} is being written by its holder, {holder.describe()}, right now "
+            f"(or it was paused in the middle of a write); try again in a moment"
+        ) from None
     if taken.rowcount != 1:  # another process took it between the read and the write
         row = session.execute(
             select(EvalRunRow.lease_owner, EvalRunRow.lease_expires).where(EvalRunRow.id == run_id)
         ).one()
         raise _busy(run_id, LeaseOwner.parse(row[0] or "?@0:"), _aware(row[1] or now))
+
+
+_LOCK_NOT_AVAILABLE: Final = "55P03"
+"""PostgreSQL's SQLSTATE for a lock not granted within ``lock_timeout``."""
+
+
+def _bounded_lock_wait(session: Session) -> None:
+    """On PostgreSQL, a takeover waits at most a few seconds for the run's row: a holder
+    stopped (SIGSTOP, a frozen machine) between its fenced write and its commit keeps the
+    row locked until it runs again, and the taker must not hang until then."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SET LOCAL lock_timeout = '5s'"))
 
 
 def _busy(run_id: str, holder: LeaseOwner, expires: dt.datetime) -> RunBusyError:
@@ -101,7 +127,8 @@ def hold_run_lease(
 ) -> None:
     """The fence of every write ``owner`` makes to its run: renew its lease in the
     caller's transaction, or raise :class:`LeaseLostError` naming the process that took
-    the run over. Call it first in the transaction of the write.
+    the run over (the caller's transaction is then rolled back: nothing it wrote is
+    kept). Call it last in the transaction of the write, just before the commit.
 
     The renewal is one conditional UPDATE: on PostgreSQL it locks the run's row until
     the transaction ends (a takeover's compare-and-set waits for it, then finds the
@@ -334,13 +361,13 @@ def finish_run(
     only while that lease is held (:func:`hold_run_lease`: else
     :class:`LeaseLostError`, nothing changed)."""
     _check_status(status)
-    if lease is not None:
-        hold_run_lease(session, run_id, lease)
     run = _require_run(session, run_id)
     run.status = status
     run.summary = dict(summary or {})
     run.finished_at = utcnow()
     session.flush()
+    if lease is not None:  # last: the run's row is locked only until the commit
+        hold_run_lease(session, run_id, lease)
     return run
 
 
