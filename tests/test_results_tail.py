@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.registry_fixtures import make_record
-from vfops._arrow import ResultsExport, partial_path
+from vfops._arrow import ResultsExport
 from vfops._rollout import RolloutRecord
 from vfops.tracking._results_tail import line_slices
 
@@ -43,10 +43,12 @@ def test_the_export_takes_its_final_name_only_when_sealed(tmp_path: Path) -> Non
     path = tmp_path / "rollouts.arrow"
     export = ResultsExport(path, batch_rows=3)
     export.add([_record(i) for i in range(5)])  # one batch written, two rows held
-    assert partial_path(path).exists() and not path.exists()
+    partial = export.partial
+    assert partial is not None and partial.exists() and not path.exists()
+    assert partial.parent == path.parent  # beside it: the rename stays in one file system
     export.add([_record(5)])
     export.seal()
-    assert path.exists() and not partial_path(path).exists()
+    assert path.exists() and not partial.exists() and export.partial is None
     rows = load_results(tmp_path)
     assert [row["example_id"] for row in rows] == list(range(6))
 

@@ -5,14 +5,18 @@ Written by the process that has the rows: the evaluation's Arrow sink
 (:class:`vfops.evaluation._sinks.ArrowSink`) or, for a tracked ``vfops eval``, the
 tracker process, which reads the rows from ``results.jsonl`` anyway (so the
 evaluating process never imports pyarrow and numpy: ~40 MB and a few tenths of a
-second of its core). Either way the stream is written under a partial name and takes
-its final name only when complete: readers never see a torn file.
+second of its core). Either way the stream is written under a temporary name of its
+writer's own (two writers never share a file), synced, and renamed to its final name
+only when complete, the folder synced after: readers never see a torn file, and a
+writer killed midway leaves only its temporary file, which the next writer removes.
+A file damaged anyway (another tool, a disk) is found and rebuilt by
+:func:`checked_export`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
-import os
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +38,6 @@ def export_fix(resume: object) -> str:
         "make room in the output folder (or fix what refused the write), then finish "
         f"the run with vfops eval ... --resume {resume}"
     )
-
-
-def partial_path(path: Path) -> Path:
-    """Where the stream of ``path`` is written until it is complete."""
-    return path.with_name(f".{path.name}.partial")
 
 
 class ArrowStream:
@@ -116,7 +115,8 @@ class ResultsExport:
 
     def __init__(self, path: Path, *, batch_rows: int = 1024) -> None:
         self.path = path
-        self._partial = partial_path(path)
+        self.partial: Path | None = None
+        """Where the stream is written until it is sealed (once the first write made it)."""
         self._batch_rows = batch_rows
         self._rows: list[dict[str, Any]] = []
         self._stream: ArrowStream | None = None
@@ -143,12 +143,56 @@ class ResultsExport:
 
     def seal(self) -> None:
         """Write what is buffered, close the stream (an empty run gets an empty one) and
-        move it to its final name: readers never see a torn file."""
+        move it to its final name, synced: readers never see a torn file."""
+        from vfops._atomic import publish
+
         self.write(self.take())
         self._open().close()
-        os.replace(self._partial, self.path)
+        assert self.partial is not None
+        publish(self.partial, self.path)
+        self.partial = None
+
+    def discard(self) -> None:
+        """Drop the unfinished stream (its writer is ending without a seal)."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.close()
+        if self.partial is not None:
+            with contextlib.suppress(OSError):
+                self.partial.unlink()
+            self.partial = None
 
     def _open(self) -> ArrowStream:
         if self._stream is None:
-            self._stream = ArrowStream(self._partial)
+            from vfops._atomic import remove_stale, temp_beside
+
+            # what killed writers left (this one holds the folder: its lock, or its
+            # tracker's), then a file of this writer's own
+            remove_stale(self.path)
+            self.partial = temp_beside(self.path)
+            self._stream = ArrowStream(self.partial)
         return self._stream
+
+
+class DamagedExport(VfopsError):
+    """A ``rollouts.arrow`` that cannot be read back whole."""
+
+
+def stream_rows(path: Path) -> int:
+    """The number of rows of the Arrow stream at ``path``, every batch read (memory-mapped:
+    nothing is copied); raises :class:`DamagedExport` naming what is wrong with it."""
+    import pyarrow as pa
+
+    try:
+        with pa.memory_map(str(path), "r") as source:
+            reader = pa.ipc.open_stream(source)
+            rows = 0
+            for batch in reader:
+                batch.validate()
+                rows += batch.num_rows
+            return rows
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        text = str(exc).strip()
+        problem = text.splitlines()[0] if text else type(exc).__name__
+        raise DamagedExport(f"{path} cannot be read ({problem})") from exc

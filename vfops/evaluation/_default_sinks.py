@@ -71,6 +71,7 @@ def default_sinks(
                 summary=summary,
                 parent_run_id=mlflow_parent_run_id,
                 export=plan.run_dir / ARROW_FILE,
+                lease=lambda: plan.lease,
             )
             tracking.start()
             sinks.append(TrackerExportSink(tracking))

@@ -36,6 +36,7 @@ from vfops.evaluation._runner import check_resumable, initial_metadata, run_roll
 from vfops.evaluation._sinks import RegistrySink, Sink, SinkError, first_line
 from vfops.evaluation._store import DiskWriteError, RolloutWriter, iter_records, write_metadata
 from vfops.stats._summary import EvalSummary
+from vfops.tracking._lifeline import wait_for_tracker
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -87,7 +88,10 @@ async def run(context: RunContext) -> EvalResult:
         if plan.resume_folder:
             metadata = check_resumable(plan.run_dir, plan.request, metadata)
         folder_lock.acquire()  # before anything in the folder is written
+        # a killed holder's tracker may still be finishing a write here: its end first
+        await asyncio.to_thread(wait_for_tracker, plan.run_dir)
     except (VfopsError, OSError):
+        folder_lock.release()
         # refused before anything ran: the run is free again for a corrected command
         if registry is not None and plan.run_id is not None and plan.lease is not None:
             # best effort: an unreleased lease expires anyway; the refusal is the news

@@ -428,8 +428,10 @@ class TrackingSink:
         parent_run_id: str | None = None,
         progress_every_s: float = 1.0,
         export: Path | None = None,
+        lease: Callable[[], LeaseOwner | None] | None = None,
     ) -> None:
         self._tracker = tracker
+        self._lease = lease
         self._registry = registry
         self._run_id = run_id
         self._results = results
@@ -453,12 +455,15 @@ class TrackingSink:
         if registry is None:
             return None  # the registry sink reports why
         info = await registry.call(_prepare_run_info, self._run_id)
+        lease = self._lease() if self._lease is not None else None
         self._tracker.open(
             info,
             results=self._results_path,
             pass_threshold=self._summary.pass_threshold,
             parent_run_id=self._parent_run_id,
             export=self._export,
+            # the MLflow run's end is written only while it names this evaluation
+            holder=None if lease is None else str(lease),
         )
         self._info = info
         return info
@@ -527,6 +532,8 @@ class TrackingSink:
             "summary": finish.summary.to_dict(),
             "finished_at": now_iso(),
         }
+        from vfops.tracking._lifeline import RunTakenOver
+
         try:
             self.mlflow_run_id = await self._tracker.finish(
                 info,
@@ -534,6 +541,10 @@ class TrackingSink:
                 rollouts_file=finish.extra.get("rollouts_file"),
                 step=int(finish.summary.rollouts),
             )
+        except RunTakenOver as exc:  # not MLflow's fault: nothing to fix there
+            raise SinkError(
+                self.name, str(exc).split(";")[0], "let that process finish it"
+            ) from exc
         except VfopsError as exc:
             raise self._fail(str(exc)) from exc
         registry = await _registry_of(self._registry)

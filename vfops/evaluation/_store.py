@@ -150,16 +150,92 @@ def read_metadata(run_dir: Path) -> dict[str, Any]:
 
 def load_results(run_dir: Path) -> Any:
     """A run's rollouts as a ``datasets.Dataset`` (rows convert back with
-    ``RolloutRecord.from_row``), memory-mapped from its ``rollouts.arrow``."""
+    ``RolloutRecord.from_row``), memory-mapped from its ``rollouts.arrow``, which is
+    checked first (:func:`checked_export`): a damaged or stale one is rebuilt from
+    ``results.jsonl``."""
     from datasets import Dataset, load_from_disk
 
     arrow = run_dir / ARROW_FILE
-    if arrow.exists():
+    if arrow.exists() or (run_dir / RESULTS_FILE).exists():
         with quiet_datasets():
-            return Dataset.from_file(str(arrow))
+            return Dataset.from_file(str(checked_export(run_dir)))
     if (run_dir / LEGACY_DATASET_DIR).is_dir():  # runs written before rollouts.arrow
         return load_from_disk(str(run_dir / LEGACY_DATASET_DIR))
     raise VfopsError(
         f"{run_dir} has no rollouts.arrow (the run never finished a session); "
         "finish it with vfops eval ... --resume"
     )
+
+
+def checked_export(run_dir: Path) -> Path:
+    """``rollouts.arrow`` of ``run_dir``, readable and holding every rollout of its
+    ``results.jsonl`` (the source of truth): one that is damaged (torn, overwritten),
+    stale (a session killed before it sealed its export) or missing is rebuilt from
+    ``results.jsonl`` first, atomically, while no process works on the run; one that
+    cannot be rebuilt is refused in one line naming the fix."""
+    from vfops._arrow import DamagedExport, stream_rows
+
+    arrow, results = run_dir / ARROW_FILE, run_dir / RESULTS_FILE
+    problem: str | None = None
+    if not arrow.exists():
+        problem = f"{arrow} is missing"
+    else:
+        try:
+            rows = stream_rows(arrow)
+        except DamagedExport as exc:
+            problem = str(exc)
+        else:
+            if not results.exists() or rows == (lines := count_records(results)):
+                return arrow
+            problem = f"{arrow} holds {rows} rollouts, {results.name} {lines}"
+    if not results.exists():
+        raise VfopsError(
+            f"{problem}, and {run_dir} has no {RESULTS_FILE} to rebuild it from; export the "
+            "run from the registry instead: vfops runs export RUN_ID --to FOLDER"
+        )
+    rebuild_export(run_dir, problem)
+    return arrow
+
+
+def count_records(path: Path) -> int:
+    """Complete lines of a ``results.jsonl`` (a partial last line is not a record)."""
+    count = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            count += chunk.count(b"\n")
+    return count
+
+
+def rebuild_export(run_dir: Path, problem: str) -> None:
+    """Write ``rollouts.arrow`` again from ``results.jsonl``, under the run folder's lock
+    (a run being worked on is refused: its own writer seals the file)."""
+    from vfops._arrow import ResultsExport
+    from vfops.evaluation._lock import RunFolderBusyError, RunFolderLock
+    from vfops.tracking._lifeline import wait_for_tracker
+
+    lock = RunFolderLock(run_dir)
+    try:
+        lock.acquire()
+    except RunFolderBusyError as exc:
+        raise VfopsError(
+            f"{problem}; it is rebuilt from {RESULTS_FILE} once the run is not worked on ({exc})"
+        ) from None
+    try:
+        wait_for_tracker(run_dir)
+        export = ResultsExport(run_dir / ARROW_FILE)
+        batch: list[RolloutRecord] = []
+        for record in iter_records(run_dir):
+            batch.append(record)
+            if len(batch) >= 1024:
+                export.add(batch)
+                batch = []
+        export.add(batch)
+        export.seal()
+    except OSError as exc:
+        raise VfopsError(
+            f"{problem}, and it could not be rebuilt from {RESULTS_FILE} "
+            f"({exc.strerror or exc}); make room in {run_dir} (or fix what refused the "
+            "write) and load it again"
+        ) from None
+    finally:
+        lock.release()

@@ -117,10 +117,11 @@ _opened_stores: set[str] = set()
 def _creating_store(uri: str) -> Iterator[None]:
     """Hold an exclusive lock beside an SQLite store while this process opens it first.
 
-    The client creates the store's tables when it opens a fresh one; two processes
-    doing so at once race on it (one fails: ``table latest_metrics already exists``),
-    e.g. two evaluations started together on a new ``VFOPS_HOME``. The lock makes the
-    second wait for the first, then find the tables there. Other stores pass.
+    A fresh store's tables are created under it (whole, in a temporary file renamed
+    into place: :mod:`vfops.tracking._sqlite_store`); two processes doing so at once
+    would race on it (``table latest_metrics already exists``), e.g. two evaluations
+    started together on a new ``VFOPS_HOME``. The lock makes the second wait for the
+    first, then find the store whole. Other stores pass.
     """
     if not uri.startswith("sqlite:///") or uri in _opened_stores:
         yield
@@ -135,6 +136,11 @@ def _creating_store(uri: str) -> Iterator[None]:
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        from vfops.tracking._sqlite_store import prepare_store
+
+        # a fresh store is created whole (a temporary file renamed into place), a
+        # half-created one rebuilt: a kill at any point never breaks the store for good
+        prepare_store(path)
         yield
         _opened_stores.add(uri)
     finally:
@@ -182,9 +188,13 @@ def check_tracking(uri: str | None = None, *, timeout_s: float = 5.0) -> None:
     if uri.startswith(("http://", "https://")):
         _check_server(uri, timeout_s)
         return
+    from vfops.tracking._sqlite_store import TrackingStoreError
+
     try:
         with quiet():
             mlflow_client(uri).search_experiments(max_results=1)
+    except TrackingStoreError:
+        raise  # the store is what is wrong, and it says what to do
     except Exception as exc:
         from vfops.registry import mask_url
 
@@ -197,7 +207,8 @@ def check_tracking(uri: str | None = None, *, timeout_s: float = 5.0) -> None:
 
 def check_sqlite_store(uri: str) -> None:
     """Fail with one line when an ``sqlite:///PATH`` store's folder is missing or cannot
-    be written (cheap: MLflow is not imported); other stores pass."""
+    be written, or the store is one the tracker could neither open nor rebuild (cheap:
+    MLflow is not imported); other stores pass."""
     if not uri.startswith("sqlite:///"):
         return
     path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
@@ -212,6 +223,9 @@ def check_sqlite_store(uri: str) -> None:
             f"cannot open the MLflow tracking store {uri}: {problem}; "
             "fix MLFLOW_TRACKING_URI or pass --no-tracking"
         )
+    from vfops.tracking._sqlite_store import check_store_file
+
+    check_store_file(path)  # one that holds runs but cannot be opened: refused now
 
 
 def _check_server(uri: str, timeout_s: float) -> None:

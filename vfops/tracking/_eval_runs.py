@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from vfops.tracking._client import ensure_experiment, mlflow_client, quiet, safe_folder
+from vfops.tracking._lifeline import HOLDER_TAG, RunTakenOver
 from vfops.tracking._parquet import ARTIFACT_NAME, arrow_to_parquet
 from vfops.tracking._run_info import RunInfo, link_mlflow_run, prepare_run_log
 
@@ -262,21 +263,32 @@ class OpenedRun:
 
 
 def open_mlflow_run(
-    info: dict[str, Any], *, parent_run_id: str | None = None, client: MlflowClient | None = None
+    info: dict[str, Any],
+    *,
+    parent_run_id: str | None = None,
+    client: MlflowClient | None = None,
+    holder: str | None = None,
 ) -> OpenedRun:
     """Create (or find again, by the registry run's tag) the MLflow run of ``info``
     (:func:`prepare_run_log`) and log its params and tags; status ``RUNNING`` until
-    :func:`finish_mlflow_run`."""
+    :func:`finish_mlflow_run`. ``holder``: the lease owner of the evaluation that opens
+    it, written as its :data:`HOLDER_TAG` (the run's end is then written only while
+    the tag still names it)."""
     with _lock, quiet():
-        return _open_run(RunInfo.from_json(info), parent_run_id, client or mlflow_client())
+        client = client or mlflow_client()
+        return _open_run(RunInfo.from_json(info), parent_run_id, client, holder)
 
 
-def _open_run(info: RunInfo, parent_run_id: str | None, client: MlflowClient) -> OpenedRun:
+def _open_run(
+    info: RunInfo, parent_run_id: str | None, client: MlflowClient, holder: str | None = None
+) -> OpenedRun:
     from mlflow.entities import Param, RunTag
 
     experiment_id = _experiment_id(client, info.env_name)
     run = _find_mlflow_run(client, experiment_id, info)
     tags = _run_tags(info)
+    if holder is not None:
+        tags[HOLDER_TAG] = holder
     logged_before = run is not None
     if run is None:
         if parent_run_id:
@@ -330,13 +342,45 @@ def finish_mlflow_run(
     rollouts_file: str | Path | None,
     step: int = 0,
     client: MlflowClient | None = None,
+    holder: str | None = None,
 ) -> None:
     """Record how the run ended: its rollouts as a ``rollouts.parquet`` artifact (from an
     Arrow stream or a parquet; none for a run that did not complete), its final metrics at
-    ``step``, its status tag and MLflow status."""
+    ``step``, its status tag and MLflow status. ``holder`` (the lease owner that opened
+    it): raises :class:`RunTakenOver`, having written nothing, once the run's
+    :data:`HOLDER_TAG` names another."""
     with _lock, quiet():
-        _finish_run(RunInfo.from_json(info), opened, rollouts_file, step,
-                    client or mlflow_client())  # fmt: skip
+        client = client or mlflow_client()
+        _finish_run(RunInfo.from_json(info), opened, rollouts_file, step, client, holder)
+
+
+def check_holder(
+    mlflow_run_id: str, holder: str | None, client: MlflowClient | None = None
+) -> None:
+    """Raise :class:`RunTakenOver` when the MLflow run's :data:`HOLDER_TAG` names another
+    holder than ``holder`` (None: nothing to check, e.g. a run logged after the fact)."""
+    if holder is None:
+        return
+    with quiet():
+        client = client or mlflow_client()
+        current = client.get_run(mlflow_run_id).data.tags.get(HOLDER_TAG)
+    if current is not None and current != holder:
+        raise RunTakenOver(mlflow_run_id, current)
+
+
+def end_killed(mlflow_run_id: str, holder: str | None, client: MlflowClient | None = None) -> bool:
+    """End the MLflow run ``KILLED`` (its evaluation died) unless another holder took it
+    over, or it ended already; whether it was ended."""
+    with _lock, quiet():
+        client = client or mlflow_client()
+        try:
+            check_holder(mlflow_run_id, holder, client)
+        except RunTakenOver:
+            return False
+        if client.get_run(mlflow_run_id).info.status != "RUNNING":
+            return False
+        client.set_terminated(mlflow_run_id, status="KILLED")
+        return True
 
 
 def _finish_run(
@@ -345,19 +389,21 @@ def _finish_run(
     rollouts: str | Path | None,
     step: int,
     client: MlflowClient,
+    holder: str | None = None,
 ) -> None:
     from mlflow.entities import Metric, RunTag
 
     mlflow_id = opened.mlflow_run_id
+    check_holder(mlflow_id, holder, client)
     if rollouts is not None:
         rollouts = Path(rollouts)
         if rollouts.name.endswith(".parquet"):
-            client.log_artifact(mlflow_id, str(rollouts))
+            log_artifact_atomically(client, mlflow_id, rollouts)
         else:
             with tempfile.TemporaryDirectory(prefix="vfops-mlflow-") as folder:
                 path = Path(folder) / ARTIFACT_NAME
                 arrow_to_parquet(rollouts, path)
-                client.log_artifact(mlflow_id, str(path))
+                log_artifact_atomically(client, mlflow_id, path)
     now = _ms(dt.datetime.now(dt.UTC)) or 0
     metrics = [Metric(k, v, now, step) for k, v in _metrics_from_stored(info.summary).items()]
     client.log_batch(
@@ -367,7 +413,34 @@ def _finish_run(
         client.log_batch(mlflow_id, metrics=list(extra))
     status = _MLFLOW_STATUS.get(info.status)
     if status is not None:
+        check_holder(mlflow_id, holder, client)  # again: as close to the write as can be
         client.set_terminated(mlflow_id, status=status, end_time=_ms(info.finished_at))
+
+
+def log_artifact_atomically(client: MlflowClient, mlflow_run_id: str, path: Path) -> None:
+    """``client.log_artifact``, except that a run whose artifacts are a local folder gets
+    the file whole or not at all (written beside its place, synced, renamed: MLflow's
+    own copy, killed midway, leaves a torn file under the artifact's name)."""
+    from vfops._atomic import replace_file_atomically
+
+    uri = str(client.get_run(mlflow_run_id).info.artifact_uri or "")
+    folder = _local_folder(uri)
+    if folder is None:
+        client.log_artifact(mlflow_run_id, str(path))
+        return
+    replace_file_atomically(folder / path.name, source=path)
+
+
+def _local_folder(uri: str) -> Path | None:
+    """The folder of a ``file:`` (or plain path) artifact URI; None for any other store."""
+    from urllib.parse import unquote, urlparse
+
+    if uri.startswith("file:"):
+        parsed = urlparse(uri)
+        return Path(unquote(parsed.path)) if parsed.netloc in ("", "localhost") else None
+    if uri.startswith("/"):
+        return Path(uri)
+    return None
 
 
 def _log_run_info(

@@ -33,9 +33,12 @@ The protocol is one JSON object per line. The child says ``{"ready": true}`` (or
   then it exits.
 
 End of input without a finish (the evaluation was killed) ends the MLflow run as
-``KILLED``. Messages are written by a thread of the evaluation's, never by its event
-loop: a tracker that lags behind (logging traces) cannot stall the rollouts, and
-progress messages it has not read yet are replaced by newer ones.
+``KILLED``, unless another evaluation holds the run by then. The tracker dies with
+the evaluation: it runs no command once its parent is gone, and the run's next holder
+waits for it to exit (:mod:`vfops.tracking._lifeline`). Messages are written by a
+thread of the evaluation's, never by its event loop: a tracker that lags behind
+(logging traces) cannot stall the rollouts, and progress messages it has not read
+yet are replaced by newer ones.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from typing import IO, Any
 import orjson
 
 from vfops._errors import VfopsError
+from vfops.tracking._lifeline import RunTakenOver
 
 
 class _Sender:
@@ -156,7 +160,11 @@ class Tracker:
         process stays in this process's group and session: whatever ends this
         process's tree ends it too.
         """
-        command = [sys.executable, "-m", "vfops.tracking._tracker_main", env_name]
+        # --parent: the tracker ends with this process (see vfops.tracking._lifeline)
+        command = [
+            sys.executable, "-m", "vfops.tracking._tracker_main", env_name,
+            "--parent", str(os.getpid()),
+        ]  # fmt: skip
         theirs: tuple[int, ...] = ()
         side: SideChannel | None = None
         if side_service is not None:
@@ -193,11 +201,14 @@ class Tracker:
         pass_threshold: float = 1.0,
         parent_run_id: str | None = None,
         export: Path | None = None,
+        holder: str | None = None,
     ) -> None:
         """Open the MLflow run of ``info`` (:func:`vfops.tracking.prepare_run_info`), whose
         rollouts are appended to ``results`` (None: no traces; a rollout passes at
         ``pass_threshold``); ``export``: the ``rollouts.arrow`` the tracker writes from
-        them (:meth:`seal` completes it). Returns at once."""
+        them (:meth:`seal` completes it); ``holder``: this evaluation's lease owner
+        (the run's end is written only while the MLflow run's holder tag names it).
+        Returns at once."""
         self._open_sent = True
         self._sender.send(
             {
@@ -207,6 +218,7 @@ class Tracker:
                 "pass_threshold": pass_threshold,
                 "parent_run_id": parent_run_id,
                 "export": None if export is None else str(export),
+                "holder": holder,
             }
         )
 
@@ -261,6 +273,8 @@ class Tracker:
         self._sender.close()
         self._closed = True
         answer = await asyncio.to_thread(self._final_answer)
+        if answer.get("taken_over"):
+            raise RunTakenOver(str(self.mlflow_run_id), str(answer["taken_over"]))
         if not answer.get("ok"):
             raise VfopsError(str(answer.get("error") or "the tracker failed"))
         self.mlflow_run_id = str(answer["mlflow_run_id"])
@@ -270,7 +284,7 @@ class Tracker:
         while True:
             answer = self._read_line()
             if "ok" in answer or "error" in answer:
-                return answer if "ok" in answer else {"ok": False, "error": answer["error"]}
+                return answer if "ok" in answer else {**answer, "ok": False}
 
     # ------------------------------------------------------------------ answers
 

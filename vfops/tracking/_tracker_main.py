@@ -32,6 +32,8 @@ os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 import orjson  # noqa: E402  (after the settings above)
 
+from vfops.tracking._lifeline import Lifeline, RunTakenOver, hold_run_folder  # noqa: E402
+
 if TYPE_CHECKING:
     from vfops._rollout import RolloutRecord
     from vfops.tracking._eval_runs import OpenedRun
@@ -98,6 +100,12 @@ def main(argv: list[str]) -> int:
     # again (paused: ~0.15 s less). On again once the store answers (_track).
     gc.disable()
     side: threading.Thread | None = None
+    lifeline: Lifeline | None = None
+    if "--parent" in argv:
+        at = argv.index("--parent")
+        # first: the evaluation may die while this process starts
+        lifeline = Lifeline(int(argv[at + 1]))
+        argv = argv[:at] + argv[at + 2 :]
     if "--side-service" in argv:
         at = argv.index("--side-service")
         spec, input_fd, output_fd = argv[at + 1 : at + 4]
@@ -106,13 +114,13 @@ def main(argv: list[str]) -> int:
         # service (the evaluation's registry calls) keeps the normal priority
         side = _side_service(spec, int(input_fd), int(output_fd))
     try:
-        return _track(argv)
+        return _track(argv, lifeline)
     finally:
         if side is not None:
             side.join()
 
 
-def _track(argv: list[str]) -> int:
+def _track(argv: list[str], lifeline: Lifeline | None = None) -> int:
     with contextlib.suppress(OSError):
         os.nice(_NICENESS)
     from vfops.tracking import check_tracking, prepare_experiment
@@ -129,13 +137,17 @@ def _track(argv: list[str]) -> int:
     run: _RunLog | None = None
     failure: str | None = None
     for line in sys.stdin.buffer:
+        if lifeline is not None and lifeline.gone():
+            # the evaluation died: what it queued is no holder's work any more, and the
+            # run's next holder waits for this process to exit (its .tracker.lock)
+            break
         command = orjson.loads(line)
         op = command.get("op")
         if failure is not None and op not in ("seal", "finish"):
             continue  # reported already; the seal and the finish answer it again
         try:
             if op == "open":
-                run = _RunLog(command)
+                run = _RunLog(command, lifeline)
                 _answer({"opened": run.opened.mlflow_run_id})
             elif op == "progress" and run is not None:
                 run.progress(command)
@@ -156,16 +168,25 @@ def _track(argv: list[str]) -> int:
                 run.finish(command)
                 _answer({"ok": True, "mlflow_run_id": run.opened.mlflow_run_id})
                 return 0
+        except RunTakenOver as exc:
+            # another process holds the run now: nothing more is written, and the
+            # evaluation is told who (it exits as a holder that lost its run)
+            failure = failure or _one_line(exc)
+            _answer({"ok": False, "error": failure, "taken_over": exc.holder})
+            if op == "finish":
+                return 1
+        except _ParentGone:
+            break
         except Exception as exc:
             failure = failure or _one_line(exc)
             _answer({"ok": False, "error": failure})
             if op == "finish":
                 return 1
     # End of input without a finish: the evaluation died (killed) before recording its
-    # end. Its MLflow run is labelled so (never left "running"); --resume finishes it.
-    if run is not None and failure is None:
-        with contextlib.suppress(Exception):
-            run.abandon()
+    # end. Its MLflow run is labelled so (never left "running", unless another process
+    # holds it now); --resume finishes it.
+    if run is not None:
+        run.abandon(mark_killed=failure is None)
     return 0
 
 
@@ -181,7 +202,7 @@ class _RunLog:
     as an artifact and the final metrics, and ends the run.
     """
 
-    def __init__(self, command: dict[str, Any]) -> None:
+    def __init__(self, command: dict[str, Any], lifeline: Lifeline | None = None) -> None:
         from vfops._arrow import ResultsExport
         from vfops._settings import trace_rollouts
         from vfops.tracking import tracking_uri
@@ -190,9 +211,18 @@ class _RunLog:
         from vfops.tracking._traces import TraceSampler
 
         info: dict[str, Any] = command["info"]
-        self.opened: OpenedRun = open_mlflow_run(info, parent_run_id=command.get("parent_run_id"))
         results = command.get("results")
         self._results = Path(results) if results else None
+        self._lifeline = lifeline
+        if self._results is not None:
+            # held until this process exits: the run's next holder waits for it
+            hold_run_folder(self._results.parent)
+        if lifeline is not None and lifeline.gone():
+            raise _ParentGone  # died while this was waiting: its run is not this one's now
+        self._holder: str | None = command.get("holder")
+        self.opened: OpenedRun = open_mlflow_run(
+            info, parent_run_id=command.get("parent_run_id"), holder=self._holder
+        )
         self._offset = 0
         export = command.get("export")
         self._export = ResultsExport(Path(export)) if export and self._results else None
@@ -226,9 +256,10 @@ class _RunLog:
             log_progress(self.opened.mlflow_run_id, summary, int(command.get("step", 0)))
 
     def finish(self, command: dict[str, Any]) -> None:
-        from vfops.tracking._eval_runs import finish_mlflow_run
+        from vfops.tracking._eval_runs import check_holder, finish_mlflow_run
 
         info: dict[str, Any] = command["info"]
+        check_holder(self.opened.mlflow_run_id, self._holder)  # before anything is written
         held, self._held = self._held, []
         if info.get("status") == "completed":
             # every rollout is traced or not by now; an unfinished run only keeps what
@@ -242,6 +273,7 @@ class _RunLog:
             info,
             rollouts_file=command.get("rollouts_file"),
             step=int(command.get("step", 0)),
+            holder=self._holder,
         )
 
     def seal(self, size: int) -> str | None:
@@ -262,10 +294,16 @@ class _RunLog:
         self._export_error = export_problem(self._export.path, exc)
         self._export = None  # nothing more is written; the run fails at its seal
 
-    def abandon(self) -> None:
-        from vfops.tracking import mlflow_client
+    def abandon(self, *, mark_killed: bool) -> None:
+        """The evaluation died before the run's end: its unfinished export goes, and its
+        MLflow run is ended ``KILLED`` if it still holds it (``mark_killed``)."""
+        from vfops.tracking._eval_runs import end_killed
 
-        mlflow_client().set_terminated(self.opened.mlflow_run_id, status="KILLED")
+        if self._export is not None:
+            self._export.discard()
+        if mark_killed:
+            with contextlib.suppress(Exception):  # best effort: --resume reopens it anyway
+                end_killed(self.opened.mlflow_run_id, self._holder)
 
     def _read_to(self, size: int, *, trace: bool = True) -> None:
         """Take the rollouts appended up to ``size``: into the export, and offered to the
@@ -281,6 +319,8 @@ class _RunLog:
             # a slice at a time: a tracker that fell behind (a busy machine) holds one
             # slice's rows, not all it has to catch up on
             for piece in line_slices(handle, self._offset, size, _SLICE_BYTES):
+                if self._lifeline is not None and self._lifeline.gone():
+                    raise _ParentGone  # a backlog of a dead evaluation is nobody's now
                 self._offset += len(piece)
                 self._take([orjson.loads(line) for line in _lines(piece)], trace=trace)
 
@@ -301,6 +341,10 @@ class _RunLog:
     def _log(self, records: list[RolloutRecord]) -> None:
         if self._writer is not None and records:
             self._writer.log(records)
+
+
+class _ParentGone(Exception):
+    """The evaluation died: this process stops working on its run."""
 
 
 def _lines(chunk: bytes) -> list[bytes]:
