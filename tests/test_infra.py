@@ -92,6 +92,8 @@ def interpolate(value: Any, env: dict[str, str], used: set[str] | None = None) -
             return arg
         if op in (":+", "+"):
             return "" if unset else arg
+        if op in (":?", "?") and unset:  # compose stops here, printing the message
+            raise AssertionError(f"compose refuses: {name}: {arg}")
         if current is None:
             raise AssertionError(f"compose variable {name} is not set in {ENV_EXAMPLE.name}")
         return current
@@ -148,7 +150,9 @@ def test_every_compose_variable_is_in_env_example() -> None:
 
 def test_env_example_holds_placeholders_and_env_is_not_committed() -> None:
     env = read_env_file(ENV_EXAMPLE)
-    secrets = {key: value for key, value in env.items() if re.search("PASSWORD|KEY|AUTH_STRING", key)}
+    secrets = {
+        key: value for key, value in env.items() if re.search("PASSWORD|KEY|AUTH_STRING", key)
+    }
     assert secrets and all("change-me" in value for value in secrets.values()), secrets
     ignored = subprocess.run(
         ["git", "check-ignore", "--no-index", "-q", "infra/.env"], cwd=ROOT, check=False

@@ -3,7 +3,8 @@
 # Keep the tag at the MLflow version the project is tested with (pyproject: mlflow>=3.1).
 FROM ghcr.io/mlflow/mlflow:v3.17.2
 
-RUN pip install --no-cache-dir "psycopg[binary]==3.3.9" "boto3==1.44.8"
+# Flask-WTF: the basic-auth app's CSRF protection (MLflow's [auth] extra).
+RUN pip install --no-cache-dir "psycopg[binary]==3.3.9" "boto3==1.44.8" "Flask-WTF==1.3.0"
 
 # Basic auth always (mlflow-start.sh: refuses the "change-me" placeholders and a
 # missing credential, writes the auth config under /tmp, then

@@ -30,7 +30,9 @@ def load_mapping(path: Path = MAPPING) -> dict[str, Any]:
 
 def secret_env(deployment: str, mapping: dict[str, Any]) -> list[dict[str, Any]]:
     """The ``secret_env`` job variable of ``deployment``: one secretKeyRef per name."""
-    names = [name for group in mapping["deployments"][deployment] for name in mapping["groups"][group]]
+    names = [
+        name for group in mapping["deployments"][deployment] for name in mapping["groups"][group]
+    ]
     return [
         {"name": name, "valueFrom": {"secretKeyRef": dict(mapping["secrets"][name])}}
         for name in dict.fromkeys(names)
@@ -50,7 +52,10 @@ async def apply(mapping: dict[str, Any]) -> list[str]:
                 deployment = await client.read_deployment_by_name(f"{name}/{name}")
             except ObjectNotFound:
                 continue
-            variables = {**(deployment.job_variables or {}), "secret_env": secret_env(name, mapping)}
+            variables = {
+                **(deployment.job_variables or {}),
+                "secret_env": secret_env(name, mapping),
+            }
             await client.update_deployment(deployment.id, DeploymentUpdate(job_variables=variables))
             done.append(name)
     return done
@@ -59,7 +64,11 @@ async def apply(mapping: dict[str, Any]) -> list[str]:
 def main(argv: list[str]) -> int:
     mapping = load_mapping()
     if "--print" in argv:
-        print(json.dumps({name: secret_env(name, mapping) for name in mapping["deployments"]}, indent=2))
+        print(
+            json.dumps(
+                {name: secret_env(name, mapping) for name in mapping["deployments"]}, indent=2
+            )
+        )
         return 0
     for name in asyncio.run(apply(mapping)):
         print(f"{name}: {', '.join(e['name'] for e in secret_env(name, mapping))}")

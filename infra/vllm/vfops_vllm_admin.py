@@ -55,6 +55,11 @@ def _required(name: str) -> str:
     return value
 
 
+def _inside(path: str, folder: Path) -> bool:
+    """Whether ``path`` (links and ``..`` resolved) lies in ``folder``."""
+    return Path(path).resolve().is_relative_to(folder)
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
 
@@ -97,10 +102,12 @@ class AdminRoutes:
         if not isinstance(body, dict) or body.get("method") != RELOAD_METHOD:
             return _error(403, f"only {RELOAD_METHOD} may be called here")
         kwargs = body.get("kwargs")
-        path = kwargs.get("weights_path") if isinstance(kwargs, dict) else None
-        if not isinstance(path, str) or set(kwargs) != {"weights_path"}:
+        if not isinstance(kwargs, dict) or set(kwargs) != {"weights_path"}:
             return _error(400, f"{RELOAD_METHOD} takes kwargs {{'weights_path': DIR}} only")
-        if not Path(path).resolve().is_relative_to(self._sync_dir):
+        path = kwargs["weights_path"]
+        if not isinstance(path, str):
+            return _error(400, f"{RELOAD_METHOD} takes kwargs {{'weights_path': DIR}} only")
+        if not _inside(path, self._sync_dir):
             return _error(403, f"weights_path must be inside {self._sync_dir}")
         timeout = body.get("timeout")
         results = await request.app.state.engine_client.collective_rpc(
