@@ -10,7 +10,6 @@ whole ``vfops train`` CLI) is ``bench/checkpoint_kills.py``.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from vfops.cli._app import run
+from tests.inprocess_cli import run_vfops
 from vfops.training import _manifest
 from vfops.training._manifest import KILL_POINT_ENV, CheckpointError, open_checkpoint
 
@@ -116,20 +115,6 @@ def _refusal(
     monkeypatch.setattr(training_run, "run_recipe", no_training)
     monkeypatch.setattr(training_run, "_launch", no_training)
     return run_vfops(["train", str(config), "--resume", str(resume), *extra], monkeypatch)
-
-
-def run_vfops(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
-    """``vfops ARGS`` through :func:`vfops.cli._app.run` in this process: (exit code,
-    stderr)."""
-    stderr = io.StringIO()
-    monkeypatch.setattr(sys, "argv", ["vfops", *args])
-    monkeypatch.setattr(sys, "stderr", stderr)
-    code: int | str | None = 0
-    try:
-        run()
-    except SystemExit as exit_:
-        code = exit_.code
-    return int(code or 0), stderr.getvalue()
 
 
 @pytest.fixture

@@ -209,7 +209,10 @@ def test_check_through_the_cli_is_one_line_per_problem(tmp_path: Path) -> None:
         f"{bad}: [run].save_every: must be >= 0, got -1",
     ]
 
-    good = _write(tmp_path, "")
+    # --check also checks what the run needs: the model folder (or leave to build it)
+    good = _write(
+        tmp_path, "", header=HEADER.replace('"m"\n', '"m"\nbuild_tiny_if_missing = true\n')
+    )
     proc = subprocess.run(
         [*cmd, str(good), "--check", "--steps", "7", "--output-dir", "out"],
         capture_output=True,

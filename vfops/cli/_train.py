@@ -61,7 +61,16 @@ def train_command(
     no_tracking: Annotated[
         bool, typer.Option("--no-tracking", help="Do not log to MLflow.")
     ] = False,
-    check: Annotated[bool, typer.Option("--check", help="Validate the config and exit.")] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help=(
+                "Validate the config, the --resume checkpoint and what the run needs on this "
+                "machine (model folder, environment and its args), then exit."
+            ),
+        ),
+    ] = False,
     verbose: Annotated[
         bool,
         typer.Option(
@@ -86,6 +95,7 @@ def train_command(
     )
     training.check_resume(resume)
     if check:
+        training.preflight(cfg)
         typer.echo(f"{config}: ok ({cfg.environment.id}, {cfg.run.steps} steps)")
         return
     result = training.train(

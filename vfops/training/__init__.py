@@ -8,7 +8,9 @@ token utilities load torch/transformers only when first used.
   accelerate for several processes or DeepSpeed, train, register) returning a
   :class:`TrainResult`; ``vfops train`` and the ``train-grpo`` flow call it.
   :func:`resolve_config` applies a run's overrides and validates; :func:`check_resume`
-  checks a checkpoint folder; :data:`Progress` is the progress callback's type.
+  verifies a checkpoint folder; :func:`preflight` checks what a run needs besides its
+  config (model folder, environment and its args, attention kernels); :data:`Progress`
+  is the progress callback's type.
 - :class:`GRPORecipe`: ``setup()``, ``train_step() -> dict[str, float]``,
   ``evaluate()``, ``train()``, ``save(dir)``, ``resume(dir)``, ``close()``.
 - :class:`GRPOConfig` and its sections (:mod:`vfops._config` models); :func:`load_config`
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
         TrainingProcessError,
         TrainResult,
         check_resume,
+        preflight,
         resolve_config,
         train,
         train_async,
@@ -64,6 +67,7 @@ __all__ = [
     "config_help",
     "load_config",
     "prefix_breaks",
+    "preflight",
     "resolve_config",
     "rollout_sequences",
     "suffix_ids",
@@ -86,6 +90,7 @@ _LAZY = {
     "TrainResult": "vfops.training._run",
     "check_resume": "vfops.training._run",
     "TrainingProcessError": "vfops.training._run",
+    "preflight": "vfops.training._run",
     "resolve_config": "vfops.training._run",
     "train": "vfops.training._run",
     "train_async": "vfops.training._run",

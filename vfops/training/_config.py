@@ -4,14 +4,23 @@ Light module (no torch): the CLI validates a config before anything heavy loads.
 Every field's ``description`` is its help text (:func:`config_help` lists them);
 every rule is a field constraint, so a bad file reports all its problems at once,
 one line each, naming ``[section].field`` (see :mod:`vfops._config`).
+
+The rules, section by section: every number finite (``inf``/``nan`` are refused:
+:class:`_Section`), every count and rate in its range (betas and dropout in [0, 1),
+decay, clipping and KL non-negative, temperatures and learning rate above 0, seeds in
+[0, 2^32)); a path that must be a folder is one, or does not exist yet under a folder
+(never a file); ``[model] path``, when it exists, is a Hugging Face model folder, and
+``[lora] target_modules`` name modules it has (read from its safetensors headers,
+:mod:`vfops.training._model_files`); the vLLM ``base_url`` holds no credentials.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
+from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from vfops._config import (
     ConfigError,
@@ -47,23 +56,104 @@ SchedulerName = Literal["constant", "linear", "cosine"]
 AttnImplementation = Literal["auto", "flash_attention_2", "sdpa", "eager"]
 
 
+SEED_MAX = 2**32 - 1
+"""Seeds go to Python, torch and PYTHONHASHSEED (launched processes), which takes 0..2^32-1."""
+
+
 def _http_url(value: str) -> str:
     if not value.startswith(("http://", "https://")):
         raise ValueError(
             f"must start with http:// or https://, got {value!r}; e.g. http://127.0.0.1:8000/v1"
         )
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # raises on a port that is not a number in 0-65535
+    except ValueError:
+        raise ValueError(
+            f"is not a valid URL, got {value!r}; e.g. http://127.0.0.1:8000/v1"
+        ) from None
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "must not hold credentials (user:password@); put the key in an environment "
+            "variable and name it in api_key_var"
+        )
+    if parts.query or parts.fragment:
+        raise ValueError(
+            "must have no query or fragment (?...#...); a key goes in an environment "
+            "variable named by api_key_var"
+        )
+    if not parts.hostname or port == 0:
+        raise ValueError(f"needs a host (and a port 1-65535), got {value!r}")
     return value
 
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 
 
-class ModelConfig(ConfigModel):
-    path: RelativePath = Field(
+def _folder_or_absent(value: str) -> str:
+    """A folder, or a path that does not exist yet and can be created as one."""
+    if not value:
+        return value
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"must be a folder, but {value} is a file; name a folder")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(
+                    f"cannot be created: {parent} is a file, not a folder; name a folder"
+                )
+            break
+    return value
+
+
+FolderPath = Annotated[str, AfterValidator(_folder_or_absent)]
+"""A folder path (resolved against the config file's folder first, as RelativePath)."""
+
+
+def _model_folder(value: str) -> str:
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(
+            f"must be a Hugging Face model folder (config.json, weights, tokenizer), but "
+            f"{value} is a file; name the model's folder"
+        )
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ValueError(
+            f"{value} has no config.json, so it is not a Hugging Face model folder; name "
+            "the model's folder (or, with build_tiny_if_missing, a path that does not exist)"
+        )
+    return _folder_or_absent(value)
+
+
+def _deepspeed_file(value: str) -> str:
+    # a missing file is the run's machine's business (a container mounts it): preflight
+    if value and Path(value).expanduser().is_dir():
+        raise ValueError(
+            f"{value} is a folder; name a DeepSpeed JSON such as configs/deepspeed/zero2.json "
+            "(or '' for none)"
+        )
+    return value
+
+
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+
+
+class _Section(ConfigModel):
+    """A training config section: every number finite (TOML's ``inf`` and ``nan`` are
+    floats pydantic would otherwise accept, and a bound such as ``gt=0`` lets ``inf``
+    through)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class ModelConfig(_Section):
+    path: Annotated[RelativePath, AfterValidator(_model_folder)] = Field(
         min_length=1,
         description=(
             "Local Hugging Face model directory (config, weights, tokenizer); nothing is "
-            "downloaded. Relative paths resolve against the config file's folder."
+            "downloaded. Relative paths resolve against the config file's folder. A folder "
+            "with config.json, or (with build_tiny_if_missing) a path that does not exist."
         ),
     )
     build_tiny_if_missing: bool = Field(
@@ -73,7 +163,7 @@ class ModelConfig(ConfigModel):
             "does not exist (CPU demos and tests)."
         ),
     )
-    tiny_seed: int = Field(default=0, description="Seed of the tiny model's weights.")
+    tiny_seed: Seed = Field(default=0, description="Seed of the tiny model's weights (0..2^32-1).")
     name: str = Field(
         default="",
         description=(
@@ -92,17 +182,21 @@ class ModelConfig(ConfigModel):
     )
 
 
-class EnvironmentConfig(ConfigModel):
+class EnvironmentConfig(_Section):
     id: str = Field(
         min_length=1,
         description="Installed environment name (entry point group vfops.environments).",
     )
     args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments for its load_environment()."
+        default_factory=dict,
+        description=(
+            "Keyword arguments for its load_environment(); their names are checked against "
+            "its signature before the run starts."
+        ),
     )
 
 
-class VLLMServerSettings(ConfigModel):
+class VLLMServerSettings(_Section):
     """How to reach a vLLM server and sync weights into it: the fields ``[generation]``
     shares with the vLLM backend's own config (``VLLMGenerationConfig``)."""
 
@@ -110,7 +204,7 @@ class VLLMServerSettings(ConfigModel):
         default="http://127.0.0.1:8000/v1",
         description=(
             "vllm backend: the server's OpenAI base URL, with or without /v1 (as printed by "
-            "`vfops vllm serve`)."
+            "`vfops vllm serve`); no credentials or query in it (the key: api_key_var)."
         ),
     )
     sync: SyncMode = Field(
@@ -121,7 +215,7 @@ class VLLMServerSettings(ConfigModel):
             "with --sync nccl)."
         ),
     )
-    sync_dir: RelativePath = Field(
+    sync_dir: Annotated[RelativePath, AfterValidator(_folder_or_absent)] = Field(
         default="",
         description=(
             "vllm backend, filesystem sync: a folder both trainer and server can read (same "
@@ -162,7 +256,7 @@ class GenerationConfig(VLLMServerSettings):
     temperature: float = Field(
         default=1.0,
         gt=0,
-        description="Sampling temperature (> 0: GRPO samples; the loss uses the same).",
+        description="Sampling temperature (> 0, finite: GRPO samples; the loss uses the same).",
     )
     async_steps: int = Field(
         default=0,
@@ -201,7 +295,7 @@ class GenerationConfig(VLLMServerSettings):
     )
 
 
-class LossConfig(ConfigModel):
+class LossConfig(_Section):
     type: LossType = Field(
         default="grpo",
         description=(
@@ -254,11 +348,11 @@ class LossConfig(ConfigModel):
     )
 
 
-class OptimConfig(ConfigModel):
-    lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate (> 0).")
-    weight_decay: float = Field(default=0.0, description="AdamW weight decay.")
-    adam_beta1: float = Field(default=0.9, description="AdamW beta1.")
-    adam_beta2: float = Field(default=0.99, description="AdamW beta2.")
+class OptimConfig(_Section):
+    lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate (> 0, finite).")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay (>= 0).")
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW beta1, in [0, 1).")
+    adam_beta2: float = Field(default=0.99, ge=0, lt=1, description="AdamW beta2, in [0, 1).")
     max_grad_norm: float = Field(
         default=1.0, ge=0, description="Gradient clipping norm (0: no clipping)."
     )
@@ -285,23 +379,34 @@ class OptimConfig(ConfigModel):
     )
 
 
-class LoraSettings(ConfigModel):
+class LoraSettings(_Section):
     enabled: bool = Field(default=False, description="Train LoRA adapters through peft.")
-    r: int = Field(default=8, ge=1, description="LoRA rank.")
-    alpha: int = Field(default=16, description="LoRA alpha.")
-    dropout: float = Field(default=0.0, description="LoRA dropout.")
-    target_modules: list[str] = Field(
+    r: int = Field(default=8, ge=1, description="LoRA rank (>= 1).")
+    alpha: int = Field(
+        default=16, ge=1, description="LoRA alpha (>= 1; the adapters are scaled by alpha / r)."
+    )
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA dropout, in [0, 1).")
+    target_modules: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        description="Module names that get adapters.",
+        min_length=1,
+        description=(
+            "Module names that get adapters (a module's name or the end of it, as peft "
+            "matches them, or 'all-linear'); with LoRA on, each must name a module of the "
+            "model (checked from its files before the run starts)."
+        ),
     )
 
 
-class RunConfig(ConfigModel):
+class RunConfig(_Section):
     steps: int = Field(default=100, ge=0, description="Optimizer steps to train.")
-    seed: int = Field(default=0, description="Seed of data order, sampling and init.")
-    output_dir: RelativePath = Field(
+    seed: Seed = Field(default=0, description="Seed of data order, sampling and init (0..2^32-1).")
+    output_dir: Annotated[RelativePath, AfterValidator(_folder_or_absent)] = Field(
         default="outputs/train",
-        description="Checkpoints and final model; relative to the config file's folder.",
+        min_length=1,
+        description=(
+            "Checkpoints and final model; relative to the config file's folder. A folder, "
+            "or a path that does not exist yet (never a file)."
+        ),
     )
     save_every: int = Field(
         default=0,
@@ -315,7 +420,7 @@ class RunConfig(ConfigModel):
         default=32, ge=0, description="Held-out eval examples (the environment's eval split)."
     )
     eval_temperature: float = Field(
-        default=0.0, ge=0, description="Held-out eval sampling temperature (0: greedy)."
+        default=0.0, ge=0, description="Held-out eval sampling temperature (>= 0; 0: greedy)."
     )
     precision: Precision = Field(
         default="auto",
@@ -324,22 +429,25 @@ class RunConfig(ConfigModel):
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in backward (less memory)."
     )
-    deepspeed: RelativePath = Field(
+    deepspeed: Annotated[RelativePath, AfterValidator(_deepspeed_file)] = Field(
         default="",
         description=(
-            "DeepSpeed JSON config (e.g. configs/deepspeed/zero2.json); '' for none. Set "
-            "automatically under `accelerate launch` with a DeepSpeed config."
+            "DeepSpeed JSON config (e.g. configs/deepspeed/zero2.json; a file where the run "
+            "starts); '' for none. Set automatically under `accelerate launch` with a "
+            "DeepSpeed config."
         ),
     )
     tracking: bool = Field(default=True, description="Log params and per-step metrics to MLflow.")
-    experiment: str = Field(default="vfops-training", description="MLflow experiment name.")
+    experiment: str = Field(
+        default="vfops-training", min_length=1, description="MLflow experiment name."
+    )
     register_as: str = Field(
         default="",
         description="Register the final checkpoint as this MLflow model name ('' to skip).",
     )
 
 
-class GRPOConfig(ConfigModel):
+class GRPOConfig(_Section):
     """Everything a GRPO run needs; load with :func:`load_config` or build in Python
     (``GRPOConfig(model={"path": ...}, environment={"id": ...})``)."""
 
@@ -369,6 +477,24 @@ class GRPOConfig(ConfigModel):
                 "[model] attn_implementation = 'flash_attention_2' needs bf16 and [run] "
                 "precision = 'fp32'; set precision = 'bf16' (or 'auto' on a bf16 GPU), or use "
                 "attn_implementation = 'sdpa'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_targets_exist(self) -> Self:
+        if not self.lora.enabled:
+            return self
+        from vfops.training._model_files import missing_targets
+
+        model_dir = Path(self.model.path).expanduser()
+        if not (model_dir / "config.json").is_file():
+            return self  # built later (build_tiny_if_missing): the loader checks
+        missing = missing_targets(model_dir, self.lora.target_modules)
+        if missing:
+            raise ValueError(
+                f"[lora] target_modules: {', '.join(map(repr, missing))} name no linear, "
+                f"embedding or convolution module of the model at {model_dir}; use module "
+                "names it has (e.g. q_proj, v_proj) or 'all-linear'"
             )
         return self
 

@@ -156,6 +156,61 @@ def check_resume(resume: str | Path | None) -> Path | None:
     return open_checkpoint(Path(resume))
 
 
+def preflight(cfg: GRPOConfig) -> None:
+    """What a run needs besides a valid config, checked before torch loads or anything is
+    built or written (``vfops train --check`` runs it too), on this machine: the attention
+    kernels asked for, the DeepSpeed file, the model folder (or leave to build it), the
+    environment installed and its ``[environment] args`` fitting its ``load_environment``
+    signature."""
+    check_attention(cfg)
+    if cfg.run.deepspeed and not Path(cfg.run.deepspeed).expanduser().is_file():
+        raise VfopsError(
+            f"[run] deepspeed {cfg.run.deepspeed!r} does not exist; pass a DeepSpeed JSON "
+            "such as configs/deepspeed/zero2.json, or '' for none"
+        )
+    model = Path(cfg.model.path).expanduser()
+    if not model.is_dir() and not cfg.model.build_tiny_if_missing:
+        raise VfopsError(
+            f"[model] path {str(model)!r} does not exist; build one with "
+            "`vfops model build-tiny DIR` or set build_tiny_if_missing = true"
+        )
+    check_environment_args(cfg.environment.id, cfg.environment.args)
+
+
+def check_environment_args(env_id: str, args: dict[str, Any]) -> None:
+    """The environment ``env_id`` installed, and ``args`` fitting its ``load_environment``
+    signature (its module is imported, nothing is called); one line otherwise."""
+    import inspect
+
+    from vfops.envs import load_failure, require_environment
+
+    entry = require_environment(env_id)
+    try:
+        factory = entry.load()
+    except Exception as exc:
+        raise load_failure(
+            f"environment '{entry.name}' failed to import:",
+            exc,
+            otherwise="fix the package or reinstall it with: vfops env install PATH",
+        ) from exc
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return  # a module (verifiers v1 tasksets) or a builtin: its library checks on load
+    try:
+        signature.bind(**args)
+    except TypeError as exc:
+        accepted = ", ".join(
+            ("**" if p.kind is p.VAR_KEYWORD else "") + name
+            for name, p in signature.parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_KEYWORD)
+        )
+        raise VfopsError(
+            f"[environment] args do not fit load_environment of '{env_id}': {exc}; it "
+            f"accepts: {accepted or 'no arguments'}"
+        ) from None
+
+
 def require_train_extra() -> None:
     """Raise :class:`MissingExtraError` unless torch, transformers, accelerate, peft import."""
     for module in ("torch", "transformers", "accelerate", "peft"):
@@ -201,12 +256,10 @@ def train(
     checkpoint = check_resume(resume)
     if num_processes < 1:
         raise VfopsError(f"num_processes = {num_processes}; use 1 or more")
-    # a missing flash-attn or environment: one line, before torch loads or anything is
-    # built or written (a bad environment argument still shows once it loads)
-    check_attention(cfg)
-    from vfops.envs import require_environment
-
-    require_environment(cfg.environment.id)
+    # a missing flash-attn, model, environment or a bad environment argument: one line,
+    # before torch loads or anything is built or written (a bad argument *value* still
+    # shows once the environment loads)
+    preflight(cfg)
     require_train_extra()
     if (num_processes > 1 or cfg.run.deepspeed) and not os.environ.get(LAUNCHED_ENV):
         return _launch(cfg, checkpoint, num_processes, progress)

@@ -170,16 +170,25 @@ def load_model(
 def _with_lora(model: Any, lora: LoraSettings) -> Any:
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(
-        model,
-        LoraConfig(
-            r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            task_type="CAUSAL_LM",
-        ),
-    )
+    try:
+        return get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
+    except ValueError as exc:
+        # the config check reads the model's files; a model built at load time
+        # (build_tiny_if_missing) or an unsupported module kind is only seen by peft
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise VfopsError(
+            f"[lora] target_modules {list(lora.target_modules)} do not fit the model: {first}; "
+            "use module names it has (e.g. q_proj, v_proj) or 'all-linear'"
+        ) from None
 
 
 def prepare_policy(

@@ -54,6 +54,7 @@ class VLLMGenerationConfig(VLLMServerSettings):
     )
     nccl_master_address: str = Field(
         default="127.0.0.1",
+        min_length=1,
         description="nccl sync: address of this (trainer) host that the server can reach.",
     )
     nccl_master_port: int = Field(
