@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 from collections.abc import Mapping, Sequence
-from types import SimpleNamespace
 
 import aiohttp
 from yarl import URL
@@ -41,52 +40,17 @@ def _env_proxy(url: str) -> str | None:
     return proxy
 
 
-class _Deadline:
-    """A request's wall-clock limit, armed once its headers are on the wire.
-
-    aiohttp's own read timeout restarts at every chunk, so a server dripping one
-    byte a second never trips it; this one bounds the whole exchange (request body
-    sent, response waited for, body read). It starts when the headers are sent, not
-    when the request is made, so waiting for a free pooled connection (queueing, not
-    a slow server) is not counted: aiohttp's ``on_request_headers_sent`` signal arms it.
-    """
-
-    __slots__ = ("armed", "seconds", "timeout")
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.timeout = asyncio.timeout(None)
-        self.armed = False
-
-    def arm(self) -> None:
-        if not self.armed:
-            self.armed = True
-            self.timeout.reschedule(asyncio.get_running_loop().time() + self.seconds)
-
-
-async def _arm_deadline(
-    _session: aiohttp.ClientSession, context: SimpleNamespace, _params: object
-) -> None:
-    deadline = context.trace_request_ctx
-    if isinstance(deadline, _Deadline):
-        deadline.arm()
-
-
-def _trace_config() -> aiohttp.TraceConfig:
-    config = aiohttp.TraceConfig()
-    config.on_request_headers_sent.append(_arm_deadline)
-    config.freeze()
-    return config
-
-
 class HTTPTransport:
     """Requests to one server over a pool of keep-alive connections.
 
     ``headers`` go with every request. ``timeout_s`` bounds each request in wall-clock
-    time from the moment it is sent to the last byte of its response (a body that
-    trickles in does not extend it), and the connect (capped at 30 s); waiting for a
-    free connection is not bounded. ``secrets`` (the API key in ``headers``, credentials in the URL)
-    never appear in an error's message or body, in any encoding
+    time, from the moment it has a connection slot to the last byte of its response:
+    aiohttp's own read timeout restarts at every chunk, so a server dripping one byte
+    a second would never trip it. The connect is also capped at 30 s. Waiting for a
+    free connection (queueing, not a slow server) is not bounded: requests beyond
+    ``max_connections`` wait on a semaphore before their clock starts, so aiohttp's
+    pool never queues one inside it. ``secrets`` (the API key in ``headers``,
+    credentials in the URL) never appear in an error's message or body, in any encoding
     (:class:`~vfops._redact.Redactor`, also :attr:`redactor` for callers' use). The
     aiohttp session is created on first use, in the running event loop; use and
     close the transport inside that loop.
@@ -112,6 +76,7 @@ class HTTPTransport:
         self.redactor = Redactor(self._secrets)
         self._headers = {"User-Agent": f"vfops/{__version__}", **headers}
         self._timeout = self._client_timeout(timeout_s)
+        self._slots = asyncio.Semaphore(max_connections)
         self._session: aiohttp.ClientSession | None = None
 
     @staticmethod
@@ -135,7 +100,6 @@ class HTTPTransport:
             timeout=self._timeout,
             proxy=_env_proxy(self.base_url),
             cookie_jar=aiohttp.DummyCookieJar(),  # an API client keeps no cookies
-            trace_configs=[_trace_config()],
         )
         return self._session
 
@@ -156,11 +120,12 @@ class HTTPTransport:
         """
         session = self._session or self._open()
         timeout = self._timeout if timeout_s is None else self._client_timeout(timeout_s)
-        deadline = _Deadline(self.timeout_s if timeout_s is None else timeout_s)
+        seconds = self.timeout_s if timeout_s is None else timeout_s
         answered = False  # the status line and headers are in; the body may not be
         try:
             async with (
-                deadline.timeout,
+                self._slots,  # entered first: the clock starts once a connection is free
+                asyncio.timeout(seconds),
                 session.request(
                     method,
                     url,
@@ -168,7 +133,6 @@ class HTTPTransport:
                     headers=headers,
                     timeout=timeout,
                     allow_redirects=False,  # a POST must not silently turn into a GET
-                    trace_request_ctx=deadline,
                 ) as response,
             ):
                 answered = True
@@ -177,7 +141,7 @@ class HTTPTransport:
                 if 200 <= status < 300:
                     return content
                 retry_after_s = parse_retry_after(response.headers)
-                if retry_after_s is None and status == 429:  # OpenAI names its wait this way too
+                if retry_after_s is None and status == 429:  # OpenAI names its wait so too
                     retry_after_s = parse_rate_limit_reset(response.headers)
                 raise error_from_response(
                     status,
@@ -191,9 +155,9 @@ class HTTPTransport:
             if isinstance(exc, aiohttp.ConnectionTimeoutError):
                 what = f"could not connect within {timeout.sock_connect} s"
             elif answered:
-                what = f"response body not complete within {deadline.seconds} s"
+                what = f"response body not complete within {seconds} s"
             else:
-                what = f"no response within {deadline.seconds} s"
+                what = f"no response within {seconds} s"
             raise APITimeoutError(self._redacted(f"{method} {url}: {what}")) from exc
         except aiohttp.ClientError as exc:
             raise APIConnectionError(
