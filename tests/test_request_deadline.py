@@ -99,3 +99,27 @@ async def test_a_dripping_endpoint_errors_the_rollout_within_the_timeouts(tmp_pa
     error = row["error"]
     assert (error["type"], error["stage"]) == ("APITimeoutError", "generation"), error
     assert "response body not complete within 1.0 s; timed out 3 times" in error["message"]
+
+
+async def test_waiting_for_a_free_connection_is_not_counted() -> None:
+    """Three requests through one connection, each answered in 0.6 s: the last waits
+    1.2 s for the connection, then gets its answer well within its 1 s; only the time
+    a request holds a connection counts (queueing is not a slow server)."""
+
+    async def slow(request: web.Request) -> web.Response:
+        await request.read()
+        await asyncio.sleep(0.6)
+        return web.Response(body=BODY, content_type="application/json")
+
+    routes = {("POST", "/v1/chat/completions"): slow}
+    async with (
+        loopback_server(routes) as base_url,
+        OpenAIClient(base_url, timeout_s=1.0, max_retries=0, max_connections=1) as client,
+    ):
+        replies = await asyncio.gather(
+            *(
+                client.chat(model="stub-model", messages=[{"role": "user", "content": "2+2"}])
+                for _ in range(3)
+            )
+        )
+    assert [reply.message["content"] for reply in replies] == ["4", "4", "4"]
