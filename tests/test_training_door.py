@@ -9,14 +9,21 @@ one, then paths, URLs, seeds and the environment's arguments.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
+import types
+import typing
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import annotated_types
 import pytest
 
 from tests.inprocess_cli import run_vfops
-from vfops.training import load_config
+from vfops._config import ConfigModel
+from vfops.training import ConfigError, GRPOConfig, load_config
 
 pytestmark = pytest.mark.train  # the LoRA targets are read from a real tiny model's files
 
@@ -230,3 +237,101 @@ def test_a_run_refuses_before_torch_loads(
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stdout.strip() == "torch imported: False"
     assert not Path(places["out"]).exists()
+
+
+# --------------------------------------------------------------------------- every field
+
+
+def _numeric_fields(model: type[Any], prefix: str = "") -> Iterator[tuple[str, Any, type]]:
+    """(dotted name, field info, int or float) of every numeric leaf field of ``model``."""
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        base = (
+            args[0]
+            if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+            else annotation
+        )
+        if isinstance(base, type) and issubclass(base, ConfigModel):
+            yield from _numeric_fields(base, f"{prefix}{name}.")
+        elif base in (int, float):
+            yield f"{prefix}{name}", info, base
+
+
+def _outside(bound: Any, kind: type) -> tuple[Any, str]:
+    """A value just outside ``bound`` (an annotated_types bound) and the words refusing it."""
+    step = 1 if kind is int else 0.5
+    if isinstance(bound, annotated_types.Ge):
+        low: Any = bound.ge
+        return low - step, f"must be >= {_shown(low)}"
+    if isinstance(bound, annotated_types.Gt):
+        return bound.gt, f"must be > {_shown(bound.gt)}"
+    if isinstance(bound, annotated_types.Lt):
+        return bound.lt, f"must be < {_shown(bound.lt)}"
+    assert isinstance(bound, annotated_types.Le), bound
+    high: Any = bound.le
+    return high + step, f"must be <= {_shown(high)}"
+
+
+def _shown(number: Any) -> str:
+    return str(int(number)) if float(number).is_integer() else str(number)
+
+
+_BOUND_TYPES = (annotated_types.Ge, annotated_types.Gt, annotated_types.Lt, annotated_types.Le)
+
+
+def _every_numeric_field() -> list[tuple[str, Any, type]]:
+    from vfops.training._vllm_server import VLLMGenerationConfig
+
+    fields = list(_numeric_fields(GRPOConfig))
+    fields += [(f"vllm.{n}", i, k) for n, i, k in _numeric_fields(VLLMGenerationConfig)]
+    return fields
+
+
+def test_every_numeric_field_has_a_range_and_floats_are_finite() -> None:
+    """A field added without a bound (or a float without the finite rule) fails here."""
+    fields = _every_numeric_field()
+    assert len(fields) >= 30, [f for f, _, _ in fields]
+    unbounded = [
+        name
+        for name, info, _ in fields
+        if not any(isinstance(m, annotated_types.Ge | annotated_types.Gt) for m in info.metadata)
+    ]
+    assert not unbounded, f"numeric fields without a lower bound: {unbounded}"
+
+
+def _refusal_of(dotted: str, value: Any) -> str:
+    """The error text of setting ``dotted`` (``vllm.X``: the vLLM backend's own config)."""
+    from vfops.training._vllm_server import VLLMGenerationConfig
+
+    try:
+        if dotted.startswith("vllm."):
+            VLLMGenerationConfig.from_data({dotted[5:]: value}, source="vllm")
+        else:
+            config = GRPOConfig.from_data(
+                {"model": {"path": "m"}, "environment": {"id": "lucky_digit"}}, source="c"
+            )
+            config.with_overrides({dotted: value})
+    except ConfigError as exc:
+        return str(exc)
+    raise AssertionError(f"{dotted} = {value!r} was accepted")
+
+
+@pytest.mark.parametrize(
+    ("dotted", "info", "kind"),
+    _every_numeric_field(),
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_every_numeric_field_refuses_values_outside_its_range(
+    dotted: str, info: Any, kind: type
+) -> None:
+    where = dotted[5:] if dotted.startswith("vllm.") else "[{}].{}".format(*dotted.split("."))
+    for bound in info.metadata:
+        if isinstance(bound, _BOUND_TYPES):
+            value, words = _outside(bound, kind)
+            text = _refusal_of(dotted, value)
+            assert f"{where}: {words}" in text, text
+    if kind is float:
+        for value in (math.inf, -math.inf, math.nan):
+            text = _refusal_of(dotted, value)
+            assert f"{where}: must be a finite number" in text, text
