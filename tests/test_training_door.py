@@ -132,6 +132,10 @@ CASES: list[tuple[str, str, str]] = [
     ("url-bad-port", 'generation.base_url = "http://127.0.0.1:99999/v1"',
      "[generation].base_url: is not a valid URL"),
     ("experiment-empty", 'run.experiment = ""', "[run].experiment: must not be empty"),
+    ("register-as-slash", 'run.register_as = "team/model"',
+     "[run].register_as: is not a registered model name ('/')"),
+    ("register-as-alias", 'run.register_as = "model@champion"',
+     "[run].register_as: is not a registered model name ('@')"),
     # the environment's arguments, checked against its load_environment signature
     ("env-arg-unknown", 'environment.args = { digits = "01", colour = "red" }',
      "[environment] args do not fit load_environment of 'lucky_digit': got an unexpected "

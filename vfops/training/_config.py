@@ -136,6 +136,20 @@ def _deepspeed_file(value: str) -> str:
     return value
 
 
+def _model_name(value: str) -> str:
+    """'' or a name the MLflow registry takes (refused at the end of a run otherwise)."""
+    if not value:
+        return value
+    bad = sorted({c for c in value if c in "/:@"})
+    if bad or value != value.strip() or value in (".", ".."):
+        shown = f"'{bad[0]}'" if bad else "spaces around it or only dots"
+        raise ValueError(
+            f"is not a registered model name ({shown}); use letters, digits, '-', '_' and '.', "
+            f"e.g. 'lucky-digit-grpo' (or '' not to register), got {value!r}"
+        )
+    return value
+
+
 Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 
 
@@ -441,7 +455,7 @@ class RunConfig(_Section):
     experiment: str = Field(
         default="vfops-training", min_length=1, description="MLflow experiment name."
     )
-    register_as: str = Field(
+    register_as: Annotated[str, AfterValidator(_model_name)] = Field(
         default="",
         description="Register the final checkpoint as this MLflow model name ('' to skip).",
     )
