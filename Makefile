@@ -15,7 +15,7 @@ DEMO_DIR ?= .vfops-demo
 # Byte-compiled once here: with PYTHONDONTWRITEBYTECODE set, an editable install
 # would compile every module at every start (~0.4 s of each vfops command).
 setup: $(VENV)/.installed
-	$(PY) -m compileall -q vfops flows environments > /dev/null
+	$(PY) -m compileall -q vfops environments > /dev/null
 
 # torch first, pinned to the CPU build on local disk: otherwise a dependency
 # may pull a multi-GB CUDA build (pip installs it: pip's configuration is where a
@@ -66,7 +66,7 @@ demo: setup
 	$(VENV)/bin/vfops demo --dir $(DEMO_DIR)
 
 test: setup test-setup setup-v1
-	$(VENV)/bin/ruff check vfops flows tests environments bench
+	$(VENV)/bin/ruff check vfops tests environments bench
 	$(VENV)/bin/mypy
 	bash tests/run_passes.sh $(VENV)  # two pytest passes at once; see tests/conftest.py
 	# verifiers 0.4's venv; two workers, a file each (its tests spend much of their time
@@ -74,5 +74,5 @@ test: setup test-setup setup-v1
 	VFOPS_TEST_V1=1 $(V1_VENV)/bin/pytest -p no:cacheprovider -n 2 --dist loadfile tests/v1
 
 lint: setup
-	$(VENV)/bin/ruff check vfops flows tests environments bench
+	$(VENV)/bin/ruff check vfops tests environments bench
 	$(VENV)/bin/mypy

@@ -466,7 +466,7 @@ def idle(args: argparse.Namespace, root: Path, stub: StubServer) -> None:
 
 _LOCAL_SWEEP = """
 import json, sys
-from flows.eval_sweep import eval_sweep
+from vfops.flows.eval_sweep import eval_sweep
 from vfops.sweeps import SweepSpec
 eval_sweep(SweepSpec.model_validate(json.loads(sys.argv[1])))
 """

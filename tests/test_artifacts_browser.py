@@ -195,7 +195,7 @@ def _endpoints(root: Path, stub: StubServer) -> Path:
 
 def run_sweep(served: dict[str, Any]) -> str:
     """Run an eval sweep; returns its flow run id."""
-    from flows.eval_sweep import eval_sweep
+    from vfops.flows.eval_sweep import eval_sweep
     from vfops.sweeps import SweepSpec
 
     with StubServer(StubConfig(reply_mode=answer_with(0.7, seed=1))) as stub:
@@ -215,7 +215,7 @@ def run_sweep(served: dict[str, Any]) -> str:
 
 def run_nights(served: dict[str, Any]) -> str:
     """Run two nights; returns the second night's flow run id."""
-    from flows.nightly import NightlyConfig, nightly_eval
+    from vfops.flows.nightly import NightlyConfig, nightly_eval
 
     for night, seed in (("2026-11-01", 2), ("2026-11-02", 3)):
         with StubServer(StubConfig(reply_mode=answer_with(0.7, seed=seed))) as stub:

@@ -85,7 +85,7 @@ def run_count(url: str) -> int:
 def test_sweep_runs_every_cell_and_attaches_artifacts(
     harness: None, registry: str, endpoints: Path, stub: StubServer, tmp_path: Path
 ) -> None:
-    from flows.eval_sweep import REPORT_KEY, TABLE_KEY, eval_sweep
+    from vfops.flows.eval_sweep import REPORT_KEY, TABLE_KEY, eval_sweep
 
     spec = SweepSpec.model_validate(sweep_params(endpoints, tmp_path / "out"))
     state = eval_sweep(spec=spec, return_state=True)
@@ -150,7 +150,7 @@ def test_a_failing_cell_fails_the_run_after_the_others_finish(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import flows.eval_sweep as module
+    import vfops.flows.eval_sweep as module
 
     with socket.socket() as probe:  # a loopback port nobody listens on
         probe.bind(("127.0.0.1", 0))
@@ -200,7 +200,7 @@ def test_bad_parameters_fail_fast(
     overrides: dict[str, Any],
     expected: str,
 ) -> None:
-    from flows.eval_sweep import eval_sweep
+    from vfops.flows.eval_sweep import eval_sweep
 
     before_requests, before_runs = stub.stats["requests"], run_count(registry)
     # a dict, as the UI form sends it: Prefect validates it into a SweepSpec
@@ -213,7 +213,7 @@ def test_bad_parameters_fail_fast(
 
 
 def test_publish_flow(harness: None, registry: str, tmp_path: Path) -> None:
-    from flows.publish import REPORT_KEY, publish_environment_flow
+    from vfops.flows.publish import REPORT_KEY, publish_environment_flow
 
     package = tmp_path / "arithmetic"
     shutil.copytree(
@@ -244,7 +244,7 @@ def test_cells_share_the_endpoint_budget(
 ) -> None:
     """Two cells in parallel against an endpoint that refuses more than R requests/s:
     the budget (a Prefect rate limit shared by both) keeps them under it together."""
-    from flows.eval_sweep import eval_sweep
+    from vfops.flows.eval_sweep import eval_sweep
 
     rate = 10.0
     budgets = tmp_path / "budgets.toml"

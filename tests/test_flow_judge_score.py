@@ -120,7 +120,7 @@ def achieved_rate(times: list[float]) -> float:
 def test_judge_score_holds_the_rate_limit_and_a_rerun_makes_no_judge_call(
     harness: None, registry: str, endpoints: Path, judge_stub: StubServer
 ) -> None:
-    from flows.judge_score import judge_score
+    from vfops.flows.judge_score import judge_score
 
     run_id = make_run(registry, ROLLOUTS, "judge-score-run-1")
     params = {
@@ -182,7 +182,7 @@ def test_two_flows_share_one_budget(
     """Two judge-score flows at once against the same judge model: together they
     stay under the one rate limit (each alone would run at R), and the slots of
     the global concurrency limit they lease come back."""
-    from flows.judge_score import judge_score
+    from vfops.flows.judge_score import judge_score
 
     runs = [make_run(registry, 60, f"judge-score-shared-{i}") for i in range(2)]
     before = judge_stub.stats
@@ -232,7 +232,7 @@ def test_bad_parameters_fail_the_flow_run_before_any_judge_call(
     overrides: dict[str, Any],
     expected: str,
 ) -> None:
-    from flows.judge_score import judge_score
+    from vfops.flows.judge_score import judge_score
 
     run_id = "judge-score-bad-params"
     from sqlalchemy.orm import Session
@@ -254,7 +254,7 @@ def test_bad_parameters_fail_the_flow_run_before_any_judge_call(
 def test_out_of_range_parameters_are_rejected_by_the_form(
     harness: None, registry: str, endpoints: Path
 ) -> None:
-    from flows.judge_score import judge_score
+    from vfops.flows.judge_score import judge_score
 
     params = {"run_id": "x", "judge": "judge", "requests_per_s": 0, "max_concurrent": 0}
     state = judge_score(spec=params, return_state=True)

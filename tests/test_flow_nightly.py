@@ -72,7 +72,7 @@ async def run_night(
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.nightly import NightlyConfig, nightly_eval
+    from vfops.flows.nightly import NightlyConfig, nightly_eval
 
     with StubServer(StubConfig(reply_mode=reply), port=PORT) as stub:
         endpoints = Path(root) / "endpoints.toml"
@@ -175,7 +175,7 @@ async def test_nightly_evaluates_whoever_holds_champion(
     harness: None, published_env: str, tmp_path: Path
 ) -> None:
     """Each night pins ``models:/NAME@champion`` at its start and follows the alias."""
-    from flows.nightly import NightlyConfig, nightly_eval
+    from vfops.flows.nightly import NightlyConfig, nightly_eval
     from vfops.local import build_tiny_model
     from vfops.models import register_checkpoint
     from vfops.sweeps import SweepSpec, run_cell_async, validate_sweep

@@ -306,7 +306,7 @@ def test_promotion_gate_records_every_decision(
 
 
 def test_promote_checkpoint_flow_is_defined() -> None:
-    from flows.promote import promote_checkpoint_flow
+    from vfops.flows.promote import promote_checkpoint_flow
 
     assert promote_checkpoint_flow.name == "promote-checkpoint"
 

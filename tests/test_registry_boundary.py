@@ -19,7 +19,7 @@ from vfops.registry import Base
 ROOT = Path(__file__).resolve().parent.parent
 # Shipped code. bench/ is left out: its raw-driver baseline writes the rollouts
 # table directly on purpose, to measure the registry against it.
-SCANNED = ("vfops", "flows", "environments")
+SCANNED = ("vfops", "environments")  # vfops/flows included
 REGISTRY = ROOT / "vfops" / "registry"
 
 ORM_NAMES = frozenset({"Base"} | {m.class_.__name__ for m in Base.registry.mappers})

@@ -421,7 +421,7 @@ def test_a_distributed_sweep_spreads_over_the_workers_and_survives_a_lost_one(
     cells crash, are rescheduled and resumed elsewhere, and every cell ends with exactly
     N x R rollouts in one registry run, one MLflow run on the stack's server with its
     artifact in the stack's S3, and the sweep's artifacts on the parent flow run."""
-    from flows.eval_sweep import REPORT_KEY, TABLE_KEY
+    from vfops.flows.eval_sweep import REPORT_KEY, TABLE_KEY
 
     env = stack_client_env(stack)
     deployed = vfops("deploy", "--heartbeat-timeout-s", str(SWEEP_HEARTBEAT_TIMEOUT_S), env=env)

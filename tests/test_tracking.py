@@ -290,7 +290,7 @@ def test_sweep_flow_nests_every_cell_under_its_parent_run(
     )
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.eval_sweep import eval_sweep
+    from vfops.flows.eval_sweep import eval_sweep
     from vfops.sweeps import SweepSpec
     from vfops.tracking import SWEEP_TAG
 

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from flows.train import train_grpo
+from vfops.flows.train import train_grpo
 from vfops.orchestration import deployment_specs
 
 # Prefect's clients (lease renewal, events) leave sockets to the test server for the
@@ -140,7 +140,7 @@ def test_train_evaluate_promote_flow_trains_registers_and_gates(
     gate (the first version of a model has no holder: promoted on its evaluation)."""
     from prefect.client.orchestration import get_client
 
-    from flows.train_evaluate_promote import train_evaluate_promote_flow
+    from vfops.flows.train_evaluate_promote import train_evaluate_promote_flow
     from vfops.models import promotion_history
     from vfops.tracking import mlflow_client
 

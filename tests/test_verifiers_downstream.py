@@ -4,7 +4,7 @@ Issue 15's bar: "A verifiers environment runs as a cell of an eval-sweep flow an
 a promotion gate". Everything here is the project's real path, as the tests of vfops
 environments take it:
 
-- the ``eval-sweep`` Prefect flow (``flows/eval_sweep.py``) under the Prefect test
+- the ``eval-sweep`` Prefect flow (``vfops/flows/eval_sweep.py``) under the Prefect test
   harness, and :func:`vfops.sweeps.run_cell_async` on SQLite and PostgreSQL, run the
   installed test packages ``vf_xml_math`` and ``vf_guess`` (tests/verifiers_envs)
   against the stub server answering with ``tests/verifiers_stub.reply``, whose
@@ -154,7 +154,7 @@ def write_endpoints(path: Path, base_url: str) -> Path:
 def test_verifiers_environments_are_cells_of_an_eval_sweep_flow(
     harness: None, sweep_registry: str, vf_stub: StubServer, tmp_path: Path
 ) -> None:
-    from flows.eval_sweep import REPORT_KEY, TABLE_KEY, eval_sweep
+    from vfops.flows.eval_sweep import REPORT_KEY, TABLE_KEY, eval_sweep
     from vfops.tracking import mlflow_client
 
     url = sweep_registry
@@ -495,7 +495,7 @@ async def test_a_verifiers_environment_is_a_nightly_cell(
     a completed registry run of the published version (tagged with the verifiers
     version), with verifiers' per-example rewards, and the second night is compared with
     the first (same rewards: no regression)."""
-    from flows.nightly import NightlyConfig, nightly_eval
+    from vfops.flows.nightly import NightlyConfig, nightly_eval
 
     endpoints = write_endpoints(Path(published_vf_env) / "endpoints.toml", vf_stub.base_url)
     url = f"sqlite:///{Path(published_vf_env) / 'registry.db'}"

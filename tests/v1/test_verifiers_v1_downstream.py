@@ -171,7 +171,7 @@ def published_v1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 async def test_a_published_v1_taskset_is_a_nightly_cell(
     harness: None, published_v1: str, stub: StubServer
 ) -> None:
-    from flows.nightly import NightlyConfig, nightly_eval
+    from vfops.flows.nightly import NightlyConfig, nightly_eval
 
     endpoints = write_endpoints(Path(published_v1) / "endpoints.toml", stub.base_url)
     url = f"sqlite:///{Path(published_v1) / 'registry.db'}"
