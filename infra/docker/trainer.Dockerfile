@@ -35,14 +35,13 @@ RUN if [ -n "$VLLM_VERSION" ]; then \
 WORKDIR /opt/vfops
 COPY pyproject.toml README.md ./
 COPY vfops ./vfops
-COPY flows ./flows
 COPY environments ./environments
 COPY configs ./configs
 # [train]: transformers, accelerate, peft, deepspeed (pyproject.toml).
 RUN pip install --no-cache-dir -e '.[train]' \
         ./environments/arithmetic ./environments/calculator ./environments/guess_number \
         ./environments/judged_qa ./environments/lucky_digit ./environments/mixed \
-    && python -m compileall -q vfops flows > /dev/null
+    && python -m compileall -q vfops > /dev/null
 
 # /outputs and /sync owned by the run-time user: named volumes mounted there start
 # with this ownership (infra/compose.yaml trainer); /opt/vfops/outputs for flow runs

@@ -19,17 +19,17 @@ RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu 
 WORKDIR /opt/vfops
 COPY pyproject.toml README.md ./
 COPY vfops ./vfops
-COPY flows ./flows
 COPY environments ./environments
 COPY configs ./configs
 # Editable: `vfops deploy` registers deployments whose source is this checkout
-# (the folder holding the vfops.flows entry points), so /opt/vfops must be where flows/ lives.
+# (the folder holding the vfops.flows entry points' modules, vfops/flows/), so /opt/vfops
+# must be where the package lives.
 # [train]: promotion gates evaluate registered checkpoints in-process (transformers).
 # Byte-compiled once here, like `make setup`.
 RUN pip install --no-cache-dir -e '.[train,k8s]' \
         ./environments/arithmetic ./environments/calculator ./environments/guess_number \
         ./environments/judged_qa ./environments/lucky_digit ./environments/mixed \
-    && python -m compileall -q vfops flows > /dev/null
+    && python -m compileall -q vfops > /dev/null
 
 # Never root at run time; state (VFOPS_HOME, Prefect's home) under the user's home.
 # Flow runs start in /opt/vfops (the deployments' working directory): evaluations

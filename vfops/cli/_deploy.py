@@ -74,8 +74,8 @@ def deploy_command(
     nightly = _nightly_deployment(nightly_config, nightly_cron)  # bad input: before Prefect
     if not flow_entry_points():
         raise VfopsError(
-            "no flows are registered (entry-point group vfops.flows); run vfops deploy from "
-            "a checkout installed with: pip install -e ."
+            "no flows are registered (entry-point group vfops.flows); install vfops "
+            "(pip install vfops, or pip install -e . in a checkout) and run vfops deploy again"
         )
     api = configured_api_url()
     asyncio.run(check_api(api))

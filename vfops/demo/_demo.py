@@ -365,7 +365,7 @@ def _night(day: dt.date, settings: DemoSettings, sampling: dict[str, Any]) -> Ni
     from vfops.orchestration import load_flow
     from vfops.sweeps import SamplingConfig
 
-    # the flow itself, by its entry point (the flows ship with vfops, outside the package)
+    # the flow itself, by its entry point (vfops.flows sits above the demo's layer)
     nightly_eval = load_flow("nightly-eval")
 
     config = NightlyConfig(

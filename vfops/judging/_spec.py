@@ -1,6 +1,6 @@
 """The ``judge-score`` job: its parameters (the Prefect UI form), checks and artifacts.
 
-Nothing here imports Prefect; the flow in ``flows/judge_score.py`` wires these
+Nothing here imports Prefect; the flow in ``vfops/flows/judge_score.py`` wires these
 to Prefect's limits and artifacts.
 """
 

@@ -2,9 +2,10 @@
 limits, the request limiter over them, cron checks and the current flow run.
 
 Everything else in vfops is Prefect-free and reaches Prefect through here; the flow
-definitions (``flows/``) are thin and found by their ``vfops.flows`` entry points, never
-imported by name. This package sits low (it imports only the core, ``registry``-level
-packages and ``budget``), so the CLI, the demo, the stack and the flows all use it.
+definitions (``vfops.flows``, on the top layer) are thin and found by their ``vfops.flows``
+entry points, never imported by name. This package sits low (it imports only the core,
+``registry``-level packages and ``budget``), so the CLI, the demo, the stack and the flows
+all use it.
 
 Importing it imports neither Prefect nor pydantic: the exports load on first use, and
 each module imports Prefect inside the functions that need it.

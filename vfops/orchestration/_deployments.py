@@ -138,7 +138,7 @@ def deployment_specs(
     specs = []
     for name, description, cron, parameters in wanted:
         flow = flow_ref(name)
-        if flow is not None:  # a vfops installed without its flows deploys what it has
+        if flow is not None:  # an entry point whose module is gone deploys nothing
             specs.append(DeploymentSpec(flow, description, cron=cron, parameters=parameters))
     return specs
 
@@ -199,8 +199,8 @@ async def deploy_all(
     )
     if not specs:
         raise VfopsError(
-            "no flows are registered (entry-point group vfops.flows); run vfops deploy "
-            "from a checkout installed with: pip install -e ."
+            "no flows are registered (entry-point group vfops.flows); install vfops "
+            "(pip install vfops, or pip install -e . in a checkout) and run vfops deploy again"
         )
     deployed: dict[str, str] = {}
     for spec in specs:

@@ -1,8 +1,8 @@
 """Where the flow definitions are: the ``vfops.flows`` entry points, never an import by name.
 
-The flows live outside the strictly layered package (``flows/`` in a checkout, shipped
-with vfops); vfops reaches them through the entry points its ``pyproject.toml`` declares
-(``nightly-eval = "flows.nightly:nightly_eval"``), keyed by deployment name. A deployment
+The flows live in ``vfops.flows``, on the top layer beside the CLI, so nothing below may
+import them; vfops reaches them through the entry points its ``pyproject.toml`` declares
+(``nightly-eval = "vfops.flows.nightly:nightly_eval"``), keyed by deployment name. A deployment
 needs only the entry point's file and function (Prefect loads the flow itself, on the
 worker); the demo needs the flow object (:func:`load_flow`). Either way the flows are
 found by a string, so vfops imports no flow module by name and a flow moved or added is
@@ -34,12 +34,13 @@ class FlowRef:
 
     @property
     def entrypoint(self) -> str:
-        """Prefect's form, relative to :attr:`root`: ``flows/nightly.py:nightly_eval``."""
+        """Prefect's form, relative to :attr:`root`: ``vfops/flows/nightly.py:nightly_eval``."""
         return f"{self.module.replace('.', '/')}.py:{self.function}"
 
 
 def flow_entry_points() -> dict[str, EntryPoint]:
-    """The registered flows, by name (none when vfops is installed without its flows)."""
+    """The registered flows, by name (none when vfops' metadata is missing: a source tree
+    run without being installed)."""
     return {ep.name: ep for ep in entry_points(group=FLOW_GROUP)}
 
 
@@ -66,7 +67,8 @@ def load_flow(name: str) -> Any:
     ep = flow_entry_points().get(name)
     if ep is None:
         raise VfopsError(
-            f"no flow {name!r} is registered (entry-point group {FLOW_GROUP}); reinstall "
-            "vfops from a checkout with its flows: pip install -e ."
+            f"no flow {name!r} is registered (entry-point group {FLOW_GROUP}); install "
+            "vfops (pip install vfops, or pip install -e . in a checkout) so that its "
+            "metadata names its flows"
         )
     return ep.load()
