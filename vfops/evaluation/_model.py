@@ -149,7 +149,9 @@ async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
     if limiter is None and options.adaptive_concurrency:
         from vfops.budget._adaptive import shared_adaptive_limiter
 
-        limiter = shared_adaptive_limiter(f"{endpoint.base_url.rstrip('/')} {endpoint.model}")
+        limiter = shared_adaptive_limiter(
+            f"{public_url(endpoint.base_url).rstrip('/')} {endpoint.model}"
+        )
     client = OpenAIClient(
         endpoint.base_url,
         api_key,
