@@ -13,8 +13,6 @@ registered artifacts themselves (downloaded from MLflow, loaded in-process).
 from __future__ import annotations
 
 import json
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,48 +33,7 @@ pytestmark = [
     ),
 ]
 
-ENV_NAME = "brevity_gate"
 SAMPLING = {"temperature": 0.0}
-
-
-@pytest.fixture(scope="module")
-def gate_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A tiny installed environment package (a module and its dist-info on sys.path)."""
-    site = tmp_path_factory.mktemp("gate_site")
-    (site / "brevity_gate_env.py").write_text(
-        textwrap.dedent(
-            """
-            from datasets import Dataset
-
-            import vfops
-
-
-            def load_environment(fail_on: str = "") -> vfops.Environment:
-                def brevity(prompt, completion) -> float:
-                    if fail_on and fail_on in str(prompt):  # a scoring bug, on purpose
-                        raise ValueError(f"cannot score {fail_on!r}")
-                    text = completion[-1]["content"] if completion else ""
-                    return 1.0 / (1.0 + len(text or ""))
-
-                rows = [{"question": f"Tell me about item {i}.", "answer": ""} for i in range(12)]
-                return vfops.SingleTurnEnv(
-                    eval_dataset=Dataset.from_list(rows), rubric=vfops.Rubric(funcs=[brevity])
-                )
-            """
-        )
-    )
-    dist = site / "brevity_gate_env-0.0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: brevity-gate-env\nVersion: 0.0.1\n"
-    )
-    (dist / "entry_points.txt").write_text(
-        f"[vfops.environments]\n{ENV_NAME} = brevity_gate_env:load_environment\n"
-    )
-    sys.path.insert(0, str(site))
-    yield ENV_NAME
-    sys.path.remove(str(site))
-    sys.modules.pop("brevity_gate_env", None)
 
 
 def _stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:

@@ -104,7 +104,13 @@ def promote_command(
     ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Promote NAME VERSION to an alias on evidence, or show `history NAME`."""
+    """Promote NAME VERSION to an alias on evidence, or show `history NAME`.
+
+    The alias moves only if the version the gate compared with still holds it: when
+    another promotion moved it while the gate ran, the gate runs again against the
+    new holder (the output says so), and after 3 such changes nothing is recorded
+    and the command exits 4. A refusal exits 1.
+    """
     if name == HISTORY:
         _history(version, alias if alias != "champion" else None, as_json)
         return

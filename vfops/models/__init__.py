@@ -10,8 +10,11 @@ name below is first used.
   the checkpoint, promote it through the evidence gate (a refusal is returned).
 - :func:`promote`: evaluate a candidate version (and the current alias holder) on
   gate environments, compare them with the nightly sweep's paired test, and move
-  the alias only on evidence; every decision goes to the append-only
-  ``alias_events`` table of the vfops registry (:func:`promotion_history`).
+  the alias only on evidence, and only if the holder it compared with still holds
+  it (a compare-and-set under the registry's lock on that alias; else the gate runs
+  again against the new holder, :class:`AliasContendedError` after 3 changes); every
+  decision goes to the append-only ``alias_events`` table of the vfops registry
+  (:func:`promotion_history`).
 
 The MLflow store is :mod:`vfops.tracking`'s (:func:`vfops.tracking.tracking_uri`):
 ``MLFLOW_TRACKING_URI``, or by default the embedded
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
         train_evaluate_promote_async,
     )
     from vfops.models._promotion import (
+        AliasContendedError,
         AliasEventInfo,
         PromotionDecision,
         PromotionRefusedError,
@@ -52,6 +56,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "AliasContendedError",
     "AliasEventInfo",
     "EnvGateResult",
     "LoopRequest",
@@ -79,6 +84,7 @@ _LAZY = {
     "ModelVersionInfo": "vfops.checkpoints",
     "load_model_dir": "vfops.checkpoints",
     "register_checkpoint": "vfops.checkpoints",
+    "AliasContendedError": "vfops.models._promotion",
     "AliasEventInfo": "vfops.models._promotion",
     "EnvGateResult": "vfops.models._gate",
     "PromotionDecision": "vfops.models._promotion",

@@ -13,13 +13,32 @@ The alias moves only when no gate environment regresses significantly, i.e. the
 metric improves or holds everywhere. ``force`` moves it anyway; the decision is
 then recorded as forced. Every decision, promoted or refused, is appended to the
 ``alias_events`` table: this module only ever inserts into it.
+
+A decision is a compare-and-set on the alias's holder. The gate runs without a lock
+(minutes); then, under the registry's lock on moves of that alias
+(:func:`vfops.registry.lock_alias`), the holder is read again from MLflow: only if it
+is still the version the gate compared with is the decision recorded and the alias
+moved, in that one locked transaction. Otherwise (another promotion moved it
+meanwhile) nothing is written, and the gate runs again against the new holder (the
+candidate's runs are kept; the holder's are usually reused), up to
+``MAX_GATE_ROUNDS`` times before refusing. So two promotions at once give one
+champion, and no two recorded moves replace the same holder.
+
+Where the truth lives: the MLflow alias is what serving resolves
+(``models:/NAME@ALIAS``); ``alias_events`` is its history. Both change together under
+the lock (the row commits only after the move succeeded; a failed commit moves the
+alias back), and a holder the history did not put there is recorded as an
+``external`` move before the next decision, so the history's chain of holders is the
+alias's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import getpass
+import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -45,7 +64,25 @@ from vfops.tracking import mlflow_client
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from vfops.registry import AliasEvent
+
+log = logging.getLogger("vfops.models")
+
 Outcome = Literal["promoted", "refused"]
+
+MAX_GATE_ROUNDS = 3
+"""How many times one promotion gates its candidate: against the holder it found, then
+against each version that took the alias while the gate ran, before it refuses."""
+
+BARRIER_VAR = "VFOPS_TEST_PROMOTION_BARRIER"
+"""Test hook (never set outside tests): a folder. Each gate round, just before taking
+the alias's lock, the promotion creates ``ready-<pid>`` there and waits until ``go``
+exists, so that a test lines concurrent promotions up at the move. Then, under the
+lock, having read the holder, it creates ``read-<pid>`` and waits up to
+``_WINDOW_S`` for another process's ``read-*``: what a competitor without the lock
+would do in that window is then certain to happen (the lock is what a test sees)."""
+_BARRIER_TIMEOUT_S = 300.0
+_WINDOW_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +128,12 @@ class PromotionRefusedError(VfopsError):
     def __init__(self, decision: PromotionDecision) -> None:
         super().__init__(decision.reason)
         self.decision = decision
+
+
+class AliasContendedError(VfopsError):
+    """The alias changed holder during every one of ``MAX_GATE_ROUNDS`` gate rounds."""
+
+    exit_code = 4  # busy: another process holds what this one needs (vfops/cli/_exit_codes)
 
 
 @dataclass(frozen=True)
@@ -176,23 +219,28 @@ async def promote_async(
         output_root=output_root or vfops_home() / "promotions",
         reuse=request.reuse,
     )
-    results = await _run_gates(request, requests, candidate, holder, settings)
-    from_version = holder.version if holder else None
-    outcome, reason = _decide(request, results, candidate.version, from_version)
-    evidence = _evidence_doc(request, results, requests, engine)
-    decision = PromotionDecision(
-        name=request.name,
-        alias=request.alias,
-        from_version=from_version,
-        to_version=candidate.version,
-        outcome=outcome,
-        forced=request.force,
-        metric=request.metric,
-        actor=request.actor or default_actor(),
-        reason=reason,
-        envs=results,
+    runs = await _candidate_runs(request, requests, candidate, settings)
+    replaced: list[str | None] = []  # holders that lost the alias while the gate ran
+    for _ in range(MAX_GATE_ROUNDS):
+        results = [
+            await gate_one_env(gate, run, holder, settings)
+            for gate, run in zip(requests, runs, strict=True)
+        ]
+        decision = _decision(request, results, candidate, holder, replaced)
+        evidence = _evidence_doc(request, results, requests, engine, replaced)
+        if barrier := os.environ.get(BARRIER_VAR):
+            await asyncio.to_thread(_test_barrier, barrier)
+        outcome = await _record_if_holder(decision, evidence, engine, client)
+        if isinstance(outcome, PromotionDecision):
+            return outcome
+        replaced.append(decision.from_version)
+        holder = outcome
+        _check_not_holder(request, candidate, holder)
+    raise AliasContendedError(
+        f"{request.name}@{request.alias} changed holder during each of {MAX_GATE_ROUNDS} "
+        f"gate rounds ({' -> '.join(_label(v) for v in [*replaced, _version(holder)])}); "
+        "nothing recorded: promote again once the other promotions are done"
     )
-    return await _record(decision, evidence, engine, client)
 
 
 promote = blocking_twin(promote_async)
@@ -226,21 +274,24 @@ def _resolve(
     request: PromotionRequest, client: Any
 ) -> tuple[ModelVersionInfo, ModelVersionInfo | None]:
     """The candidate version and the alias's current holder (None: the alias is free)."""
-    from mlflow.exceptions import MlflowException
-
     name, alias = request.name, request.alias
     candidate = resolve_version(f"models:/{name}/{request.version}", client)
-    try:
-        holder: ModelVersionInfo | None = ModelVersionInfo.from_mlflow(
-            client.get_model_version_by_alias(name, alias)
-        )
-    except MlflowException:
-        holder = None
+    holder = _holder(client, name, alias)
     if holder is not None and holder.version == candidate.version:
         raise VfopsError(
             f"{name} version {request.version} already holds @{alias}; nothing to promote"
         )
     return candidate, holder
+
+
+def _holder(client: Any, name: str, alias: str) -> ModelVersionInfo | None:
+    """The version holding ``name@alias`` in MLflow now (None: the alias is free)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return ModelVersionInfo.from_mlflow(client.get_model_version_by_alias(name, alias))
+    except MlflowException:
+        return None
 
 
 def _gate_requests(
@@ -274,22 +325,71 @@ def _gate_requests(
     ]
 
 
-async def _run_gates(
+async def _candidate_runs(
     request: PromotionRequest,
     requests: Sequence[GateRequest],
     candidate: ModelVersionInfo,
-    holder: ModelVersionInfo | None,
     settings: GateSettings,
-) -> list[EnvGateResult]:
+) -> list[GateRun]:
+    """The candidate's run on each gate environment: given, reused or evaluated once
+    (kept when the gate runs again against a new holder)."""
     given = dict(request.evidence_runs or {})
-    results: list[EnvGateResult] = []
+    runs: list[GateRun] = []
     for gate in requests:
         if gate.env in given:
-            run = GateRun(given[gate.env], reused=True)
+            runs.append(GateRun(given[gate.env], reused=True))
         else:
-            run = await evaluate_gate(gate, candidate, settings)
-        results.append(await gate_one_env(gate, run, holder, settings))
-    return results
+            runs.append(await evaluate_gate(gate, candidate, settings))
+    return runs
+
+
+def _decision(
+    request: PromotionRequest,
+    results: list[EnvGateResult],
+    candidate: ModelVersionInfo,
+    holder: ModelVersionInfo | None,
+    replaced: Sequence[str | None],
+) -> PromotionDecision:
+    """The decision of one gate round against ``holder``; its reason says which
+    holders were replaced while the gate ran (the gate then ran again)."""
+    from_version = _version(holder)
+    outcome, reason = _decide(request, results, candidate.version, from_version)
+    if replaced:
+        chain = " -> ".join(_label(v) for v in [*replaced, from_version])
+        reason += (
+            f" [the holder changed while the gate ran ({chain}): "
+            f"gated again against {_label(from_version)}]"
+        )
+    return PromotionDecision(
+        name=request.name,
+        alias=request.alias,
+        from_version=from_version,
+        to_version=candidate.version,
+        outcome=outcome,
+        forced=request.force,
+        metric=request.metric,
+        actor=request.actor or default_actor(),
+        reason=reason,
+        envs=results,
+    )
+
+
+def _version(holder: ModelVersionInfo | None) -> str | None:
+    return holder.version if holder is not None else None
+
+
+def _label(version: str | None) -> str:
+    return f"v{version}" if version is not None else "no holder"
+
+
+def _check_not_holder(
+    request: PromotionRequest, candidate: ModelVersionInfo, holder: ModelVersionInfo | None
+) -> None:
+    if holder is not None and holder.version == candidate.version:
+        raise VfopsError(
+            f"{request.name} version {candidate.version} took @{request.alias} while this "
+            "gate ran (another promotion moved it); nothing to promote"
+        )
 
 
 def _decide(
@@ -341,6 +441,7 @@ def _evidence_doc(
     results: Sequence[EnvGateResult],
     requests: Sequence[GateRequest],
     engine: Engine,
+    replaced: Sequence[str | None] = (),
 ) -> dict[str, Any]:
     """What the ``alias_events`` row keeps as the decision's evidence."""
     evidence = {
@@ -377,16 +478,54 @@ def _evidence_doc(
         "alpha": request.alpha,
         "seed": request.seed,
         "reuse": request.reuse,
+        # holders that lost the alias while the gate ran (the gate then ran again)
+        "replaced_during_gate": list(replaced),
     }
 
 
-async def _record(
+async def _record_if_holder(
     decision: PromotionDecision, evidence: dict[str, Any], engine: Engine, client: Any
-) -> PromotionDecision:
-    """Append the decision to ``alias_events`` and, when promoted, move the alias."""
-    from vfops.registry import AliasEvent, record_alias_event, session_scope
+) -> PromotionDecision | ModelVersionInfo | None:
+    """The compare-and-set: under the alias's lock, record the decision and (when
+    promoted) move the alias, only if the alias is still held by the version the gate
+    compared with (``decision.from_version``).
 
-    event = AliasEvent(
+    Returns the recorded decision, or the alias's new holder (None: now free) when it
+    changed: then nothing is written.
+    """
+    from vfops.registry import lock_alias, record_alias_event, recorded_holder, session_scope
+
+    name, alias = decision.name, decision.alias
+    moved = False
+    try:
+        with session_scope(engine) as session:
+            lock_alias(session, name, alias)  # released when this transaction ends
+            holder = await asyncio.to_thread(_holder, client, name, alias)
+            if barrier := os.environ.get(BARRIER_VAR):
+                await asyncio.to_thread(_test_window, barrier)
+            if _version(holder) != decision.from_version:
+                return holder
+            history = recorded_holder(session, name, alias)
+            if holder is not None and history != holder.version:
+                record_alias_event(session, _external_move(decision, history, holder.version))
+            row = record_alias_event(session, _event(decision, evidence))
+            event_id = int(row.id)
+            if decision.promoted:
+                await asyncio.to_thread(
+                    client.set_registered_model_alias, name, alias, decision.to_version
+                )
+                moved = True
+    except BaseException:
+        if moved:  # the row did not commit: the alias goes back to the holder it replaced
+            await asyncio.to_thread(_restore_alias, client, decision)
+        raise
+    return replace(decision, event_id=event_id)
+
+
+def _event(decision: PromotionDecision, evidence: dict[str, Any]) -> AliasEvent:
+    from vfops.registry import AliasEvent
+
+    return AliasEvent(
         actor=decision.actor,
         model_name=decision.name,
         alias=decision.alias,
@@ -398,18 +537,69 @@ async def _record(
         evidence=evidence,
         reason=decision.reason,
     )
-    # One transaction: the row is committed only if the alias move succeeded.
-    with session_scope(engine) as session:
-        row = record_alias_event(session, event)
-        event_id = int(row.id)
-        if decision.promoted:
-            await asyncio.to_thread(
-                client.set_registered_model_alias,
-                decision.name,
-                decision.alias,
-                decision.to_version,
-            )
-    return replace(decision, event_id=event_id)
+
+
+def _external_move(decision: PromotionDecision, history: str | None, holder: str) -> AliasEvent:
+    """The move the history lacks: the alias is on ``holder``, not where the last
+    recorded move put it."""
+    from vfops.registry import AliasEvent
+
+    where = f"v{history}" if history is not None else "nowhere (no move recorded)"
+    return AliasEvent(
+        actor="unknown",
+        model_name=decision.name,
+        alias=decision.alias,
+        from_version=history,
+        to_version=holder,
+        outcome="external",
+        forced=False,
+        metric=decision.metric,
+        evidence={},
+        reason=(
+            f"@{decision.alias} was found on v{holder} while the history left it {where}: "
+            "moved outside vfops promote, or by a promotion that died before recording it "
+            f"(found by {decision.actor}'s promotion of v{decision.to_version})"
+        ),
+    )
+
+
+def _restore_alias(client: Any, decision: PromotionDecision) -> None:
+    """Best effort: the error that made the record fail is the one the caller sees.
+    (Should this fail too, the next promotion records the holder as ``external``.)"""
+    try:
+        if decision.from_version is None:
+            client.delete_registered_model_alias(decision.name, decision.alias)
+        else:
+            client.set_registered_model_alias(decision.name, decision.alias, decision.from_version)
+    except Exception as exc:
+        log.warning(
+            "could not move %s@%s back to %s after its record failed: %s",
+            decision.name,
+            decision.alias,
+            _label(decision.from_version),
+            exc,
+        )
+
+
+def _test_window(folder: str) -> None:
+    """See :data:`BARRIER_VAR`."""
+    mine = f"read-{os.getpid()}"
+    Path(folder, mine).touch()
+    deadline = time.monotonic() + _WINDOW_S
+    while time.monotonic() < deadline:
+        if any(path.name != mine for path in Path(folder).glob("read-*")):
+            return
+        time.sleep(0.01)
+
+
+def _test_barrier(folder: str) -> None:
+    """See :data:`BARRIER_VAR`."""
+    Path(folder, f"ready-{os.getpid()}").touch()
+    deadline = time.monotonic() + _BARRIER_TIMEOUT_S
+    while not Path(folder, "go").exists():
+        if time.monotonic() > deadline:
+            raise VfopsError(f"{BARRIER_VAR}: {folder}/go did not appear in 300 s")
+        time.sleep(0.01)
 
 
 def promotion_history(

@@ -18,7 +18,13 @@ is its own short transaction.
 from __future__ import annotations
 
 from vfops._lease import LEASE_TTL_S, LeaseLostError, LeaseOwner, RunBusyError
-from vfops.registry._alias_events import AliasEvent, list_alias_events, record_alias_event
+from vfops.registry._alias_events import (
+    AliasEvent,
+    list_alias_events,
+    lock_alias,
+    record_alias_event,
+    recorded_holder,
+)
 from vfops.registry._costs import (
     RESERVATION_TTL_S,
     CostBudget,
@@ -171,11 +177,13 @@ __all__ = [
     "list_environments",
     "list_runs",
     "list_versions",
+    "lock_alias",
     "mask_url",
     "parse_version",
     "pushback_epoch",
     "read_pushback",
     "record_alias_event",
+    "recorded_holder",
     "referenced_artifact_uris",
     "release_run_lease",
     "release_run_reservations",
