@@ -108,7 +108,7 @@ def promote_command(
 
     The alias moves only if the version the gate compared with still holds it: when
     another promotion moved it while the gate ran, the gate runs again against the
-    new holder (the output says so), and after 3 such changes nothing is recorded
+    new holder (the output says so), and after 5 such changes nothing is recorded
     and the command exits 4. A refusal exits 1.
     """
     if name == HISTORY:

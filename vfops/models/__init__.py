@@ -12,7 +12,7 @@ name below is first used.
   gate environments, compare them with the nightly sweep's paired test, and move
   the alias only on evidence, and only if the holder it compared with still holds
   it (a compare-and-set under the registry's lock on that alias; else the gate runs
-  again against the new holder, :class:`AliasContendedError` after 3 changes); every
+  again against the new holder, :class:`AliasContendedError` after 5 changes); every
   decision goes to the append-only ``alias_events`` table of the vfops registry
   (:func:`promotion_history`).
 

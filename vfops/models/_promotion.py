@@ -70,7 +70,7 @@ log = logging.getLogger("vfops.models")
 
 Outcome = Literal["promoted", "refused"]
 
-MAX_GATE_ROUNDS = 3
+MAX_GATE_ROUNDS = 5
 """How many times one promotion gates its candidate: against the holder it found, then
 against each version that took the alias while the gate ran, before it refuses."""
 
