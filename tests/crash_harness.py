@@ -59,7 +59,8 @@ def cli_env(home: Path, db_url: str, site: Path) -> dict[str, str]:
         **os.environ,
         "VFOPS_HOME": str(home),
         "VFOPS_DATABASE_URL": db_url,
-        "PYTHONPATH": str(site),
+        # the caller's own path after the environments (a checkout under test)
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
         "COLUMNS": "200",
     }
     for name in ("MLFLOW_TRACKING_URI", "VFOPS_TRACKING"):  # the embedded store, tracked
@@ -121,7 +122,7 @@ def tracker_of(pid: int) -> int | None:
 
 
 def run_dir_of(out: Path) -> Path | None:
-    found = list(out.glob("evals/*/*/results.jsonl"))
+    found = list(out.glob("evals/*/*/metadata.json")) + list(out.glob("evals/*/*/results.jsonl"))
     return found[0].parent if found else None
 
 
