@@ -94,12 +94,14 @@ def export_run(engine: Engine, run_id: str, destination: str) -> str:
 
 
 def _copy_folder(source: Path, target: Path) -> None:
+    """Each file whole or not at all (written beside its place, synced, renamed): an
+    export killed midway, or run again over an older one, never leaves a torn parquet."""
+    from vfops._atomic import replace_file_atomically
+
     target.mkdir(parents=True, exist_ok=True)
     for path in sorted(source.rglob("*")):
         if path.is_file():
-            out = target / path.relative_to(source)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(path.read_bytes())
+            replace_file_atomically(target / path.relative_to(source), source=path)
 
 
 def _rows(database_url: str, run_id: str) -> Iterator[dict[str, Any]]:
