@@ -362,12 +362,27 @@ def finish_run(
     :class:`LeaseLostError`, nothing changed)."""
     _check_status(status)
     run = _require_run(session, run_id)
+    if lease is not None:
+        # one conditional UPDATE, the fence and the end together: the row is locked only
+        # until the commit, and nothing changes unless the lease is held
+        ended = session.connection().execute(
+            update(EvalRunRow)
+            .where(_held_by(run_id, lease))
+            .values(
+                status=status,
+                summary=dict(summary or {}),
+                finished_at=utcnow(),
+                lease_expires=utcnow() + dt.timedelta(seconds=LEASE_TTL_S),
+            )
+        )
+        if ended.rowcount != 1:
+            raise _lost(session, run_id, lease)
+        session.refresh(run)
+        return run
     run.status = status
     run.summary = dict(summary or {})
     run.finished_at = utcnow()
     session.flush()
-    if lease is not None:  # last: the run's row is locked only until the commit
-        hold_run_lease(session, run_id, lease)
     return run
 
 
