@@ -341,6 +341,9 @@ def test_a_registry_outage_past_the_retry_window_names_the_registry_and_resume(
             assert f"vfops eval ... --resume {run_id}" in errors[0]
             for never in (password, "Traceback", "OperationalError", "connection failed:"):
                 assert never not in err, never
+            # MLflow was not told an end the registry could not record: its tracker ended
+            # the run as killed (input closed), and the resume finishes it
+            assert _mlflow_run(uri, run_id)[0] == "KILLED"
             proxy.restore()
             on_disk = len(results.read_bytes().splitlines())
             listed = run("runs", "list", env=env)
