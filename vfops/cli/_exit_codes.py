@@ -21,7 +21,8 @@ EXIT_CODES: Final[dict[Outcome, int]] = {
     "failed": 1,
     # 2 is bad input (VfopsError), caught before a run is recorded
     "completed_with_errors": 3,  # or more tool calls failed than --max-tool-error-rate
-    # 4: the run is busy (another process holds its lease or folder lock): RunBusyError
+    # 4: the run is busy (another process holds its lease or folder lock): RunBusyError;
+    # or this process lost its lease to another that took the run over: LeaseLostError
     "interrupted": 130,  # 128 + SIGINT; SIGTERM exits 143 (the CLI knows which came)
     "budget_exhausted": BUDGET_EXHAUSTED_EXIT_CODE,  # a cost cap stopped it; resumable
 }
