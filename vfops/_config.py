@@ -172,10 +172,12 @@ def load_toml(
     *,
     section: str | None = None,
     error: type[ConfigError] = ConfigError,
+    config_dir: Path | None = None,
 ) -> _M:
     """Read ``path`` (or its ``[section]`` table) into ``model``, every problem reported.
 
-    Fields typed :data:`RelativePath` resolve against the file's folder.
+    Fields typed :data:`RelativePath` resolve against the file's folder, or against
+    ``config_dir`` when given (a shipped example: vfops/_examples.py).
     """
     file = Path(path)
     data: Any = read_toml(file, error=error)
@@ -189,7 +191,7 @@ def load_toml(
         section=section,
         # the folder the file is named in, links not followed: a linked config
         # (configs/train/cpu_lucky_digit.toml) resolves where the user sees it
-        context={CONFIG_DIR: file.absolute().parent},
+        context={CONFIG_DIR: config_dir or file.absolute().parent},
         error=error,
     )
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -13,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from vfops._errors import VfopsError
+from vfops._errors import InvalidArgumentError, VfopsError
 from vfops.artifacts import DEFAULT_GC_GRACE_HOURS
 
 app = typer.Typer(help="Create, install and list environment packages.", no_args_is_help=True)
@@ -92,8 +95,21 @@ def init_command(
 @app.command("install")
 def install_command(
     source: Annotated[
-        str, typer.Argument(help="A package folder, or NAME[@VERSION] from the registry.")
-    ],
+        str | None,
+        typer.Argument(
+            help="A package folder, or NAME[@VERSION] from the registry; or --example NAME.",
+            show_default=False,
+        ),
+    ] = None,
+    example: Annotated[
+        str | None,
+        typer.Option(
+            "--example",
+            help="An example environment shipped inside vfops instead of SOURCE (arithmetic, "
+            "calculator, guess_number, judged_qa, lucky_digit, mixed).",
+            show_default=False,
+        ),
+    ] = None,
     editable: Annotated[bool, typer.Option("--editable", "-e", help="Editable install.")] = False,
     target: Annotated[
         Path | None, typer.Option(help="Install into this folder (add it to PYTHONPATH).")
@@ -105,8 +121,12 @@ def install_command(
     """Install an environment package so vfops can load it by name.
 
     A folder is pip-installed as it is; NAME or NAME@VERSION downloads the
-    published wheel, verifies its sha256 and its archive paths, then installs it.
+    published wheel, verifies its sha256 and its archive paths, then installs it;
+    --example NAME installs a copy of an example that ships inside vfops.
     """
+    if example is not None or source is None:
+        _install_example(example, source, editable=editable, target=target, no_deps=no_deps)
+        return
     path = Path(source)
     if path.is_dir() or "/" in source or source.startswith("."):
         install_environment(path, editable=editable, target=target, no_deps=no_deps)
@@ -118,6 +138,44 @@ def install_command(
     print(
         f"installed {row.environment.name}@{row.version} (sha256 {row.wheel_sha256[:12]} verified)"
     )
+
+
+def _install_example(
+    name: str | None, source: str | None, *, editable: bool, target: Path | None, no_deps: bool
+) -> None:
+    """pip-install a copy of the example ``name`` (the wheel's own folder may be read-only
+    and pip builds in place); nothing when it is installed from these very files already
+    (a checkout's editable install: re-installing would replace it with a copy)."""
+    if name is None or source is not None:
+        raise InvalidArgumentError(
+            "give one environment: SOURCE (a folder or NAME[@VERSION]) or --example NAME (not both)"
+        )
+    if editable:
+        raise InvalidArgumentError(
+            "--example installs a copy; to edit an example, copy its folder "
+            "(vfops env init makes a new one) and vfops env install -e the copy"
+        )
+    from vfops._examples import example_environment
+
+    project = example_environment(name)
+    installed_from = _installed_from(name)
+    if target is None and installed_from is not None and installed_from.is_relative_to(project):
+        print(f"{name} is installed from {project} already (editable)")
+        return
+    with tempfile.TemporaryDirectory(prefix="vfops-example-") as tmp:
+        copy = Path(tmp) / name
+        shutil.copytree(project, copy, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        install_environment(copy, target=target, no_deps=no_deps)
+    print(f"installed the example {name}")
+
+
+def _installed_from(module: str) -> Path | None:
+    """The file the installed module ``module`` loads from (links resolved), if any."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin).resolve() if spec is not None and spec.origin else None
 
 
 @app.command("publish")

@@ -1,5 +1,8 @@
 """``vfops train CONFIG.toml``: GRPO training, a thin layer over :func:`vfops.training.train`.
 
+``--example NAME`` instead of a file trains a config shipped inside vfops
+(vfops/_examples.py): it works from a ``pip install vfops`` outside any checkout.
+
 Wiring (in ``vfops/cli/_app.py``)::
 
     app.command("train")(_train.train_command)
@@ -20,16 +23,31 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from vfops._errors import InvalidArgumentError
 from vfops._quiet import quiet_settings
 
 if TYPE_CHECKING:
-    from vfops.training import Progress
+    from vfops.training import GRPOConfig, Progress
 
 
 def train_command(
     config: Annotated[
-        Path, typer.Argument(help="Training config (TOML), e.g. configs/train/*.toml.")
-    ],
+        Path | None,
+        typer.Argument(
+            help="Training config (TOML), e.g. configs/train/*.toml; or --example NAME.",
+            show_default=False,
+        ),
+    ] = None,
+    example: Annotated[
+        str | None,
+        typer.Option(
+            "--example",
+            help="A config shipped inside vfops instead of CONFIG (cpu_lucky_digit, "
+            "cpu_lora_example); its relative paths resolve as if it were "
+            "./configs/train/NAME.toml.",
+            show_default=False,
+        ),
+    ] = None,
     steps: Annotated[
         int | None, typer.Option("--steps", help="Override [run] steps.", min=0)
     ] = None,
@@ -85,8 +103,9 @@ def train_command(
     os.environ.update(quiet_settings(verbose))
     import vfops.training as training  # looked up per call: tests replace the entry point
 
+    source, label = _config_source(config, example)
     cfg = training.resolve_config(
-        config,
+        source,
         steps=steps,
         output_dir=output_dir,
         deepspeed=deepspeed,
@@ -96,7 +115,7 @@ def train_command(
     training.check_resume(resume)
     if check:
         training.preflight(cfg)
-        typer.echo(f"{config}: ok ({cfg.environment.id}, {cfg.run.steps} steps)")
+        typer.echo(f"{label}: ok ({cfg.environment.id}, {cfg.run.steps} steps)")
         return
     result = training.train(
         cfg,
@@ -109,6 +128,20 @@ def train_command(
         f"final {result.final_eval_reward:.3f} after {result.steps} steps"
     )
     typer.echo(json.dumps(result.summary(), default=str))
+
+
+def _config_source(config: Path | None, example: str | None) -> tuple[Path | GRPOConfig, str]:
+    """The config to run (a file, or a shipped example loaded by name) and its label."""
+    if config is not None and example is None:
+        return config, str(config)
+    if example is not None and config is None:
+        from vfops.training import example_config
+
+        return example_config(example), f"example {example}"
+    raise InvalidArgumentError(
+        "give one training config: CONFIG.toml or --example NAME (not both); "
+        "vfops train --example cpu_lucky_digit is the CPU example"
+    )
 
 
 def _print_progress(total: int, *, kl: bool) -> Progress:

@@ -1,6 +1,6 @@
-"""What the demo ships: the ``lucky_digit`` environment project and its CPU training config.
+"""What the demo ships: the ``lucky_digit`` example environment and its CPU training config.
 
-Both live in the vfops package (``vfops/templates/demo/``), so ``vfops demo`` works
+Both are examples inside the vfops package (vfops/_examples.py), so ``vfops demo`` works
 after ``pip install vfops``; a checkout's ``environments/lucky_digit`` and
 ``configs/train/cpu_lucky_digit.toml`` are links to these same files.
 """
@@ -10,22 +10,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vfops._examples import example_environment
+
 if TYPE_CHECKING:
     from vfops.training import GRPOConfig
-
-DEMO_ASSETS = Path(__file__).resolve().parent.parent / "templates" / "demo"
 
 
 def environment_project() -> Path:
     """The ``lucky_digit`` project folder (pyproject, module, README, tests)."""
-    return DEMO_ASSETS / "lucky_digit"
+    return example_environment("lucky_digit")
 
 
 def demo_train_config(workdir: Path) -> GRPOConfig:
     """The shipped CPU config, training the base model in ``workdir``."""
-    from vfops.training import load_config
+    from vfops.training import example_config
 
-    return load_config(DEMO_ASSETS / "cpu_lucky_digit.toml").with_overrides(
+    # its paths resolve in the current folder, but the demo's go under workdir
+    return example_config("cpu_lucky_digit").with_overrides(
         {
             "model.path": str(workdir / "base-model"),
             "model.build_tiny_if_missing": False,

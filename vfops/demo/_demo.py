@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import functools
+import importlib
 import os
 import shutil
 import sys
@@ -176,8 +177,12 @@ def demo_home(workdir: Path, *, verbose: bool = False) -> Iterator[None]:
     Not ``verbose``: the libraries' INFO lines and progress bars are left out (a user's
     own settings of them win)."""
     home = workdir / "home"
+    site = private_site(workdir)
     values = {
         "VFOPS_HOME": str(home),
+        # what the demo installs (the environment it publishes) goes in its own folder,
+        # never the user's environment: first on the path here and in every child
+        "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p),
         "PREFECT_HOME": str(workdir / "prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "VFOPS_TRACKING": "1",
@@ -196,14 +201,22 @@ def demo_home(workdir: Path, *, verbose: bool = False) -> Iterator[None]:
     os.environ.update(values)
     for name in cleared:
         os.environ.pop(name, None)
+    sys.path.insert(0, str(site))
     try:
         yield
     finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(site))
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def private_site(workdir: Path) -> Path:
+    """The folder the demo installs packages into (on ``sys.path`` in :func:`demo_home`)."""
+    return workdir / "site-packages"
 
 
 def run_demo(workdir: Path, settings: DemoSettings | None = None, say: Say = print) -> DemoSummary:
@@ -223,7 +236,7 @@ def run_demo(workdir: Path, settings: DemoSettings | None = None, say: Say = pri
 
 
 def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
-    from vfops.demo._assets import demo_train_config, environment_project
+    from vfops.demo._assets import demo_train_config
     from vfops.local import build_tiny_model
     from vfops.models import (
         LoopRequest,
@@ -232,21 +245,12 @@ def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
         register_checkpoint,
         train_evaluate_promote,
     )
-    from vfops.publishing import publish_environment
 
     say(f"[1/{STAGES}] building a tiny base model (random weights) in {workdir / 'base-model'}")
     base = build_tiny_model(workdir / "base-model", seed=0)
 
     say(f"[2/{STAGES}] publishing the {DEMO_ENV} environment (registry + artifact store)")
-    # published from a copy: building writes into the project folder, which may sit
-    # in a read-only site-packages
-    project = workdir / DEMO_ENV
-    shutil.copytree(
-        environment_project(), project, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
-    )
-    published = publish_environment(project)
-    _ensure_installed(published.env_name, published.version)
-    environment = f"{published.env_name}@{published.version}"
+    environment = publish_demo_environment(workdir)
 
     config = demo_train_config(workdir)
     # every held-out figure (the gate's, the trainer's, the nights') is one measurement:
@@ -335,14 +339,29 @@ def _first_transcript(run_id: str) -> str:
     return format_transcript(records[0], width=76) if records else ""
 
 
-def _ensure_installed(name: str, version: str) -> None:
-    """A checkout has the environment installed (editable); a pip install of vfops
-    gets the published wheel."""
-    from vfops.envs import installed_environments
-    from vfops.publishing import install_published
+def publish_demo_environment(workdir: Path) -> str:
+    """Publish the demo's environment and make it loadable; its ``name@version``.
 
-    if name not in installed_environments():
-        install_published(f"{name}@{version}")
+    Inside :func:`demo_home` only. Published from a copy (building writes into the
+    project folder, which may sit in a read-only site-packages). A checkout has it
+    installed (editable); elsewhere the published wheel goes into the demo's own
+    :func:`private_site`, never into the user's environment.
+    """
+    from vfops.demo._assets import environment_project
+    from vfops.envs import installed_environments
+    from vfops.publishing import install_published, publish_environment
+
+    project = workdir / DEMO_ENV
+    shutil.copytree(
+        environment_project(), project, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
+    published = publish_environment(project)
+    ref = f"{published.env_name}@{published.version}"
+    if published.env_name not in installed_environments():
+        # vfops, its one dependency, is installed already: the target holds the env only
+        install_published(ref, target=private_site(workdir), no_deps=True)
+        importlib.invalidate_caches()
+    return ref
 
 
 def _training_progress(say: Say, steps: int) -> Callable[[str, int, dict[str, float]], None]:

@@ -14,7 +14,8 @@ token utilities load torch/transformers only when first used.
 - :class:`GRPORecipe`: ``setup()``, ``train_step() -> dict[str, float]``,
   ``evaluate()``, ``train()``, ``save(dir)``, ``resume(dir)``, ``close()``.
 - :class:`GRPOConfig` and its sections (:mod:`vfops._config` models); :func:`load_config`
-  reads TOML and names every bad field at once, one line each; ``config.with_overrides``
+  reads TOML and names every bad field at once, one line each (:func:`example_config`: a
+  config shipped inside vfops, by name); ``config.with_overrides``
   changes it; :func:`config_help` lists every field's help text.
 - :class:`HFBackend`: in-process generation; the vLLM backend lives in ``_vllm``.
 - :class:`GenerationBackend`, :class:`TurnTokens`, :data:`TOKENS_KEY`: the backend contract.
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         GRPOConfig,
         config_from_dict,
         config_help,
+        example_config,
         load_config,
     )
     from vfops.training._generation_hf import HFBackend
@@ -65,6 +67,7 @@ __all__ = [
     "check_resume",
     "config_from_dict",
     "config_help",
+    "example_config",
     "load_config",
     "prefix_breaks",
     "preflight",
@@ -83,6 +86,7 @@ _LAZY = {
     "GRPOConfig": "vfops.training._config",
     "config_from_dict": "vfops.training._config",
     "config_help": "vfops.training._config",
+    "example_config": "vfops.training._config",
     "load_config": "vfops.training._config",
     "HFBackend": "vfops.training._generation_hf",
     "GRPORecipe": "vfops.training._recipe",

@@ -29,6 +29,7 @@ from vfops._config import (
     RelativePath,
     load_toml,
 )
+from vfops._examples import example_config_dir, example_config_path
 
 __all__ = [
     "ConfigError",
@@ -526,6 +527,12 @@ def config_help() -> dict[str, str]:
 def load_config(path: str | Path) -> GRPOConfig:
     """Read and validate a TOML config; relative paths resolve against the file's folder."""
     return load_toml(path, GRPOConfig)
+
+
+def example_config(name: str) -> GRPOConfig:
+    """A training config shipped inside vfops (``vfops train --example NAME``), its relative
+    paths resolved as if it were ``./configs/train/NAME.toml`` (vfops/_examples.py)."""
+    return load_toml(example_config_path(name), GRPOConfig, config_dir=example_config_dir())
 
 
 def config_from_dict(data: dict[str, Any], *, source: str = "config") -> GRPOConfig:
