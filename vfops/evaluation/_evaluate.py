@@ -65,6 +65,7 @@ from vfops.evaluation._tracking_start import (
     start_tracker,
     tracking_on,
 )
+from vfops.rubrics._workers import ScoringWorkers, start_scoring_workers
 
 if TYPE_CHECKING:
     from vfops.clients._base import ModelClient
@@ -114,6 +115,7 @@ async def evaluate_async(
     tracker: Tracker | None = None
     connection_client: ModelClient | None = None
     calls: RegistryCalls | None = None
+    workers: ScoringWorkers | None = None
     try:
         if env is None:
             from vfops.envs import load_environment
@@ -121,6 +123,9 @@ async def evaluate_async(
             env = load_environment(request.env_name, **request.env_args)  # copied there
         # recorded as what runs: -1 (all) and an N above the dataset's size are its size
         request.num_examples = _examples_to_run(env, request)
+        # forked now, before the client, tracker and registry start threads: sync reward
+        # functions run there, with a memory limit, and what they start ends with them
+        workers = start_scoring_workers()
         if client is not None:
             base_url = request.base_url or model_opts.base_url
             request.base_url = base_url and public_url(base_url)  # recorded: no credentials
@@ -143,6 +148,8 @@ async def evaluate_async(
             client = connection_client = await _connect(request, model_opts)
         return await _open_and_run(request, opts, env, client, calls, tracker, progress, sinks)
     finally:
+        if workers is not None:
+            await workers.aclose()
         if connection_client is not None:
             await connection_client.aclose()
         if environment is None and env is not None:

@@ -6,7 +6,9 @@ of rollouts a second) and ``inspect.signature`` per call costs more than most
 reward functions.
 
 Each call has a time limit (``scoring_timeout_s``); sync functions run in scoring
-threads, off the event loop (see :mod:`vfops.rubrics._limits`).
+threads, off the event loop (see :mod:`vfops.rubrics._limits`), or, during an
+evaluation, in scoring workers: processes with a memory limit that end what the
+function starts (:mod:`vfops.rubrics._workers`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from vfops.costs import BudgetExhausted, scoring_rollout
 from vfops.parsers import Parser
 from vfops.rubrics._limits import SyncOutcome, limited, run_sync_calls
 from vfops.rubrics._score import RolloutScore
+from vfops.rubrics._workers import ContainedCall, WorkerFailure, answer_outcome, pool_for, register
 
 RewardFunc = Callable[..., Any]
 """A sync or async function returning a float (or, for group functions, a list)."""
@@ -118,6 +121,8 @@ def _timeout_error(name: str, limit_s: float) -> RolloutError:
 
 
 def _error(exc: BaseException, name: str) -> RolloutError:
+    if isinstance(exc, WorkerFailure):  # in a scoring worker: raised, out of memory, died
+        return exc.rollout_error(name)
     if isinstance(exc, _ScoringError):
         return RolloutError(type="InvalidReward", message=str(exc)[:2000], stage="scoring")
     message = f"reward function {name!r} raised {type(exc).__name__}: {exc}"
@@ -165,6 +170,7 @@ class Rubric:
         self.scoring_timeout_s: float = float(scoring_timeout_s)
         """Seconds one reward function call may take; 0 (or inf): no limit."""
         self._specs: list[_RewardSpec] = []
+        self._serial = register(self)  # how a scoring worker finds its copy
         funcs = list(funcs or [])
         if weights is None:
             weights = [1.0] * len(funcs)
@@ -366,7 +372,9 @@ class Rubric:
         errors: list[list[RolloutError | None]],
         limit: float | None,
     ) -> None:
-        outcomes = await run_sync_calls(calls, limit)
+        outcomes = await self._contained(calls, slots, limit)
+        if outcomes is None:
+            outcomes = await run_sync_calls(calls, limit)
         # a sync function may return an awaitable (a wrapper of an async one): awaited here
         later: list[Awaitable[None]] = []
         for (f, i), outcome in zip(slots, outcomes, strict=True):
@@ -393,6 +401,54 @@ class Rubric:
                 errors[f][i] = _error(exc, spec.name)
         if later:
             await asyncio.gather(*later)
+
+    # --- in a scoring worker (vfops.rubrics._workers) ----------------------------------
+    def contained_size(self) -> int:
+        return len(self._specs)
+
+    def contained_call(self, index: int, kwargs: dict[str, Any], shared: tuple[str, ...]) -> Any:
+        """Function ``index`` called in a scoring worker, with this copy's ``shared``
+        objects (the parser) added to the arguments that travelled."""
+        if shared:
+            objects = {"parser": self.parser, **self._extra_args()}
+            kwargs.update({name: objects[name] for name in shared})
+        return self._specs[index].func(**kwargs)
+
+    async def _contained(
+        self,
+        calls: list[tuple[RewardFunc, dict[str, Any]]],
+        slots: list[tuple[int, int | None]],
+        limit: float | None,
+    ) -> list[SyncOutcome] | None:
+        """The sync calls run by a scoring worker, when one holds this rubric; None:
+        run them here (no workers, a function made later, an argument that is the
+        rubric's own extra object, e.g. a judge bound to this event loop)."""
+        pool = pool_for(self._serial, self)
+        if pool is None:
+            return None
+        shared_names = {"parser", *self._extra_arg_names}
+        sent: list[ContainedCall] = []
+        for (_, kwargs), (f, _) in zip(calls, slots, strict=True):
+            shared = tuple(name for name in kwargs if name in shared_names)
+            if any(name in self._extra_arg_names for name in shared):
+                return None
+            travelling = {k: v for k, v in kwargs.items() if k not in shared_names}
+            sent.append((f, travelling, shared))
+        answers = await pool.run(self._serial, sent, limit)
+        if answers is None:
+            return None
+        outcomes: list[SyncOutcome] = []
+        inline: list[int] = []
+        for k, answer in enumerate(answers):
+            value, error, timed_out, here = answer_outcome(answer)
+            if here:  # a sync wrapper of an async function: awaited in this process
+                inline.append(k)
+            outcomes.append(SyncOutcome(value=value, error=error, timed_out=timed_out))
+        if inline:
+            redone = await run_sync_calls([calls[k] for k in inline], limit)
+            for k, outcome in zip(inline, redone, strict=True):
+                outcomes[k] = outcome
+        return outcomes
 
     def _sync_result(
         self,

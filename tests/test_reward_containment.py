@@ -1,0 +1,306 @@
+"""Rewards are contained (issue 44, deliverable 10): a reward function that exhausts
+memory errors its own rollout, never the eval, and the processes a reward function
+starts end with it — after its call, when its call is killed, and when the eval ends or
+is killed.
+
+Sync reward functions run in scoring workers (:mod:`vfops.rubrics._workers`): forked
+processes whose data segment may grow ``VFOPS_SCORING_MEMORY_MB`` (set to 512 here; the
+rewards allocate 2 GB) and which end whatever their calls start. Every check of "no
+process left" reads ``/proc/*/cmdline`` for a marker unique to the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from vfops._errors import InvalidArgumentError
+from vfops._types import State
+from vfops.rubrics import RolloutScore, Rubric
+from vfops.rubrics._workers import ScoringWorkers, scoring_workers, start_scoring_workers
+from vfops.testing import StubConfig, StubServer
+
+LIMIT_MB = 512
+HOG_BYTES = 2 << 30  # four times the limit: never allocated on the CI machine
+
+CONTAINED_ENV = """
+import os
+import subprocess
+
+import vfops
+
+MARKER = os.environ["CONTAINED_TEST_MARKER"]
+
+
+def correct(completion, answer) -> float:
+    return 1.0 if answer in completion[-1]["content"] else 0.0
+
+
+def greedy(answer, rollout_index) -> float:
+    if answer == "1" and rollout_index == 0:  # one rollout of eight: 2 GB
+        buffer = bytearray(2 << 30)
+        return float(len(buffer))
+    return 0.0
+
+
+def spawner(answer) -> float:
+    # a child, and a daemon that left the session (setsid) and its parent (double fork)
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}  # not the eval's pipes
+    subprocess.Popen(["bash", "-c", f"exec -a {MARKER} sleep 1000"], **quiet)
+    subprocess.Popen(["sh", "-c", f"setsid bash -c 'exec -a {MARKER} sleep 1000' &"], **quiet)
+    return 0.0
+
+
+def load_environment() -> vfops.Environment:
+    rows = [{"question": f"Say {i}. ANSWER_HINT: {i}", "answer": str(i)} for i in range(4)]
+    rubric = vfops.Rubric([correct, greedy, spawner], weights=[1.0, 1.0, 0.0])
+    return vfops.SingleTurnEnv(eval_dataset=rows, rubric=rubric)
+"""
+
+
+@pytest.fixture(scope="module")
+def contained_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The environment above, found by its entry point (a dist-info folder: no pip)."""
+    site = tmp_path_factory.mktemp("contained_site")
+    (site / "contained_rewards.py").write_text(CONTAINED_ENV)
+    info = site / "vfops_contained_rewards-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: vfops-contained-rewards\nVersion: 0.0.1\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[vfops.environments]\ncontained_rewards = contained_rewards:load_environment\n"
+    )
+    return site
+
+
+def marked(marker: str, *, named: bool = False) -> list[int]:
+    """The processes whose command line holds ``marker`` (``named``: as its argv[0])."""
+    found: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        held = cmdline.split(b"\0")[0] == marker.encode() if named else marker.encode() in cmdline
+        if held and state != b"Z":  # a zombie is no process left
+            found.append(int(name))
+    return found
+
+
+def wait_until_none(marker: str, deadline_s: float = 30.0) -> list[int]:
+    """Polls until no process holds ``marker`` (a safety net: it returns on the state)."""
+    deadline = time.monotonic() + deadline_s
+    while marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return marked(marker)
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A unique marker; anything still holding it at the end is killed (by pid)."""
+    value = f"vfops-contained-{uuid.uuid4().hex[:12]}"
+    yield value
+    for pid in marked(value):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_eval_a_reward_past_the_memory_limit_errors_its_rollout_and_what_rewards_start_ends(
+    contained_site: Path, tmp_path: Path, marker: str
+) -> None:
+    """One rollout's reward allocates 2 GB under a 512 MiB limit: that rollout is an
+    error naming the limit and how to raise it (never scored), the seven others are
+    scored, the eval completes and exits 0; every reward call also started two sleeps
+    (one a setsid daemon): none is left once the eval has exited."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(contained_site),
+        "VFOPS_HOME": str(tmp_path / "home"),
+        "VFOPS_TRACKING": "0",
+        "VFOPS_SCORING_MEMORY_MB": str(LIMIT_MB),
+        "CONTAINED_TEST_MARKER": marker,
+    }
+    env.pop("VFOPS_DATABASE_URL", None)
+    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
+        args = ["eval", "contained_rewards", "-m", "stub-model", "-b", stub.base_url, "-n", "4",
+                "-r", "2", "-o", str(tmp_path / "out"), "--max-error-rate", "0.25"]  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "vfops", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,  # a safety net
+        )
+    assert done.returncode == 0, done.stderr
+    assert marked(marker) == []  # at exit: nothing the rewards started is left
+    (run_dir,) = (tmp_path / "out").glob("evals/*/*")
+    assert orjson.loads((run_dir / "metadata.json").read_bytes())["status"] == "completed"
+    rows = [orjson.loads(line) for line in (run_dir / "results.jsonl").read_bytes().splitlines()]
+    assert len(rows) == 8
+    errored = [row for row in rows if row["error"] is not None]
+    assert len(errored) == 1
+    (error_row,) = errored
+    assert (error_row["answer"], error_row["rollout_index"]) == ("1", 0)
+    assert error_row["reward"] is None
+    error = error_row["error"]
+    assert error["type"] == "ScoringMemoryLimit" and error["stage"] == "scoring"
+    assert f"{LIMIT_MB} MiB" in error["message"] and "VFOPS_SCORING_MEMORY_MB" in error["message"]
+    assert "'greedy'" in error["message"]
+    assert all(row["reward"] == 1.0 for row in rows if row["error"] is None)
+
+
+def state(index: int) -> State:
+    return {
+        "prompt": [{"role": "user", "content": "What is 2+2?"}],
+        "completion": [{"role": "assistant", "content": "4"}],
+        "answer": "4",
+        "info": {},
+        "task": "arith",
+        "example_id": 0,
+        "rollout_index": index,
+    }
+
+
+def exact(completion: list[dict[str, str]], answer: str) -> float:
+    return 1.0 if completion[-1]["content"] == answer else 0.0
+
+
+async def with_workers(
+    rubric: Rubric, states: list[State]
+) -> tuple[list[RolloutScore], ScoringWorkers]:
+    workers = start_scoring_workers()
+    assert workers is not None
+    try:
+        return list(await rubric.score_group(states)), workers
+    finally:
+        await workers.aclose()
+
+
+def test_in_a_worker_memory_is_limited_and_the_eval_process_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """numpy, list growth and bytearray past the limit each error their rollout; a
+    crash (abort) of the worker errors its call and a fresh worker scores the rest;
+    the limit is the worker's: this process still allocates freely."""
+    import numpy as np
+
+    monkeypatch.setenv("VFOPS_SCORING_MEMORY_MB", str(LIMIT_MB))
+    test_process = os.getpid()
+
+    def hog(rollout_index: int) -> float:
+        if rollout_index == 0:
+            return float(np.ones(HOG_BYTES // 8).sum())
+        if rollout_index == 1:  # 1 KiB at a time, up to 2 GB
+            grown = [bytearray(1024) for _ in range(HOG_BYTES // 1024)]
+            return float(len(grown))
+        if rollout_index == 2:
+            return float(len(bytearray(HOG_BYTES)))
+        if rollout_index == 3 and os.getpid() != test_process:  # never the test's own
+            os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does
+        return 0.5
+
+    rubric = Rubric([exact, hog])
+    scores, workers = asyncio.run(with_workers(rubric, [state(i) for i in range(5)]))
+    for score in scores[:3]:
+        assert score.reward is None and score.error is not None
+        assert score.error.type == "ScoringMemoryLimit"
+        assert f"{LIMIT_MB} MiB" in score.error.message
+    died = scores[3].error
+    assert (
+        died is not None
+        and died.type == "ScoringWorkerDied"
+        and "VFOPS_SCORING_MEMORY_MB" in died.message
+    )
+    assert scores[4].reward == 1.5 and scores[4].error is None
+    assert workers.limit_mb == LIMIT_MB
+    assert len(bytearray(LIMIT_MB * 2 << 20)) == LIMIT_MB * 2 << 20  # not limited here
+
+
+def test_a_call_past_the_time_limit_ends_its_worker_and_what_it_started(
+    marker: str,
+) -> None:
+    """A sync reward that starts a child and hangs: its rollout times out, and its
+    worker is killed with the child (a thread could only be abandoned)."""
+
+    def hangs(completion: list[dict[str, str]]) -> float:
+        subprocess.Popen(["bash", "-c", f"exec -a {marker} sleep 1000"])
+        while not marked(marker):  # started: then hang for ever
+            time.sleep(0.01)
+        time.sleep(1000)
+        return 1.0
+
+    rubric = Rubric([exact, hangs], scoring_timeout_s=1.0)
+    scores, _ = asyncio.run(with_workers(rubric, [state(0)]))
+    error = scores[0].error
+    assert error is not None and error.type == "ScoringTimeout"
+    assert wait_until_none(marker) == []
+
+
+KILLED_EVAL = """
+import asyncio, os, subprocess, sys, time
+from vfops.rubrics import RolloutScore, Rubric
+from vfops.rubrics._workers import start_scoring_workers
+
+marker = os.environ["CONTAINED_TEST_MARKER"]
+
+def hangs(completion) -> float:
+    subprocess.Popen(["bash", "-c", f"exec -a {marker} sleep 1000"])
+    subprocess.Popen(["sh", "-c", f"setsid bash -c 'exec -a {marker} sleep 1000' &"])
+    time.sleep(1000)
+    return 1.0
+
+async def main():
+    rubric = Rubric([hangs], scoring_timeout_s=0)
+    workers = start_scoring_workers()
+    state = {"prompt": [], "completion": [], "answer": "", "info": {}, "task": "t",
+             "example_id": 0, "rollout_index": 0}
+    await rubric.score_group([state])
+
+asyncio.run(main())
+"""
+
+
+def test_kill_9_of_the_eval_ends_its_workers_and_what_their_rewards_started(
+    tmp_path: Path, marker: str
+) -> None:
+    """The eval process is killed (SIGKILL: nothing of it runs) while a reward that
+    started a child and a setsid daemon hangs: both end, with the workers."""
+    script = tmp_path / "killed_eval.py"
+    script.write_text(textwrap.dedent(KILLED_EVAL))
+    env = {**os.environ, "CONTAINED_TEST_MARKER": marker}
+    process = subprocess.Popen([sys.executable, str(script)], env=env)
+    try:
+        deadline = time.monotonic() + 60  # a safety net: it returns on the state
+        while len(marked(marker, named=True)) < 2 and time.monotonic() < deadline:
+            assert process.poll() is None
+            time.sleep(0.02)
+        assert len(marked(marker, named=True)) == 2, "the reward never started its children"
+    finally:
+        process.kill()
+        process.wait()
+    assert wait_until_none(marker) == []
+
+
+def test_scoring_worker_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VFOPS_SCORING_WORKERS", "two")
+    with pytest.raises(InvalidArgumentError, match="VFOPS_SCORING_WORKERS must be"):
+        scoring_workers()
+    monkeypatch.setenv("VFOPS_SCORING_WORKERS", "0")  # in-process, as before
+    Rubric([exact])
+    assert start_scoring_workers() is None

@@ -1,0 +1,632 @@
+"""Scoring workers: sync reward functions run in processes with a memory limit, and
+whatever they start ends with them.
+
+A reward function is user code. Run in the eval's own process, one that allocates
+10 GB gets the whole eval OOM-killed (no message, the run left ``running``, nothing
+recorded) and a subprocess it starts outlives the eval. So during an evaluation the
+sync reward functions of the rubrics that exist when it starts run in **scoring
+workers**:
+
+- A *zygote* is forked from the eval process once, right after the environment is
+  loaded (before the endpoint's client, the tracker or the registry start threads), so
+  it holds the loaded environment, rubric and reward functions. It only ever forks
+  workers (on demand, and a fresh one for each that dies or is killed), so no worker
+  is forked from a process with threads running.
+- A worker runs the sync calls of one group (the same calls, in the same order, the
+  scoring threads of :mod:`vfops.rubrics._limits` run otherwise): it receives the
+  rubric's id, each function's index and its arguments (prompt, completion, answer,
+  state...: pickled; ``parser`` is its own copy) and sends back each call's value or
+  error. Its data segment may grow ``VFOPS_SCORING_MEMORY_MB`` beyond what it shares
+  with the environment (``RLIMIT_DATA``: counted on the memory a process writes, not on
+  reserved address space or thread stacks): an allocation past that raises
+  ``MemoryError`` in the reward function, recorded as that rollout's
+  ``ScoringMemoryLimit`` error (never scored) naming the limit and how to raise it; the
+  eval and the other rollouts go on. A worker that dies anyway (a C extension that
+  aborts) errors the call it was running and is replaced; a call past the scoring
+  timeout kills its worker (a thread can only be abandoned).
+- Children: a worker is a child subreaper and its own process group. After every call
+  it ends every process the call left behind (its children, and their orphans, which
+  the kernel hands to the worker); a worker killed with its calls kills its process
+  group, and the zygote (a subreaper too) ends any orphan handed to it. When the eval
+  ends, or dies (``PR_SET_PDEATHSIG``), the zygote ends every worker and every process
+  below it.
+
+Not contained (they run in the eval's process, as before): async reward functions (a
+judge's client is bound to the eval's event loop), sync functions that take the
+rubric's own extra objects (``judge``), rubrics or functions made after the eval
+started, calls whose arguments cannot be pickled, and the rewards of adapted libraries
+(``verifiers``' classic rubrics and v1 tasksets run their own scoring code). A reward
+function's writes to ``state`` stay in its worker (later functions of the same group
+see them). ``VFOPS_SCORING_WORKERS=0`` scores in-process, in threads, as before.
+Linux only (elsewhere: in-process).
+
+Settings (read when an evaluation starts):
+
+- ``VFOPS_SCORING_WORKERS`` (default ``min(4, CPUs)``; 0: no workers): processes that
+  run sync reward functions at the same time.
+- ``VFOPS_SCORING_MEMORY_MB`` (default: half of the machine's memory, or of its cgroup's
+  limit, shared among the workers; 0: no limit): how much memory each worker's reward
+  functions may allocate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import gc
+import os
+import pickle
+import resource
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+from types import FrameType
+from typing import Any, Final, Protocol
+
+from vfops._errors import InvalidArgumentError
+from vfops._rollout import RolloutError
+
+__all__ = [
+    "ContainedCall",
+    "ScoringWorkers",
+    "WorkerFailure",
+    "pool_for",
+    "register",
+    "start_scoring_workers",
+]
+
+ContainedCall = tuple[int, dict[str, Any], tuple[str, ...]]
+"""One sync call sent to a worker: the function's index in its rubric, the arguments
+that travel (pickled) and the names of the rubric's own objects it also takes."""
+
+_PR_SET_PDEATHSIG: Final = 1
+_PR_SET_CHILD_SUBREAPER: Final = 36
+_LENGTH: Final = 8  # bytes of a frame's length prefix
+_MAX_DEFAULT_WORKERS: Final = 4
+
+# what a worker answers for one call
+_VALUE, _RAISED, _OUT_OF_MEMORY, _INLINE, _UNREADABLE, _TIMED_OUT = 0, 1, 2, 3, 4, 5
+
+
+class Contained(Protocol):
+    """A rubric whose sync functions a worker can call (:class:`~vfops.rubrics.Rubric`)."""
+
+    def contained_call(self, index: int, kwargs: dict[str, Any], shared: tuple[str, ...]) -> Any:
+        """Call function ``index`` with ``kwargs`` and the rubric's own ``shared`` objects."""
+        ...
+
+    def contained_size(self) -> int:
+        """How many functions it has (a function added after the fork is not in the worker)."""
+        ...
+
+
+_RUBRICS: weakref.WeakValueDictionary[int, Contained] = weakref.WeakValueDictionary()
+_SERIALS = iter(range(1, sys.maxsize))
+_ACTIVE: list[ScoringWorkers] = []
+
+
+def register(rubric: Contained) -> int:
+    """The rubric's id, by which a worker (a copy of this process) finds its copy."""
+    serial = next(_SERIALS)
+    _RUBRICS[serial] = rubric
+    return serial
+
+
+def pool_for(serial: int, rubric: Contained) -> ScoringWorkers | None:
+    """The running workers that hold this rubric as it is now, if any (the newest)."""
+    for pool in reversed(_ACTIVE):
+        if pool.covered.get(serial) == rubric.contained_size():
+            return pool
+    return None
+
+
+# --- settings ----------------------------------------------------------------------------
+
+
+def _int_setting(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidArgumentError(f"{name} must be a whole number >= 0, not {raw!r}")
+    return value
+
+
+def _machine_memory() -> int | None:
+    """Bytes of memory this process can have: the machine's, or its cgroup's limit."""
+    found: list[int] = []
+    with contextlib.suppress(OSError, ValueError):
+        found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError), open(path) as file:
+            found.append(int(file.read().strip()))  # "max": no limit (ValueError)
+    return min(found) if found else None
+
+
+def scoring_workers() -> int:
+    """``VFOPS_SCORING_WORKERS``, else ``min(4, CPUs)``."""
+    return _int_setting("VFOPS_SCORING_WORKERS", min(_MAX_DEFAULT_WORKERS, os.cpu_count() or 1))
+
+
+def scoring_memory_mb(workers: int) -> int:
+    """``VFOPS_SCORING_MEMORY_MB``, else half of the memory shared among ``workers``."""
+    memory = _machine_memory()
+    default = 0 if memory is None else max(256, memory // 2 // max(1, workers) >> 20)
+    return _int_setting("VFOPS_SCORING_MEMORY_MB", default)
+
+
+def memory_hint(limit_mb: int) -> str:
+    return (
+        f"a scoring worker may allocate {limit_mb} MiB (VFOPS_SCORING_MEMORY_MB); raise "
+        "VFOPS_SCORING_MEMORY_MB (0: no limit) or make the function use less memory"
+    )
+
+
+# --- the errors a worker reports -----------------------------------------------------------
+
+
+class WorkerFailure(Exception):
+    """A contained call's failure, as the rollout's error (the function's name added)."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind, self.detail = kind, detail
+
+    def rollout_error(self, name: str) -> RolloutError:
+        if self.kind in ("ScoringMemoryLimit", "ScoringWorkerDied"):
+            message = f"reward function {name!r} {self.detail}"
+        else:  # the function raised: as in-process
+            message = f"reward function {name!r} raised {self.kind}: {self.detail}"
+        return RolloutError(type=self.kind, message=message[:2000], stage="scoring")
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+def _prctl(option: int, value: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def _ppids() -> dict[int, int]:
+    """Every process's parent, from /proc."""
+    found: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as file:
+                stat = file.read()
+        except OSError:
+            continue  # ended meanwhile
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        found[int(name)] = int(fields[1])
+    return found
+
+
+def _has_children() -> bool:
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def end_descendants(spare: frozenset[int] = frozenset()) -> None:
+    """Kill every process below this one (a subreaper: orphans come back to it) except
+    ``spare`` and theirs, and reap them. Cheap when there is none (one ``waitid``)."""
+    me = os.getpid()
+    for _ in range(1000):  # a process that forks as fast as it is killed: give up
+        if not _has_children():
+            return
+        parents = _ppids()
+        below: list[int] = []
+        frontier = {me}
+        while frontier:
+            found = [pid for pid, ppid in parents.items() if ppid in frontier and pid not in spare]
+            below.extend(found)
+            frontier = set(found)
+        direct = [pid for pid in below if parents.get(pid) == me]
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not direct:
+            _reap_any()  # zombies (exited children) only
+            if spare:
+                return
+            continue
+        for pid in direct:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def _reap_any() -> list[int]:
+    reaped: list[int] = []
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped.append(pid)
+
+
+def _after_fork(parent: int, parent_death: int, inherited: list[Any]) -> None:
+    """A forked child's own signals: none of the eval's handlers or its wakeup fd (the
+    eval's event loop would read this process's signals as its own); ``inherited``
+    (sockets, fds) closed; ``parent_death`` sent to it when its parent dies."""
+    with contextlib.suppress(ValueError):
+        signal.set_wakeup_fd(-1)
+    for item in inherited:
+        with contextlib.suppress(OSError):
+            item.close() if isinstance(item, socket.socket) else os.close(item)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the eval stops its workers
+    _prctl(_PR_SET_PDEATHSIG, parent_death)
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(0)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _send(sock: socket.socket, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(len(data).to_bytes(_LENGTH, "little") + data)
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
+    chunks: list[bytes] = []
+    while size:
+        chunk = sock.recv(min(size, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _recv(sock: socket.socket) -> Any:
+    head = _recv_exact(sock, _LENGTH)
+    if head is None:
+        return None
+    body = _recv_exact(sock, int.from_bytes(head, "little"))
+    return None if body is None else pickle.loads(body)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    end_descendants()
+    os._exit(0)
+
+
+def _worker_main(sock: socket.socket, limit_mb: int, parent: int, inherited: list[Any]) -> None:
+    """Run the calls it is sent until the eval closes its end, or its parent dies."""
+    _after_fork(parent, signal.SIGTERM, inherited)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)  # killed with whatever it started (a timeout kills the group)
+    gc.freeze()  # the inherited objects: the collector would copy every page it touches
+    if limit_mb > 0:
+        _limit_data(limit_mb)
+    while True:
+        try:
+            job = _recv(sock)
+        except Exception:  # pickled there, not readable here (a class made at run time)
+            _send(sock, (_UNREADABLE, None))
+            continue
+        if job is None:
+            break
+        serial, calls = job
+        rubric = _RUBRICS.get(serial)
+        for index, kwargs, shared in calls:
+            _send(sock, _call(rubric, index, kwargs, shared, limit_mb))
+            end_descendants()
+    end_descendants()
+
+
+def _limit_data(limit_mb: int) -> None:
+    with open("/proc/self/status") as file:
+        status = file.read()
+    data_kb = next(int(line.split()[1]) for line in status.splitlines() if "VmData" in line)
+    limit = data_kb * 1024 + limit_mb * (1 << 20)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def _call(
+    rubric: Contained | None,
+    index: int,
+    kwargs: dict[str, Any],
+    shared: tuple[str, ...],
+    limit_mb: int,
+) -> tuple[int, Any]:
+    if rubric is None:
+        return _RAISED, ("LookupError", "its rubric is gone from the scoring worker")
+    try:
+        value = rubric.contained_call(index, kwargs, shared)
+    except MemoryError:
+        return _OUT_OF_MEMORY, f"ran out of memory: {memory_hint(limit_mb)}"
+    except BaseException as exc:  # SystemExit included: the worker goes on
+        return _RAISED, (type(exc).__name__, str(exc)[:2000])
+    if asyncio.iscoroutine(value):
+        value.close()
+        return _INLINE, None  # an async function behind a sync wrapper: runs in the eval
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return _VALUE, repr(value)[:200]  # not a number: refused as such by the rubric
+    return _VALUE, value
+
+
+def _zygote_main(control: socket.socket, limit_mb: int, parent: int, inherited: list[Any]) -> None:
+    """Fork a worker each time the eval asks; end them all when it is gone."""
+    _after_fork(parent, signal.SIGTERM, inherited)
+    workers: set[int] = set()
+
+    def end_all(*_: Any) -> None:
+        for pid in workers:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        end_descendants()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, end_all)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # only to be woken up
+    gc.freeze()
+    zygote = os.getpid()
+    while True:
+        ready, _, _ = select.select([control.fileno(), wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            dead = _reap_any()
+            workers.difference_update(dead)
+            if dead:  # a worker's orphans (started with setsid) were handed to this process
+                end_descendants(spare=frozenset(workers))
+        if control.fileno() in ready:
+            if not control.recv(1):
+                end_all()
+            ours, theirs = socket.socketpair()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    _worker_main(theirs, limit_mb, zygote, [control, ours, wake_r, wake_w])
+                finally:
+                    os._exit(0)
+            theirs.close()
+            workers.add(pid)
+            socket.send_fds(control, [pid.to_bytes(_LENGTH, "little")], [ours.fileno()])
+            ours.close()
+
+
+# --- the eval's side ---------------------------------------------------------------------
+
+
+class _Worker:
+    __slots__ = ("pid", "reader", "writer")
+
+    def __init__(self, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.pid, self.reader, self.writer = pid, reader, writer
+
+    async def recv(self) -> Any:
+        try:
+            head = await self.reader.readexactly(_LENGTH)
+            body = await self.reader.readexactly(int.from_bytes(head, "little"))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        return pickle.loads(body)
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)  # not yet its own group
+        self.writer.close()
+
+
+class ScoringWorkers:
+    """The zygote and its workers of one evaluation (see the module docstring)."""
+
+    def __init__(
+        self,
+        zygote: int,
+        control: socket.socket,
+        covered: dict[int, int],
+        size: int,
+        limit_mb: int,
+    ) -> None:
+        self.zygote, self.size, self.limit_mb = zygote, size, limit_mb
+        self.covered = covered
+        """The rubrics the zygote holds: id -> how many functions each had."""
+        self._control = control
+        self._spawn_lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._count = 0
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._closed = False
+
+    async def run(
+        self, serial: int, calls: list[ContainedCall], limit_s: float | None
+    ) -> list[tuple[int, Any]] | None:
+        """Each call's answer, in order, or a time-out for one past
+        ``limit_s``; None when the calls cannot be sent (run them in-process)."""
+        answers: list[tuple[int, Any]] = []
+        while len(answers) < len(calls):
+            rest = calls[len(answers) :]
+            try:
+                job = pickle.dumps((serial, rest), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:
+                if answers:  # the first part was sent whole: the rest fails the same way
+                    raise
+                return None
+            worker = await self._acquire()
+            if worker is None:
+                return None if not answers else [*answers, *self._gone(len(rest))]
+            healthy = False
+            try:
+                worker.writer.write(len(job).to_bytes(_LENGTH, "little") + job)
+                for _ in rest:
+                    try:
+                        async with asyncio.timeout(limit_s):
+                            answer = await worker.recv()
+                    except TimeoutError:
+                        answers.append((_TIMED_OUT, None))
+                        break
+                    if answer is None:
+                        answers.append((_RAISED, ("ScoringWorkerDied", self._died())))
+                        break
+                    if answer[0] == _UNREADABLE:  # in-process, all of them
+                        if not answers:
+                            healthy = True
+                            return None
+                        answers.extend([(_INLINE, None)] * len(rest))
+                        break
+                    answers.append(answer)
+                else:
+                    healthy = True
+            finally:
+                self._release(worker, healthy)
+        return answers
+
+    def _died(self) -> str:
+        return (
+            "ended its scoring worker (it crashed or was killed: a C extension that "
+            f"cannot allocate memory aborts); if it ran out of memory, {memory_hint(self.limit_mb)}"
+        )
+
+    @staticmethod
+    def _gone(count: int) -> list[tuple[int, Any]]:
+        detail = ("ScoringWorkerDied", "could not run: the scoring workers are gone")
+        return [(_RAISED, detail)] * count
+
+    async def _acquire(self) -> _Worker | None:
+        while not self._idle and self._count >= self.size and not self._closed:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # its turn passes on
+                raise
+        if self._closed:
+            return None
+        if self._idle:
+            return self._idle.pop()
+        self._count += 1
+        try:
+            pid, fd = await asyncio.to_thread(self._spawn)
+            reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=fd))
+        except (OSError, ValueError):
+            self._count -= 1
+            self._wake()
+            return None  # the zygote is gone: in-process from now on
+        return _Worker(pid, reader, writer)
+
+    def _spawn(self) -> tuple[int, int]:
+        with self._spawn_lock:
+            self._control.sendall(b"F")
+            message, fds, _, _ = socket.recv_fds(self._control, _LENGTH, 1)
+        if not message or not fds:
+            raise OSError("the scoring zygote is gone")
+        return int.from_bytes(message, "little"), fds[0]
+
+    def _release(self, worker: _Worker, healthy: bool) -> None:
+        if healthy and not self._closed:
+            self._idle.append(worker)
+        else:
+            worker.kill()
+            self._count -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def aclose(self) -> None:
+        """End the workers, every process below them, and the zygote."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ValueError):
+            _ACTIVE.remove(self)
+        for worker in self._idle:
+            worker.writer.close()
+        self._idle.clear()
+        while self._waiting:
+            self._wake()
+        self._control.close()  # the zygote ends every worker and what they started
+        await asyncio.to_thread(_reap_zygote, self.zygote)
+
+
+def _reap_zygote(pid: int, wait_s: float = 5.0) -> None:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+            time.sleep(0.005)
+            continue
+        return  # not ours to reap (already reaped)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGTERM)  # its handler ends the workers and theirs
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def start_scoring_workers() -> ScoringWorkers | None:
+    """Fork the zygote of the rubrics that exist now; None when scoring stays in-process
+    (``VFOPS_SCORING_WORKERS=0``, not Linux, no rubric)."""
+    if not sys.platform.startswith("linux") or not _RUBRICS:
+        return None
+    size = scoring_workers()
+    if size == 0:
+        return None
+    limit_mb = scoring_memory_mb(size)
+    covered = {serial: rubric.contained_size() for serial, rubric in list(_RUBRICS.items())}
+    ours, theirs = socket.socketpair()
+    parent = os.getpid()
+    with warnings.catch_warnings():
+        # Python 3.12 warns of a fork with threads running: the zygote runs only this
+        # module's loop and forks workers from itself, never from the eval
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        try:
+            _zygote_main(theirs, limit_mb, parent, [ours])
+        finally:
+            os._exit(0)
+    theirs.close()
+    pool = ScoringWorkers(pid, ours, covered, size, limit_mb)
+    _ACTIVE.append(pool)
+    return pool
+
+
+def answer_outcome(answer: tuple[int, Any]) -> tuple[Any, BaseException | None, bool, bool]:
+    """A worker's answer as (value, error, timed out, to run in-process)."""
+    kind, payload = answer
+    if kind == _TIMED_OUT:
+        return None, None, True, False
+    if kind == _VALUE:
+        return payload, None, False, False
+    if kind == _INLINE:
+        return None, None, False, True
+    if kind == _OUT_OF_MEMORY:
+        return None, WorkerFailure("ScoringMemoryLimit", payload), False, False
+    type_name, detail = payload
+    return None, WorkerFailure(type_name, detail), False, False
