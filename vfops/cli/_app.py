@@ -5,10 +5,12 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
+from typing import Annotated
 
 import typer
 
 from vfops._errors import VfopsError
+from vfops.cli._help import ReadableGroup
 
 
 def _add_eval(app: typer.Typer) -> None:
@@ -20,13 +22,16 @@ def _add_eval(app: typer.Typer) -> None:
 def _add_deploy(app: typer.Typer) -> None:
     from vfops.cli import _deploy
 
-    app.command("deploy")(_deploy.deploy_command)
+    # its help's first paragraph names every deployment: too long for the command list
+    app.command(
+        "deploy", short_help="Register vfops's deployments and automations on a work pool."
+    )(_deploy.deploy_command)
 
 
 def _add_promote(app: typer.Typer) -> None:
     from vfops.cli import _promote
 
-    app.command("promote")(_promote.promote_command)
+    app.command("promote", cls=_promote.PromoteCommand)(_promote.promote_command)
 
 
 def _add_train(app: typer.Typer) -> None:
@@ -72,7 +77,25 @@ _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
 """Every command (group), in help order; each module is imported only when added."""
 
 
-def _root() -> None:
+def _print_version(value: bool) -> None:
+    if value:
+        from vfops._version import __version__
+
+        typer.echo(f"vfops {__version__}")
+        raise typer.Exit()
+
+
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print vfops's version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
     pass
 
 
@@ -81,6 +104,7 @@ def build_app(command: str | None = None) -> typer.Typer:
     ``vfops eval ...`` then does not import the other command modules (start-up)."""
     app = typer.Typer(
         name="vfops",
+        cls=ReadableGroup,
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         add_completion=False,
@@ -90,6 +114,8 @@ def build_app(command: str | None = None) -> typer.Typer:
     # a callback keeps the app a group even with one command (typer would otherwise
     # make that command the root, and read "eval" as its first argument)
     app.callback(help="RL environments for LLMs: build, evaluate, publish, train.")(_root)
+    if command == "--version":  # none of the command modules is needed
+        return app
     names = [command] if command in _COMMANDS else list(_COMMANDS)
     for name in names:
         _COMMANDS[name](app)

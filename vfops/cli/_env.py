@@ -19,7 +19,11 @@ from rich.table import Table
 from vfops._errors import InvalidArgumentError, VfopsError
 from vfops.artifacts import DEFAULT_GC_GRACE_HOURS
 
-app = typer.Typer(help="Create, install and list environment packages.", no_args_is_help=True)
+app = typer.Typer(
+    help="Create, install, publish, list and show environment packages; garbage-collect "
+    "their unreferenced artifacts.",
+    no_args_is_help=True,
+)
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _TEMPLATES = {

@@ -14,7 +14,8 @@ from vfops.cli._server_process import run_server
 
 app = typer.Typer(
     name="model",
-    help="Local models (needs the train extra): build a tiny offline model, serve one over HTTP.",
+    help="Local models (needs the train extra): build a tiny offline model, serve one over "
+    "HTTP, register one in the MLflow model registry.",
     no_args_is_help=True,
 )
 

@@ -7,7 +7,8 @@ Wiring (in ``vfops/cli/_app.py`` and ``vfops/cli/_model.py``)::
 
 ``promote`` is one command whose first argument is either a model name or the
 keyword ``history``: ``vfops promote NAME VERSION [--alias champion] [--env ENV ...]``
-runs the gate; ``vfops promote history NAME [--alias A]`` prints the decisions.
+runs the gate; ``vfops promote history NAME [--alias A]`` prints the decisions, a
+command of its own (:class:`PromoteCommand`: its usage, arguments and ``--help``).
 (A model literally named ``history`` cannot be promoted from the CLI.)
 """
 
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperCommand
 
 from vfops._errors import VfopsError
 from vfops.cli._sampling import (
@@ -30,6 +32,42 @@ from vfops.cli._sampling import (
 )
 
 HISTORY = "history"
+
+
+class PromoteCommand(TyperCommand):
+    """``vfops promote``: ``promote history NAME ...`` is handed to :func:`history_command`
+    whole, so its usage line, its arguments and its ``--help`` are its own."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args[:1] != [HISTORY]:
+            return super().parse_args(ctx, args)
+        history = _history_click_command()
+        with history.make_context(f"{ctx.info_name} {HISTORY}", args[1:], parent=ctx.parent) as sub:
+            history.invoke(sub)
+        ctx.exit()
+        raise AssertionError("unreachable")  # ctx.exit raises
+
+
+def _history_click_command() -> Any:
+    from vfops.cli._help import readable
+
+    app = typer.Typer(add_completion=False, rich_markup_mode=None)
+    app.command()(history_command)
+    command = typer.main.get_command(app)  # one command: the command itself
+    readable(command)
+    return command
+
+
+def history_command(
+    name: Annotated[str, typer.Argument(help="Registered model name.")],
+    alias: Annotated[
+        str | None, typer.Option("--alias", help="Only this alias's decisions (default: all).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Every promotion decision recorded for NAME: when, who, which alias moved from
+    which version to which, forced or not, and the evidence runs with their deltas."""
+    _history(name, alias, as_json)
 
 
 def register_command(
@@ -60,10 +98,8 @@ def register_command(
 
 
 def promote_command(
-    name: Annotated[str, typer.Argument(help="Registered model name, or 'history'.")],
-    version: Annotated[
-        str, typer.Argument(help="Version to promote (with 'history': the model name).")
-    ],
+    name: Annotated[str, typer.Argument(help="Registered model name.")],
+    version: Annotated[str, typer.Argument(help="Version to promote.")],
     alias: Annotated[str, typer.Option("--alias", help="Alias to move.")] = "champion",
     env: Annotated[
         list[str] | None,
@@ -104,14 +140,15 @@ def promote_command(
     ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Promote NAME VERSION to an alias on evidence, or show `history NAME`.
+    """Promote NAME VERSION to an alias on evidence (`vfops promote history NAME`: the
+    decisions so far).
 
     The alias moves only if the version the gate compared with still holds it: when
     another promotion moved it while the gate ran, the gate runs again against the
     new holder (the output says so), and after 5 such changes nothing is recorded
     and the command exits 4. A refusal exits 1.
     """
-    if name == HISTORY:
+    if name == HISTORY:  # options before the keyword: `promote --json history NAME`
         _history(version, alias if alias != "champion" else None, as_json)
         return
     from vfops.models import PromotionRequest, promote
