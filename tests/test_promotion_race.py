@@ -179,3 +179,65 @@ def test_a_holder_set_outside_vfops_is_recorded_before_the_next_decision(
     ]
     external = promotion_history("ext")[1]
     assert "moved outside vfops promote" in external.reason and external.actor == "unknown"
+
+
+@pytest.fixture
+def pg_url(tmp_path: Path) -> Iterator[str]:
+    yield from database_url("postgresql", tmp_path)
+
+
+def test_the_alias_lock_blocks_moves_of_that_alias_only(pg_url: str) -> None:
+    """PostgreSQL: a second promotion of the same alias waits for the first one's
+    transaction (seen waiting in pg_locks); another alias does not wait."""
+    import threading
+
+    from sqlalchemy import text
+
+    from vfops.registry import get_engine, lock_alias, session_scope
+    from vfops.registry._alias_events import _alias_lock_key
+
+    engine = get_engine(pg_url)
+    acquired = threading.Event()
+
+    def second() -> None:
+        with session_scope(engine) as session:
+            lock_alias(session, "m", "champion")
+            acquired.set()
+
+    key = _alias_lock_key("m", "champion") & 0xFFFFFFFFFFFFFFFF  # as pg_locks shows it
+    query = text(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        " AND classid::bigint = :high AND objid::bigint = :low AND objsubid = 1"
+    )
+
+    def waiting() -> bool:
+        with engine.connect() as connection:
+            found = connection.execute(query, {"high": key >> 32, "low": key & 0xFFFFFFFF})
+            return bool(found.scalar())
+
+    with session_scope(engine) as first:
+        lock_alias(first, "m", "champion")
+        thread = threading.Thread(target=second)
+        thread.start()
+        _wait_for(waiting, "the second promotion to wait for the lock", timeout=30)
+        assert not acquired.is_set()
+        with session_scope(engine) as other:  # another alias: no wait
+            lock_alias(other, "m", "staging")
+    thread.join(timeout=30)
+    assert acquired.is_set()
+
+
+def test_the_alias_lock_needs_a_write_session(tmp_path: Path) -> None:
+    """SQLite: the lock is the write lock a write session takes at BEGIN IMMEDIATE; a
+    read session (BEGIN DEFERRED) would lock nothing, so it is refused."""
+    from vfops.registry import get_engine, lock_alias, session_scope
+
+    for url in database_url("sqlite", tmp_path):
+        engine = get_engine(url)
+        with session_scope(engine) as session:
+            lock_alias(session, "m", "champion")
+        with (
+            pytest.raises(RuntimeError, match="needs a write session"),
+            session_scope(engine, write=False) as session,
+        ):
+            lock_alias(session, "m", "champion")
