@@ -7,7 +7,10 @@ package won, and loading the ``nightly-eval`` entry point failed with ``No modul
 ``vfops.flows``). These tests build the wheel from this checkout, pip-install it into a
 new virtualenv outside any checkout and, from a folder holding its own ``flows/``, run
 ``vfops env init/install``, ``vfops eval`` (tracking on, the defaults) and load the
-nightly flow by its entry point, as vfops, Prefect and ``vfops deploy`` find it.
+nightly flow by its entry point, as vfops, Prefect and ``vfops deploy`` find it; and, from
+an empty folder, the README's forms that reach what ships inside the wheel: ``vfops demo``
+(which installs nothing into the virtualenv), ``vfops env install --example``, ``vfops
+train --example ... --check``.
 
 The new virtualenv has no copy of vfops' dependencies (installing them would take
 minutes and a network): a ``.pth`` file puts a folder of links to this venv's
@@ -111,8 +114,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     python = str(venv / "bin" / "python")
     purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(_run([python, "-c", purelib], tmp).strip())
-    _link_dependencies(tmp / "dependencies")
-    (site / "dependencies.pth").write_text(f"{tmp / 'dependencies'}\n")
+    # inside the venv's prefix, as pip would put them: dill (datasets' fingerprints)
+    # pickles a module outside sys.prefix by value, and pyarrow's cannot be
+    _link_dependencies(venv / "dependencies")
+    (site / "dependencies.pth").write_text(f"{venv / 'dependencies'}\n")
     # pip itself is one of the linked packages: it installs into the new venv
     _run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)], tmp)
     return Installed(wheel=wheel, venv=venv, site=site)
@@ -134,6 +139,18 @@ def test_the_wheel_holds_vfops_only(installed: Installed) -> None:
     flows = dict(line.split(" = ") for line in section.strip().splitlines())
     assert flows["nightly-eval"] == "vfops.flows.nightly:nightly_eval"
     assert len(flows) >= 8 and all(v.startswith("vfops.flows.") for v in flows.values())
+
+
+def test_the_wheel_ships_every_example_file(installed: Installed) -> None:
+    """The examples' files in git (environments/NAME and configs/train/NAME.toml link to
+    them) are package data: none left out by the globs of pyproject.toml."""
+    examples = "vfops/templates/examples/"
+    in_git = {name for name in _source_files() if name.startswith(examples)}
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        shipped = {name for name in wheel.namelist() if name.startswith(examples)}
+    assert shipped == in_git
+    assert f"{examples}environments/arithmetic/arithmetic.py" in shipped
+    assert f"{examples}train/cpu_lucky_digit.toml" in shipped
 
 
 FLOW_CHECK = """
@@ -161,13 +178,8 @@ print(json.dumps({
 """
 
 
-def test_eval_and_the_nightly_flow_beside_a_users_flows_package(
-    installed: Installed, tmp_path: Path
-) -> None:
-    project = tmp_path / "project"  # a user's Prefect project: its own flows/ package
-    (project / "flows").mkdir(parents=True)
-    (project / "flows" / "__init__.py").write_text('"""My own flows."""\n')
-    (project / "flows" / "nightly.py").write_text("MINE = True\n")
+def _user_env(installed: Installed, tmp_path: Path) -> dict[str, str]:
+    """A shell with the new virtualenv active: nothing of the checkout, vfops' defaults."""
     env = {
         **os.environ,
         "VFOPS_HOME": str(tmp_path / "home"),
@@ -176,7 +188,18 @@ def test_eval_and_the_nightly_flow_beside_a_users_flows_package(
         "VIRTUAL_ENV": str(installed.venv),
     }
     for name in ("PYTHONPATH", "VFOPS_TRACKING", "OPENAI_API_KEY"):
-        env.pop(name, None)  # nothing of the checkout; vfops' defaults
+        env.pop(name, None)
+    return env
+
+
+def test_eval_and_the_nightly_flow_beside_a_users_flows_package(
+    installed: Installed, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"  # a user's Prefect project: its own flows/ package
+    (project / "flows").mkdir(parents=True)
+    (project / "flows" / "__init__.py").write_text('"""My own flows."""\n')
+    (project / "flows" / "nightly.py").write_text("MINE = True\n")
+    env = _user_env(installed, tmp_path)
 
     vfops_cli = str(installed.vfops)
     _run([vfops_cli, "env", "init", "demo_env"], project, env)
@@ -203,3 +226,83 @@ def test_eval_and_the_nightly_flow_beside_a_users_flows_package(
     assert (found["root"], found["entrypoint"]) == (site, "vfops/flows/nightly.py:nightly_eval")
     assert found["on_worker"] == "nightly-eval"
     assert found["users_flows"] == [str((project / "flows" / "nightly.py").resolve()), True]
+
+
+def _listing(folder: Path) -> list[str]:
+    """Every file and folder under ``folder`` (links not followed), relative."""
+    return sorted(
+        str((Path(top) / name).relative_to(folder))
+        for top, dirs, files in os.walk(folder)
+        for name in (*dirs, *files)
+    )
+
+
+def _imports(installed: Installed, module: str, env: dict[str, str], cwd: Path) -> str | None:
+    """Where the new virtualenv's python finds ``module`` (None: nowhere)."""
+    code = f"import importlib.util as u; s = u.find_spec({module!r}); print(s and s.origin)"
+    found = _run([str(installed.python), "-c", code], cwd, env).strip()
+    return None if found == "None" else found
+
+
+def test_the_demo_installs_nothing_into_the_virtualenv(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """The README: everything of ``vfops demo`` lives under .vfops-demo/. It publishes
+    lucky_digit and loads it by name; the wheel it installs goes into .vfops-demo/, and
+    the virtualenv's site-packages stays as it was (it once pip-installed it there)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = _user_env(installed, tmp_path)
+    # nothing installs it before (test_the_examples_reach_an_empty_folder removes its own)
+    assert _imports(installed, "lucky_digit", env, empty) is None
+    before = _listing(installed.site)
+    # the whole loop, small: 2 held-out examples, 1 GRPO step, no nights
+    size = ["--steps", "1", "--eval-examples", "2", "--no-nightly"]
+    out = _run([str(installed.vfops), "demo", *size], empty, env)
+    assert "held-out reward" in out and "champion: version" in out
+    assert _listing(installed.site) == before
+    assert _imports(installed, "lucky_digit", env, empty) is None
+    private = empty / ".vfops-demo" / "site-packages"
+    assert (private / "lucky_digit.py").is_file()
+    assert sorted(p.name for p in empty.iterdir()) == [".vfops-demo"]
+
+
+def test_the_examples_reach_an_empty_folder(installed: Installed, tmp_path: Path) -> None:
+    """The README's forms outside a checkout: the example environments and training
+    configs ship inside the wheel and are reached by name."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = _user_env(installed, tmp_path)
+    vfops_cli = str(installed.vfops)
+    try:
+        for name in ("arithmetic", "lucky_digit"):
+            out = _run([vfops_cli, "env", "install", "--example", name, "--no-deps"], empty, env)
+            assert out.strip() == f"installed the example {name}"
+            # installed as a copy: the wheel's own folder stays as it was
+            assert str(installed.site) in str(_imports(installed, name, env, empty))
+        with StubServer(StubConfig(reply_mode="arithmetic")) as server:
+            model = ["-m", "stub-model", "-b", server.base_url, "--no-tracking"]
+            size = ["-n", "2", "-r", "1", "-o", str(tmp_path / "out")]
+            _run([vfops_cli, "eval", "arithmetic", *model, *size], empty, env)
+            assert server.stats["ok"] == 2
+        (run_dir,) = (tmp_path / "out").glob("evals/arithmetic--stub-model/*")
+        assert json.loads((run_dir / "metadata.json").read_text())["status"] == "completed"
+
+        check = [vfops_cli, "train", "--example", "cpu_lucky_digit", "--check"]
+        assert _run(check, empty, env).strip() == (
+            "example cpu_lucky_digit: ok (lucky_digit, 200 steps)"
+        )
+        # a bad name: one line naming the shipped ones, exit 2, nothing written
+        bad = subprocess.run(
+            [vfops_cli, "train", "--example", "cpu_lucky", "--check"],
+            cwd=empty, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert (bad.returncode, bad.stdout) == (2, "")
+        assert bad.stderr.strip() == (
+            "error: no example training config named 'cpu_lucky'; pass --example with one "
+            "of: cpu_lora_example, cpu_lucky_digit"
+        )
+        assert sorted(p.name for p in empty.iterdir()) == []
+    finally:  # the fixture's virtualenv is shared: the demo test needs it without them
+        pip = [str(installed.python), "-m", "pip", "uninstall", "--quiet", "--yes"]
+        _run([*pip, "arithmetic", "lucky_digit"], tmp_path, env)

@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -166,11 +168,20 @@ def _install_example(
     if target is None and installed_from is not None and installed_from.is_relative_to(project):
         print(f"{name} is installed from {project} already (editable)")
         return
-    with tempfile.TemporaryDirectory(prefix="vfops-example-") as tmp:
-        copy = Path(tmp) / name
-        shutil.copytree(project, copy, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    with _example_copy(project) as copy:
         install_environment(copy, target=target, no_deps=no_deps)
     print(f"installed the example {name}")
+
+
+@contextmanager
+def _example_copy(project: Path) -> Iterator[Path]:
+    """A copy of an example's project folder, for the block: pip and the publisher build
+    in place, and the wheel's own folder may be read-only."""
+    with tempfile.TemporaryDirectory(prefix="vfops-example-") as tmp:
+        copy = Path(tmp) / project.name
+        ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")  # never hashed
+        shutil.copytree(project, copy, ignore=ignore)
+        yield copy
 
 
 def _installed_from(module: str) -> Path | None:
@@ -184,7 +195,21 @@ def _installed_from(module: str) -> Path | None:
 
 @app.command("publish")
 def publish_command(
-    path: Annotated[Path, typer.Argument(help="Folder of an environment package.")],
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Folder of an environment package; or --example NAME.", show_default=False
+        ),
+    ] = None,
+    example: Annotated[
+        str | None,
+        typer.Option(
+            "--example",
+            help="Publish an example environment shipped inside vfops (as it ships: its "
+            "content is the checkout's environments/NAME).",
+            show_default=False,
+        ),
+    ] = None,
     bump: Annotated[
         str | None, typer.Option(help="Publish a new version: patch, minor or major.")
     ] = None,
@@ -205,7 +230,22 @@ def publish_command(
 
     if bump not in (None, "patch", "minor", "major"):
         raise VfopsError(f"--bump must be patch, minor or major, not {bump!r}")
-    result = publish_environment(path, bump=bump)  # type: ignore[arg-type]
+    if (path is None) == (example is None):
+        raise InvalidArgumentError(
+            "give one environment: PATH (a package folder) or --example NAME (not both)"
+        )
+    if example is None:
+        result = publish_environment(path, bump=bump)  # type: ignore[arg-type]
+    elif bump is not None:
+        raise InvalidArgumentError(
+            "--bump changes the package's version in its folder; an example publishes as it "
+            "ships: to change it, copy its folder and publish the copy"
+        )
+    else:
+        from vfops._examples import example_environment
+
+        with _example_copy(example_environment(example)) as copy:
+            result = publish_environment(copy)
     if result.status == "unchanged":
         print(
             f"{result.env_name}@{result.version} already has this content "
