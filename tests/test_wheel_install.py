@@ -274,6 +274,14 @@ def test_the_examples_reach_an_empty_folder(installed: Installed, tmp_path: Path
     empty.mkdir()
     env = _user_env(installed, tmp_path)
     vfops_cli = str(installed.vfops)
+    # not installed yet: the one line says how to get it from the wheel
+    missing = subprocess.run(
+        [vfops_cli, "eval", "arithmetic", "-m", "m", "-b", "http://127.0.0.1:9", "--no-tracking"],
+        cwd=empty, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert missing.returncode == 2
+    hint = "install it with: vfops env install --example arithmetic"
+    assert missing.stderr.strip().endswith(hint)
     try:
         for name in ("arithmetic", "lucky_digit"):
             out = _run([vfops_cli, "env", "install", "--example", name, "--no-deps"], empty, env)

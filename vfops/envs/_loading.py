@@ -20,6 +20,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Final
 
 from vfops._errors import EnvironmentNotFoundError, VfopsError
+from vfops._examples import example_environments
 from vfops.envs._environment import Environment
 from vfops.envs._library import EnvironmentEntry, EnvironmentLibrary, EnvironmentPackage
 from vfops.envs._load_errors import first_line
@@ -140,9 +141,11 @@ def require_environment(name: str) -> EnvironmentEntry:
     entry = find_environment(name)
     if entry is None:
         listing = ", ".join(sorted(installed_environments())) or "none"
+        # an example ships inside vfops: a pip install outside a checkout has it too
+        source = f"--example {name}" if name in example_environments() else "PATH"
         raise EnvironmentNotFoundError(
             f"unknown environment '{name}' (installed: {listing}); "
-            f"install it with: vfops env install PATH"
+            f"install it with: vfops env install {source}"
         )
     return entry
 
