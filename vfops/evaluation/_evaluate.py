@@ -65,7 +65,7 @@ from vfops.evaluation._tracking_start import (
     start_tracker,
     tracking_on,
 )
-from vfops.rubrics._workers import ScoringWorkers, start_scoring_workers
+from vfops.rubrics import ScoringWorkers, start_scoring_workers
 
 if TYPE_CHECKING:
     from vfops.clients._base import ModelClient

@@ -14,6 +14,7 @@ from vfops.rubrics._rubric import Rubric
 from vfops.rubrics._rubric_group import RubricGroup
 from vfops.rubrics._score import RolloutScore
 from vfops.rubrics._tool_metrics import ToolMetricsRubric
+from vfops.rubrics._workers import ScoringWorkers, start_scoring_workers
 
 __all__ = [
     "DEFAULT_JUDGE_PROMPT",
@@ -25,7 +26,9 @@ __all__ = [
     "RolloutScore",
     "Rubric",
     "RubricGroup",
+    "ScoringWorkers",
     "ToolMetricsRubric",
     "judge_cache_key",
     "judge_says_yes",
+    "start_scoring_workers",
 ]
