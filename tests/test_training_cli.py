@@ -85,7 +85,8 @@ def test_a_run_prints_only_its_own_lines_and_what_moves(tmp_path: Path) -> None:
     import re
 
     config = _cpu_config_on_a_tiny_model(tmp_path)
-    quiet = ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")
+    quiet = ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
+             "DS_ACCELERATOR")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in quiet}
     proc = subprocess.run(
         [sys.executable, "-m", "vfops", "train", str(config), "--steps", "2", "--no-tracking",
@@ -93,6 +94,13 @@ def test_a_run_prints_only_its_own_lines_and_what_moves(tmp_path: Path) -> None:
         env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # stdout is the result for a person: no DeepSpeed "[WARNING] ... Setting accelerator
+    # to CPU" (this machine has no GPU), no JSON blob (that is --json's)
+    rewards, where = proc.stdout.splitlines()
+    assert re.fullmatch(
+        r"baseline held-out reward \d\.\d{3} -> final \d\.\d{3} after 2 steps", rewards
+    )
+    assert where == f"checkpoint {tmp_path / 'out' / 'final'}", proc.stdout
     lines = proc.stderr.splitlines()
     assert [line.split()[:2] for line in lines] == [
         ["step", "0/2"],
@@ -107,6 +115,35 @@ def test_a_run_prints_only_its_own_lines_and_what_moves(tmp_path: Path) -> None:
     assert " kl " not in step, step
 
 
+LOAD_AND_UNWRAP = """
+import sys
+from vfops.training import resolve_config
+from vfops.training._setup import build_accelerator, load_model
+cfg = resolve_config(sys.argv[1], tracking=False)
+accelerator, _ = build_accelerator(cfg)
+model, _, _ = load_model(cfg, accelerator, "sdpa")
+accelerator.unwrap_model(model)  # as saving a checkpoint does: DeepSpeed loads here
+"""
+
+
+@pytest.mark.train
+def test_the_python_api_loads_a_policy_without_a_word(tmp_path: Path) -> None:
+    """Through the Python API (no CLI setting quiet variables): no "Loading weights" bar,
+    and no DeepSpeed "[WARNING] ... Setting accelerator to CPU" on this GPU-less machine."""
+    import os
+
+    config = _cpu_config_on_a_tiny_model(tmp_path)
+    quiet = ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
+             "DS_ACCELERATOR")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in quiet}
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD_AND_UNWRAP, str(config)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (proc.stdout, proc.stderr) == ("", "")
+
+
 @pytest.mark.train
 def test_two_processes_train_as_one_process_group(tmp_path: Path) -> None:
     """--num-processes 2 goes through accelerate launch: 2 ranks (gloo on a CPU), one run."""
@@ -117,7 +154,8 @@ def test_two_processes_train_as_one_process_group(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "vfops", "train", str(config), "--steps", "2",
-         "--output-dir", str(out), "--num-processes", "2", "--register-as", "two-rank-tiny"],
+         "--output-dir", str(out), "--num-processes", "2", "--register-as", "two-rank-tiny",
+         "--json"],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

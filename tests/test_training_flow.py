@@ -113,7 +113,7 @@ def test_flow_and_cli_are_layers_over_the_one_entry_point(
     monkeypatch.setattr(_run, "train", entry_point)
     cli = CliRunner().invoke(
         app, ["train", str(CPU_CONFIG), "--steps", "3", "--num-processes", "2",
-              "--register-as", "same"],
+              "--register-as", "same", "--json"],
     )  # fmt: skip
     assert cli.exit_code == 0, cli.output
     assert "step 1/3  reward 0.500" in cli.output  # the CLI's progress line

@@ -21,6 +21,24 @@ QUIET_ENV: dict[str, str] = {
 """What a quiet command sets, before the libraries are imported."""
 
 
+def name_deepspeed_accelerator() -> None:
+    """``DS_ACCELERATOR=cpu`` when torch sees no CUDA device and the user named none.
+
+    DeepSpeed, once installed, is imported by accelerate even for a run that does not
+    use it (``save_pretrained`` unwraps the model through it), and on a machine without
+    a GPU it then prints a WARNING on stdout that it "was unable to detect" one. vfops
+    runs on the CPU exactly then (``Accelerator(cpu=True)``), so that is the accelerator
+    to name; DeepSpeed caches its choice for the process, so it is named only when it
+    is the right one (a CUDA machine keeps DeepSpeed's own detection). Imports torch.
+    """
+    if "DS_ACCELERATOR" in os.environ:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def quiet_settings(verbose: bool) -> dict[str, str]:
     """The variables to set for a quiet run: none when ``verbose``, and none a user set."""
     if verbose:

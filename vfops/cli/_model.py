@@ -29,6 +29,13 @@ OFFLINE_ENV = {
 }
 """Environment for the server process: nothing is fetched from a hub or registry."""
 
+QUIET_LOADING_ENV = {
+    # the "Loading weights" bar of the model's process (transformers reads this once)
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TQDM_DISABLE": "1",
+}
+"""Environment for the server process unless the user set these: no progress bars."""
+
 
 def serve_command(
     model_dir: str | Path,
@@ -41,13 +48,14 @@ def serve_command(
     """The ``transformers serve`` command line that serves ``model_dir``.
 
     The directory is passed as ``FORCE_MODEL`` (absolute path): it is preloaded, and
-    requests must name exactly that path as ``model`` (else HTTP 400).
+    requests must name exactly that path as ``model`` (else HTTP 400). The command runs
+    through :mod:`vfops.local._serve`, which makes a stop signal end it cleanly.
     """
     path = str(Path(model_dir).resolve())
     return [
         sys.executable,
         "-m",
-        "transformers.cli.transformers",
+        "vfops.local._serve",
         "serve",
         path,
         "--host",
@@ -62,9 +70,12 @@ def serve_command(
 
 
 def serve_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """``base`` (default: this process's environment) plus :data:`OFFLINE_ENV`."""
+    """``base`` (default: this process's environment) plus :data:`OFFLINE_ENV`, and
+    :data:`QUIET_LOADING_ENV` where ``base`` does not set them."""
     env = dict(os.environ if base is None else base)
     env.update(OFFLINE_ENV)
+    for name, value in QUIET_LOADING_ENV.items():
+        env.setdefault(name, value)
     return env
 
 

@@ -10,8 +10,9 @@ Wiring (in ``vfops/cli/_app.py``)::
 One process by default. ``--num-processes N`` (data-parallel training on N
 devices) or ``--deepspeed configs/deepspeed/zero2.json`` makes the entry point
 launch the training processes under ``accelerate launch``. Progress goes to
-stderr, one line per step and eval; stdout ends with the JSON run summary.
-Torch loads only once training starts.
+stderr, one line per step and eval; stdout gets the result in two lines (rewards,
+then where the checkpoint and its records are), or with ``--json`` the run summary
+as one JSON object. Torch loads only once training starts.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from vfops._errors import InvalidArgumentError
 from vfops._quiet import quiet_settings
 
 if TYPE_CHECKING:
-    from vfops.training import GRPOConfig, Progress
+    from vfops.training import GRPOConfig, Progress, TrainResult
 
 
 def train_command(
@@ -97,6 +98,9 @@ def train_command(
             help="Keep the libraries' own output (progress bars, transformers' notices).",
         ),
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the run summary as one JSON object instead.")
+    ] = False,
 ) -> None:
     """Train a policy with GRPO on an environment (needs the [train] extra)."""
     # before torch and transformers are imported: they read these once
@@ -123,11 +127,23 @@ def train_command(
         num_processes=num_processes,
         progress=_print_progress(cfg.run.steps, kl=cfg.loss.beta > 0),
     )
-    typer.echo(
+    if as_json:
+        typer.echo(json.dumps(result.summary(), default=str))
+        return
+    typer.echo(_result_lines(result))
+
+
+def _result_lines(result: TrainResult) -> str:
+    """What a run produced, for a person: the rewards, then where it all is."""
+    where = [f"checkpoint {result.checkpoint}"]
+    if result.registered:
+        where.append(f"registered {result.registered}")
+    if result.mlflow_run_id:
+        where.append(f"MLflow run {result.mlflow_run_id}")
+    return (
         f"baseline held-out reward {result.baseline_eval_reward:.3f} -> "
-        f"final {result.final_eval_reward:.3f} after {result.steps} steps"
+        f"final {result.final_eval_reward:.3f} after {result.steps} steps\n" + "; ".join(where)
     )
-    typer.echo(json.dumps(result.summary(), default=str))
 
 
 def _config_source(config: Path | None, example: str | None) -> tuple[Path | GRPOConfig, str]:
@@ -145,7 +161,7 @@ def _config_source(config: Path | None, example: str | None) -> tuple[Path | GRP
 
 
 def _print_progress(total: int, *, kl: bool) -> Progress:
-    """One line per step and eval on stderr (stdout ends with the JSON summary).
+    """One line per step and eval on stderr (stdout holds the result).
 
     A step's line leads with what moves while a policy learns: its rollouts' reward and
     how many ran into ``max_tokens``, the policy's entropy and the gradient's norm. The

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vfops._errors import InvalidArgumentError, MissingExtraError
+from vfops._quiet import name_deepspeed_accelerator
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -238,6 +239,7 @@ def build_tiny_model(
     ``AutoModelForCausalLM.from_pretrained(out_dir)``.
     """
     _require_train_extra()
+    name_deepspeed_accelerator()  # save_pretrained imports DeepSpeed when installed
     import torch
 
     tf: Any = importlib.import_module("transformers")

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from vfops._errors import VfopsError
+from vfops._quiet import name_deepspeed_accelerator
 from vfops.envs import Environment
 from vfops.envs._dataset import Example, iter_examples
 from vfops.training._attention import resolve_attention
@@ -62,6 +63,7 @@ def seed_everything(seed: int) -> None:
 
 def build_accelerator(config: GRPOConfig) -> tuple[Any, int]:
     """The :class:`accelerate.Accelerator` for this run and its micro-batches per step."""
+    name_deepspeed_accelerator()  # before accelerate (and through it DeepSpeed) loads
     from accelerate import Accelerator
     from accelerate.utils import DeepSpeedPlugin
 
@@ -131,6 +133,8 @@ def load_model(
     so it runs the same kernels)."""
     import transformers
 
+    from vfops.local import quiet_progress
+
     cfg = config
     path = Path(cfg.model.path)
     if not path.is_dir():
@@ -145,12 +149,13 @@ def load_model(
             build_tiny_model(path, seed=cfg.model.tiny_seed)
         accelerator.wait_for_everyone()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    model: Any = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path),
-        local_files_only=True,
-        dtype=torch.float32,
-        attn_implementation=attn_implementation,
-    )
+    with quiet_progress():  # no "Loading weights" bar: the run prints its own lines
+        model: Any = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path),
+            local_files_only=True,
+            dtype=torch.float32,
+            attn_implementation=attn_implementation,
+        )
     ref_model = frozen_copy(model).to(accelerator.device) if cfg.loss.beta > 0 else None
     if cfg.run.gradient_checkpointing:
         # transformers 5.2x renamed it (the old name warns); older releases lack the new one
