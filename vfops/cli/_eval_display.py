@@ -90,8 +90,10 @@ def _progress_bar(total: int | None) -> tuple[Progress, TaskID]:
     return progress, progress.add_task("eval", total=total, stats="")
 
 
-def summary_rows(result: EvalResult) -> list[tuple[str, str]]:
-    """The summary as (metric, value) rows, indented names under their group."""
+def summary_rows(result: EvalResult, took_s: float | None = None) -> list[tuple[str, str]]:
+    """The summary as (metric, value) rows, indented names under their group.
+    ``took_s``: the process's time so far (what the user waited), shown with the
+    rollout phase's; without it, the rollout phase's alone, labelled as such."""
     summary = result.summary
     # no scored rollout has no reward: a 0.0000 would read as a score
     reward = (
@@ -119,13 +121,20 @@ def summary_rows(result: EvalResult) -> list[tuple[str, str]]:
     )
     rows.append(("cost", format_cost(summary.cost_usd)))
     rate = summary.new_rollouts / summary.wall_s if summary.wall_s else 0.0
-    rows.append(("wall time", f"{summary.wall_s:.1f} s ({rate:.1f} rollouts/s)"))
+    phase = f"rollouts {summary.wall_s:.1f} s, {rate:.1f} rollouts/s"
+    if took_s is None:
+        rows.append(("time", phase))
+    else:
+        # the whole wait, start-up and recording included; the phase is a part of it
+        from vfops._process_clock import process_age_source
+
+        rows.append(("took", f"{took_s:.1f} s since {process_age_source()} ({phase})"))
     return rows
 
 
-def format_summary(result: EvalResult) -> str:
+def format_summary(result: EvalResult, took_s: float | None = None) -> str:
     meta: dict[str, Any] = result.metadata
-    rows = summary_rows(result)
+    rows = summary_rows(result, took_s)
     width = max(len(name) for name, _ in rows)
     lines = [f"{meta['env_name']} · {meta['model']}"]
     lines += [f"  {name.ljust(width)}  {value}" for name, value in rows]
@@ -145,4 +154,8 @@ def format_summary(result: EvalResult) -> str:
 
 
 def print_summary(result: EvalResult) -> None:
-    print(format_summary(result), flush=True)
+    """Print the summary; its time is this process's, from its start: the run is
+    recorded (registry, files, MLflow) by now, so only the exit is left."""
+    from vfops._process_clock import process_age_s
+
+    print(format_summary(result, process_age_s()), flush=True)

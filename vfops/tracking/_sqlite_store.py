@@ -166,6 +166,7 @@ def _create(path: Path) -> None:
     temp = temp_beside(path)
     try:
         engine = sqlalchemy.create_engine(f"sqlite:///{temp}", poolclass=sqlalchemy.pool.NullPool)
+        sqlalchemy.event.listen(engine, "connect", _unsynced)
         try:
             _initialize_tables(engine)  # type: ignore[no-untyped-call]
         finally:
@@ -178,3 +179,18 @@ def _create(path: Path) -> None:
         with contextlib.suppress(OSError):
             temp.unlink()
         raise
+
+
+def _unsynced(connection: sqlite3.Connection, record: object) -> None:
+    """MLflow's migrations commit some 120 times; on the store's own file each commit
+    syncs the disk twice (its journal, then the file): ~6 s of a fresh home's first
+    eval on a busy disk. The temporary file has no reader and is synced once, whole,
+    by :func:`vfops._atomic.publish` before it gets the store's name, so its commits
+    need no sync and its rollback journal can stay in memory (neither setting is
+    stored in the file: the published store is opened with SQLite's defaults)."""
+    cursor = connection.cursor()
+    try:
+        cursor.execute("PRAGMA synchronous = OFF")
+        cursor.execute("PRAGMA journal_mode = MEMORY")
+    finally:
+        cursor.close()
