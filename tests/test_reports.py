@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import subprocess
 import sys
 from datetime import date, datetime
@@ -248,6 +249,38 @@ def test_regression_markdown_puts_regressions_first_in_bold_with_noise_floors() 
     assert "data:image/png;base64," in md
 
     assert "No regressions in 1 cell." in regression_markdown([("x", steady)])
+
+
+def test_a_baseline_without_variance_is_reported_as_such() -> None:
+    """An all-zero baseline (a model that never scores) has no spread: the report says
+    so rather than a noise floor of ±0.000 and "detects drops ≥ 0.000 with 80% power"
+    (a spread of zero says nothing of how a drop would spread: no power to quote)."""
+    zeros = {i: [0.0] for i in range(64)}
+    flat = compare_runs_statistically(zeros, zeros, iterations=500)
+    assert flat.noise_floor.no_variance and flat.min_detectable_effect is None
+    assert flat.verdict == "no change"
+    assert "the baseline has no variance (its 64 examples, one rollout each, scored alike)" in (
+        flat.summary
+    )
+    assert flat.summary.endswith("; power not estimable: NO CHANGE")
+    assert "±0.000" not in flat.summary and "0.000 with 80% power" not in flat.summary
+    md = regression_markdown([("lucky_digit / base", flat)])
+    (row,) = [line for line in md.splitlines() if line.startswith("| lucky")]
+    assert row.endswith("| none (no variance) |"), row
+    assert "±0.000" not in md and "80% power" not in md
+    assert json.loads(json.dumps(flat.to_dict()))["min_detectable_effect"] is None
+    # split-half: rollouts that agree within each example (greedy decoding) are no noise
+    greedy = {i: [float(i % 2)] * 2 for i in range(20)}
+    dropped = compare_runs_statistically(greedy, {i: [0.0, 0.0] for i in range(20)})
+    assert dropped.verdict == "regression"  # a real drop is still flagged
+    assert "no sampling noise in the baseline (the 2 rollouts of each of its 20 examples" in (
+        dropped.summary
+    )
+    # a baseline that varies keeps its measured floor and its power
+    rng = np.random.default_rng(0)
+    varied = compare_runs_statistically(bernoulli(rng, 50, 2, 0.5), bernoulli(rng, 50, 2, 0.5))
+    assert not varied.noise_floor.no_variance and varied.min_detectable_effect is not None
+    assert "with 80% power" in varied.summary and "noise floor ±" in varied.summary
 
 
 class _Comparison:

@@ -223,7 +223,9 @@ def regression_markdown(
             f"{report.delta:+.3f}",
             f"[{report.ci_low:+.3f}, {report.ci_high:+.3f}]"
             + ("" if ci_pct == "95%" else f" ({ci_pct})"),
-            f"±{report.noise_floor.value:.3f}",
+            "none (no variance)"
+            if report.noise_floor.no_variance
+            else f"±{report.noise_floor.value:.3f}",
         ]
         if report.regressed:
             row = [f"**{cell}**" for cell in row]

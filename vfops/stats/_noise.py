@@ -42,15 +42,32 @@ class NoiseFloor:
     max_rollouts: int
     iterations: int
 
+    @property
+    def no_variance(self) -> bool:
+        """The baseline did not vary where the floor is measured: every rollout of an
+        example scored alike (split-half), or every example did (one rollout each).
+        There is then no noise to measure, and no spread to quote a power from."""
+        return self.se == 0.0 and self.value == 0.0
+
     def describe(self) -> str:
         """One sentence fragment: ``noise floor ±0.04 measured by ...``."""
         pct = f"{self.quantile * 100:g}th percentile"
-        if self.method == "split-half":
-            rollouts = (
-                f"{self.min_rollouts}"
-                if self.min_rollouts == self.max_rollouts
-                else f"{self.min_rollouts}-{self.max_rollouts}"
+        rollouts = (
+            f"{self.min_rollouts}"
+            if self.min_rollouts == self.max_rollouts
+            else f"{self.min_rollouts}-{self.max_rollouts}"
+        )
+        if self.no_variance and self.method == "split-half":
+            return (
+                f"no sampling noise in the baseline (the {rollouts} rollouts of each of its "
+                f"{self.n_examples} examples scored alike): no noise floor to measure"
             )
+        if self.no_variance:
+            return (
+                f"the baseline has no variance (its {self.n_examples} examples, one rollout "
+                "each, scored alike): no noise floor to measure"
+            )
+        if self.method == "split-half":
             text = (
                 f"noise floor ±{self.value:.3f} measured by split-half resampling of the "
                 f"baseline ({pct} of |Δ|, {self.n_examples} examples x {rollouts} rollouts"

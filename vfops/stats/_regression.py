@@ -59,14 +59,15 @@ class RegressionReport:
     noise_floor: NoiseFloor
     significant: bool
     """A significant drop (bootstrap or McNemar), before the noise-floor gate."""
-    min_detectable_effect: float
+    min_detectable_effect: float | None
     """The true drop this check flags with probability :data:`DETECTION_POWER` (80 %),
     from the noise measured on the baseline: the flagging threshold (the larger of the
     noise floor, ``min_effect`` and the significance bound z(1-alpha/2) x SE) plus
     z(0.8) x SE, SE being the noise-only standard deviation of the delta. Simulated
     (tests/test_stats.py, 200 examples x 4 rollouts, 200 seeded pairs per condition,
     alpha 0.05): no change flagged 1.5 %; a drop at the noise floor (0.045) 44 %; a
-    drop of this size (0.065) 82 %."""
+    drop of this size (0.065) 82 %. None when the baseline has no variance
+    (``noise_floor.no_variance``): with no spread measured, no power can be quoted."""
     regressed: bool
     verdict: Verdict
     summary: str
@@ -148,7 +149,11 @@ def compare_runs_statistically(
     floor = noise_floor(a_shared, iterations=noise_iterations, seed=seed)
 
     delta = boot.delta
-    mde = min_detectable_effect(floor, alpha=alpha, min_effect=min_effect)
+    mde = (
+        None
+        if floor.no_variance
+        else min_detectable_effect(floor, alpha=alpha, min_effect=min_effect)
+    )
     significant = boot.significant_regression or (mc is not None and mc.significant_regression)
     improved = boot.significant_improvement or (
         mc is not None and mc.direction == "improvement" and mc.p_value < alpha
@@ -178,8 +183,7 @@ def compare_runs_statistically(
     summary = (
         f"reward {boot.mean_a:.3f} -> {boot.mean_b:.3f} ({stats}); {floor.describe()}"
         f"{f'; min effect {min_effect:.3f}' if min_effect is not None else ''}"
-        f"; detects drops ≥ {mde:.3f} with {DETECTION_POWER:.0%} power: "
-        f"{verdict.upper()}"
+        f"; {_detection(mde)}: {verdict.upper()}"
     )
     return RegressionReport(
         tests=tests,
@@ -205,6 +209,12 @@ def compare_runs_statistically(
         verdict=verdict,
         summary=summary,
     )
+
+
+def _detection(mde: float | None) -> str:
+    if mde is None:  # a spread of zero says nothing of how a candidate's drop would spread
+        return "power not estimable"
+    return f"detects drops ≥ {mde:.3f} with {DETECTION_POWER:.0%} power"
 
 
 def min_detectable_effect(
