@@ -222,6 +222,12 @@ class RunResult:
     peak_rss_by_phase_mb: dict[str, float] = field(default_factory=dict)
     tree_peak_rss_mb: float = 0.0
     """Largest sum of the RSS of every process in the tree, sampled together."""
+    tree_peak_pss_mb: float = 0.0
+    """Largest sum of their PSS (``/proc/PID/smaps_rollup``), sampled together: a page
+    shared by N processes counted 1/N in each, so pages a forked child still shares with
+    its parent (copy-on-write) count once, where the RSS sum counts them in each."""
+    peak_pss_by_process_mb: dict[str, float] = field(default_factory=dict)
+    """Each process's largest sampled PSS, by the names of ``peak_rss_by_process_mb``."""
     peak_rss_by_process_mb: dict[str, float] = field(default_factory=dict)
     """Each process's own peak RSS (VmHWM, last sample), by a short name of its command."""
     largest_process_maxrss_mb: float = 0.0
@@ -322,6 +328,18 @@ def _children_of(pid: int) -> list[int]:
     return out
 
 
+def _proc_pss_mb(pid: int) -> float | None:
+    """The process's proportional set size (MB), or None (gone, or no smaps_rollup)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
 def _proc_stats(pid: int) -> tuple[float, float, float] | None:
     """(CPU s, RSS MB, peak RSS MB) of one process from /proc, or None once it is gone."""
     try:
@@ -357,6 +375,8 @@ class _TreeSampler(threading.Thread):
         self.root_rss: list[tuple[float, float]] = []  # (epoch, RSS MB)
         self.first_results_epoch: float | None = None
         self.tree_peak = 0.0
+        self.tree_peak_pss = 0.0
+        self.pss_peak_by_pid: dict[int, float] = {}
         self.max_procs = 0
         self.samples = 0
         self._results_glob = results_glob
@@ -385,7 +405,7 @@ class _TreeSampler(threading.Thread):
     def sample(self) -> None:
         self._watch_results()
         now = time.time()
-        tree_rss, procs = 0.0, 0
+        tree_rss, tree_pss, procs = 0.0, 0.0, 0
         for pid in self._tree():
             stats = _proc_stats(pid)
             if stats is None:
@@ -393,6 +413,10 @@ class _TreeSampler(threading.Thread):
             cpu, rss, hwm = stats
             procs += 1
             tree_rss += rss
+            pss = _proc_pss_mb(pid)
+            if pss is not None:
+                tree_pss += pss
+                self.pss_peak_by_pid[pid] = max(self.pss_peak_by_pid.get(pid, 0.0), pss)
             self.cpu_by_pid[pid] = cpu
             self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0.0), hwm, rss)
             if pid not in self.seen:
@@ -406,6 +430,7 @@ class _TreeSampler(threading.Thread):
         if procs:
             self.samples += 1
             self.tree_peak = max(self.tree_peak, tree_rss)
+            self.tree_peak_pss = max(self.tree_peak_pss, tree_pss)
             self.max_procs = max(self.max_procs, procs)
 
     def run(self) -> None:
@@ -416,10 +441,11 @@ class _TreeSampler(threading.Thread):
         self._stop_event.set()
         self.join()
 
-    def peaks_by_process(self) -> dict[str, float]:
-        """Each process's peak RSS by name (``name#2`` for a second one of that name)."""
+    def peaks_by_process(self, pss: bool = False) -> dict[str, float]:
+        """Each process's peak RSS (``pss``: sampled PSS) by name (``name#2`` for a second
+        one of that name)."""
         out: dict[str, float] = {}
-        for pid, peak in self.peak_by_pid.items():
+        for pid, peak in (self.pss_peak_by_pid if pss else self.peak_by_pid).items():
             name = self.names.get(pid) or str(pid)
             key, i = name, 1
             while key in out:
@@ -584,7 +610,9 @@ def run_client(
     result.largest_process_maxrss_mb = usage.ru_maxrss / 1024.0  # KiB on Linux
     result.peak_rss_mb = sampler.peak_rss
     result.tree_peak_rss_mb = sampler.tree_peak
+    result.tree_peak_pss_mb = sampler.tree_peak_pss
     result.peak_rss_by_process_mb = sampler.peaks_by_process()
+    result.peak_pss_by_process_mb = sampler.peaks_by_process(pss=True)
     result.max_tree_processes = sampler.max_procs
     result.samples = sampler.samples
     result.log = log_path.read_text(errors="replace")[-3000:]
@@ -1249,12 +1277,16 @@ def print_memory(data: dict[str, Any]) -> list[Bar]:
     print(f"    vfops: {data['command']}")
     phases = ", ".join(f"{k} {v:.0f} MB" for k, v in run["peak_rss_by_phase_mb"].items())
     procs = ", ".join(f"{k} {v:.0f} MB" for k, v in run["peak_rss_by_process_mb"].items())
+    pss = ", ".join(f"{k} {v:.0f} MB" for k, v in run.get("peak_pss_by_process_mb", {}).items())
     print(
         f"  {run['rollouts']:,}/{run['planned']:,} rollouts in {run['wall_s']:.1f} s "
         f"(rollout phase {_fmt(run['phase_wall_s'], '.1f')} s)\n"
         f"  peak RSS, whole process tree (vfops + its children: tracker, registry; sampled\n"
         f"     together):                                             "
         f"{run['tree_peak_rss_mb']:7.1f} MB ({run['max_tree_processes']} processes at most)\n"
+        f"  peak PSS, whole process tree (pages shared by forked processes counted once;\n"
+        f"     context, not the bar):                                 "
+        f"{run.get('tree_peak_pss_mb', 0.0):7.1f} MB; each process's PSS peak: {pss or '-'}\n"
         f"  peak RSS, vfops process (kernel high-water mark VmHWM):   "
         f"{run['peak_rss_mb']:7.1f} MB\n"
         f"     its RSS peak by phase (sampled):                       {phases or '-'}\n"
@@ -1276,7 +1308,8 @@ def print_memory(data: dict[str, Any]) -> list[Bar]:
     what = f"{BAR_MEMORY['n'] * BAR_MEMORY['r']:,} rollouts, -c {BAR_MEMORY['c']}, 0 ms"
     return [
         Bar("3a", f"peak RSS of the process tree, {what}",
-            f"{run['tree_peak_rss_mb']:.0f} MB (vfops process {run['peak_rss_mb']:.0f} MB)",
+            f"{run['tree_peak_rss_mb']:.0f} MB (vfops process {run['peak_rss_mb']:.0f} MB; "
+            f"tree PSS {run.get('tree_peak_pss_mb', 0.0):.0f} MB)",
             f"<= {BAR_PEAK_RSS_MB:g} MB",
             run["ok"] and run["tree_peak_rss_mb"] <= BAR_PEAK_RSS_MB, exact),
         Bar("3b", "last rollout -> process exit, recorded", f"{_fmt(tail, '.2f')} s",
