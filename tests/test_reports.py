@@ -93,6 +93,58 @@ def test_nightly_trend_chart_mixes_dates_and_strings() -> None:
         nightly_trend_chart({})
 
 
+def _layout_of_each_chart(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Where each chart drawn in the block put its title, its legend and its axes (pixels,
+    as rendered into the PNG)."""
+    from vfops.reports import _charts
+
+    layouts: list[dict[str, Any]] = []
+    to_png = _charts._to_png
+
+    def measured(fig: Any) -> bytes:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        (ax,) = fig.axes
+        layouts.append(
+            {
+                "figure": fig.bbox,
+                "title": ax.title.get_window_extent(renderer),
+                "axes": ax.get_window_extent(renderer),
+                "legends": [legend.get_window_extent(renderer) for legend in fig.legends],
+            }
+        )
+        return to_png(fig)
+
+    monkeypatch.setattr(_charts, "_to_png", measured)
+    return layouts
+
+
+def test_no_legend_covers_a_title_or_squeezes_the_axes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the demo's nightly chart: its series name pushed a legend at the top right over the
+    # title's end, and the axes shrank to a third of the figure
+    from vfops.reports._charts import training_curve_chart
+
+    layouts = _layout_of_each_chart(monkeypatch)
+    demo = "lucky_digit · models:/vfops-demo-policy@champion"
+    nightly_trend_chart({demo: [("2026-12-05", 0.0, 0.0), ("2026-12-06", 1.0, 0.0)]})
+    nightly_trend_chart(
+        {f"env{i} · models:/a-model@champion": [("2026-12-06", 0.1 * i, 0.01)] for i in range(8)}
+    )
+    sweep_chart(cells())
+    training_curve_chart([(1, 0.1), (2, 0.3)], [(0, 0.0), (2, 0.5)])
+    assert len(layouts) == 4
+    for layout in layouts:
+        title, axes, figure = layout["title"], layout["axes"], layout["figure"]
+        assert layout["legends"], "each of these charts has a legend"
+        for legend in layout["legends"]:
+            assert not legend.overlaps(title), (legend, title)
+            assert not legend.overlaps(axes), (legend, axes)
+            assert figure.x0 <= legend.x0 and legend.x1 <= figure.x1 + 1, (legend, figure)
+        assert figure.x0 <= title.x0 and title.x1 <= figure.x1, (title, figure)
+        assert axes.width >= 0.6 * figure.width, (axes, figure)
+        assert axes.height >= 0.35 * figure.height, (axes, figure)
+
+
 def test_png_data_uri_round_trips() -> None:
     png = sweep_chart(cells())
     uri = png_data_uri(png)

@@ -79,13 +79,16 @@ def _new_figure(width: float, height: float) -> Any:
 
 
 def _legend(fig: Any, ax: Any, *, handles: Any = None, title: str | None = None) -> None:
-    """The legend beside the axes, at a fixed place: matplotlib's default ("best") searches
+    """The legend below the axes, at a fixed place: matplotlib's default ("best") searches
     the axes for a free corner and warns when that is slow, which it was on a loaded
-    machine (warnings are errors in the tests)."""
+    machine (warnings are errors in the tests). Below, not beside: beside the axes, at the
+    top right, a long series name ("lucky_digit · models:/NAME@champion") squeezed the
+    axes narrower than their title, and the legend covered the title's end."""
     if handles is None:
         handles, _ = ax.get_legend_handles_labels()
     labels = [handle.get_label() for handle in handles]
-    fig.legend(handles, labels, loc="outside right upper", title=title, fontsize=8)
+    columns = max(1, min(len(labels), 3, 60 // max(len(label) for label in labels)))
+    fig.legend(handles, labels, loc="outside lower center", ncols=columns, title=title, fontsize=8)
 
 
 def _to_png(fig: Any) -> bytes:
@@ -175,7 +178,8 @@ def nightly_trend_chart(
         raise InvalidArgumentError("nightly_trend_chart needs at least one point")
     ticks = sorted({_x_label(point[0]) for points in history.values() for point in points})
     index = {label: i for i, label in enumerate(ticks)}
-    fig = _new_figure(max(6.0, 0.6 * len(ticks) + 3.0), 4.8)
+    # each series beyond two gets a legend row's height below the axes
+    fig = _new_figure(max(6.0, 0.6 * len(ticks) + 3.0), 4.8 + 0.2 * max(0, len(history) - 2))
     ax = fig.add_subplot()
     for env, points in history.items():
         ordered = sorted(points, key=lambda p: index[_x_label(p[0])])
@@ -188,7 +192,7 @@ def nightly_trend_chart(
     ax.set_xlabel("night")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    _legend(fig, ax, title="environment")
+    _legend(fig, ax, title="environment · model")
     return _to_png(fig)
 
 
