@@ -320,8 +320,9 @@ def _take_over(session: Session, opening: _Opening, found: EvalRunRow) -> Path:
         run_dir = Path(found.output_dir)
     else:
         run_dir = Path(resume or opening.output_root)
+    take_run_lease(session, found.id, opening.lease)  # a live holder's: refused, named
+    # in the same transaction: a refusal here rolls the takeover back
     _check_folder_free(run_dir)
-    take_run_lease(session, found.id, opening.lease)
     set_run_status(session, found.id, "running")
     if moved:
         # the folder given, wherever it is now (moved off a full disk, another host's
@@ -332,9 +333,9 @@ def _take_over(session: Session, opening: _Opening, found: EvalRunRow) -> Path:
 
 def _check_folder_free(run_dir: Path) -> None:
     """Refuse (:class:`RunFolderBusyError`, naming it) a run whose folder a live process
-    still works in, before its lease is touched: one paused past its lease (Ctrl-Z,
-    SIGSTOP) keeps its folder's lock, and would otherwise lose the run to a resume that
-    can only be refused."""
+    still works in, within the transaction that takes its lease over (the refusal rolls
+    it back): one paused past its lease (Ctrl-Z, SIGSTOP) keeps its folder's lock, and
+    would otherwise lose the run to a resume that can only be refused."""
     from vfops.evaluation._lock import LOCK_FILE, RunFolderLock
 
     if (run_dir / LOCK_FILE).exists():
