@@ -36,7 +36,7 @@ from vfops.evaluation._runner import check_resumable, initial_metadata, run_roll
 from vfops.evaluation._sinks import RegistrySink, Sink, SinkError, first_line
 from vfops.evaluation._store import DiskWriteError, RolloutWriter, iter_records, write_metadata
 from vfops.stats._summary import EvalSummary
-from vfops.tracking._lifeline import wait_for_tracker
+from vfops.tracking import wait_for_tracker
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

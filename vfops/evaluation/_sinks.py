@@ -532,7 +532,7 @@ class TrackingSink:
             "summary": finish.summary.to_dict(),
             "finished_at": now_iso(),
         }
-        from vfops.tracking._lifeline import RunTakenOver
+        from vfops.tracking import RunTakenOver
 
         try:
             self.mlflow_run_id = await self._tracker.finish(

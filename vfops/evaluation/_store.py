@@ -211,7 +211,7 @@ def rebuild_export(run_dir: Path, problem: str) -> None:
     (a run being worked on is refused: its own writer seals the file)."""
     from vfops._arrow import ResultsExport
     from vfops.evaluation._lock import RunFolderBusyError, RunFolderLock
-    from vfops.tracking._lifeline import wait_for_tracker
+    from vfops.tracking import wait_for_tracker
 
     lock = RunFolderLock(run_dir)
     try:

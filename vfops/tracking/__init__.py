@@ -36,6 +36,7 @@ from vfops.tracking._eval_runs import (
     start_sweep_runs,
     tracking_enabled,
 )
+from vfops.tracking._lifeline import RunTakenOver, wait_for_tracker
 from vfops.tracking._links import (
     PREFECT_FLOW_RUN_ID_TAG,
     PREFECT_FLOW_RUN_URL_TAG,
@@ -55,6 +56,7 @@ __all__ = [
     "RUN_ID_TAG",
     "SWEEP_TAG",
     "ExportError",
+    "RunTakenOver",
     "SideChannel",
     "Tracker",
     "artifact_root",
@@ -82,4 +84,5 @@ __all__ = [
     "start_sweep_runs",
     "tracking_enabled",
     "tracking_uri",
+    "wait_for_tracker",
 ]
