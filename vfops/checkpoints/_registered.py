@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from vfops._errors import VfopsError
 from vfops._settings import vfops_home
 from vfops.tracking import ensure_experiment, mlflow_client, tracking_uri
+from vfops.tracking._inputs import LOGGED_MODEL_TAG
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -38,6 +39,8 @@ TAG_BASE_MODEL = "vfops.base_model"
 TAG_ENV_VERSIONS = "vfops.environment_versions"
 TAG_SOURCE = "vfops.source_dir"
 TAG_FILES = "vfops.files"
+TAG_LOGGED_MODEL = LOGGED_MODEL_TAG
+"""The MLflow logged model standing for the version (an eval run's model input)."""
 
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 _URI_RE = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
@@ -152,11 +155,27 @@ def register_checkpoint(
         raise
     client.set_terminated(run_id, status="FINISHED")
     _ensure_registered_model(client, name)
+    # MLflow 3's model entity: what an eval run of this version takes as its model input
+    # (the UI's link); the weights stay the registering run's artifacts (``source``)
+    logged = _logged_model(client, experiment_id, name, run_id)
+    tags[TAG_LOGGED_MODEL] = logged
     source = f"{run.info.artifact_uri.rstrip('/')}/{ARTIFACT_PATH}"
     mv = client.create_model_version(
         name, source, run_id=run_id, tags=tags, description=description
     )
+    client.set_logged_model_tags(
+        logged, {"mlflow.modelVersions": json.dumps([{"name": name, "version": int(mv.version)}])}
+    )
     return ModelVersionInfo.from_mlflow(mv)
+
+
+def _logged_model(client: MlflowClient, experiment_id: str, name: str, run_id: str) -> str:
+    """A READY logged model standing for the version about to be registered; its id."""
+    from mlflow.entities import LoggedModelStatus
+
+    model = client.create_logged_model(experiment_id, name=name, source_run_id=run_id)
+    client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+    return str(model.model_id)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

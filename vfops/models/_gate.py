@@ -41,6 +41,9 @@ class EnvGateResult:
     holder_reused: bool = False
     candidate_errors: int = 0
     holder_errors: int = 0
+    ci_low: float | None = None
+    ci_high: float | None = None
+    """The paired bootstrap's confidence interval of ``delta`` (None: no holder)."""
 
     @property
     def inconclusive(self) -> bool:
@@ -272,6 +275,8 @@ async def gate_one_env(
         holder_reused=held.reused,
         candidate_errors=cand_errors,
         holder_errors=errored_rollouts(engine, held.run_id),
+        ci_low=report.ci_low,
+        ci_high=report.ci_high,
     )
 
 

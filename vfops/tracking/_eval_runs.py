@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from vfops.tracking._client import ensure_experiment, mlflow_client, quiet, safe_folder
+from vfops.tracking._inputs import log_rows_dataset, log_run_inputs
 from vfops.tracking._lifeline import HOLDER_TAG, RunTakenOver
 from vfops.tracking._parquet import ARTIFACT_NAME, arrow_to_parquet
 from vfops.tracking._run_info import RunInfo, link_mlflow_run, prepare_run_log
@@ -312,6 +313,7 @@ def _open_run(
     )
     for extra in _chunks(params[_BATCH_PARAMS:], _BATCH_PARAMS):
         client.log_batch(mlflow_id, params=list(extra))
+    log_run_inputs(client, run, info)  # the dataset snapshot and the model version
     return OpenedRun(mlflow_id, experiment_id, logged_before)
 
 
@@ -404,6 +406,8 @@ def _finish_run(
                 path = Path(folder) / ARTIFACT_NAME
                 arrow_to_parquet(rollouts, path)
                 log_artifact_atomically(client, mlflow_id, path)
+        if info.dataset is None and info.status == "completed":  # no snapshot names its rows
+            log_rows_dataset(client, mlflow_id, info, rollouts)
     now = _ms(dt.datetime.now(dt.UTC)) or 0
     metrics = [Metric(k, v, now, step) for k, v in _metrics_from_stored(info.summary).items()]
     client.log_batch(

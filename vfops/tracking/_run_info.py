@@ -45,6 +45,9 @@ class RunInfo:
     mlflow_run_id: str | None
     prefect_tags: dict[str, str] = dataclasses.field(default_factory=dict)
     """The Prefect flow run that evaluated it (read where it ran: the tracker is elsewhere)."""
+    dataset: dict[str, Any] | None = None
+    """The published dataset snapshot it evaluated (:func:`snapshot_dataset`); None when
+    unpublished or run with environment arguments (its rows are then digested)."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values (datetimes as ISO strings), for the tracker process."""
@@ -83,6 +86,7 @@ def read_run(engine: Engine, run_id: str) -> RunInfo:
         row = get_run(session, run_id)
         if row is None:
             raise VfopsError(f"no eval run {run_id!r} in the registry; see: vfops runs list")
+        dataset = _published_snapshot(session, row)
         return RunInfo(
             id=row.id,
             env_name=row.environment_name,
@@ -102,7 +106,22 @@ def read_run(engine: Engine, run_id: str) -> RunInfo:
             tags=list(row.tags or []),
             mlflow_run_id=row.mlflow_run_id,
             prefect_tags=prefect_run_tags(),
+            dataset=dataset,
         )
+
+
+def _published_snapshot(session: Any, row: Any) -> dict[str, Any] | None:
+    """The snapshot of the published version ``row`` (an eval run) evaluated with its
+    default arguments: the rows publishing snapshotted are then the rows it read."""
+    from vfops.registry import find_version
+    from vfops.tracking._inputs import snapshot_dataset
+
+    if row.environment_version_id is None or row.env_args:
+        return None
+    version = find_version(session, row.environment_name, row.environment_version)
+    if version is None or version.id != row.environment_version_id:
+        return None
+    return snapshot_dataset(row.environment_name, version.version, dict(version.datasets or {}))
 
 
 def prepare_run_log(
