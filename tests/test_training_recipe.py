@@ -377,3 +377,42 @@ def test_vllm_backend_is_built_from_the_config(tiny_dir: Path, tmp_path: Path) -
         recipe.setup()  # builds the backend; nothing is sent to the server before a step
         assert isinstance(recipe.backend, VLLMBackend)
         assert recipe._sampling_args(0, 0).get("seed") is None  # no shared seed per group
+
+
+def test_a_resume_continues_its_mlflow_run(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 steps, a checkpoint, then the README's resume into another output folder with
+    more steps: one MLflow run (the checkpoint's), RUNNING again then FINISHED, its step
+    numbers going on (1..4), the changed ``run.steps`` beside the original param."""
+    from vfops.tracking import mlflow_client
+    from vfops.training._tracking import RESUMES_TAG
+
+    monkeypatch.setenv("VFOPS_HOME", str(tmp_path / "home"))  # a store of its own
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = _small(tiny_dir, tmp_path / "out", 2).with_overrides({"run.tracking": True})
+    with GRPORecipe(config) as first:
+        first.setup()
+        for _ in range(2):
+            first.train_step()
+        checkpoint = first.save(tmp_path / "out" / "final")
+        assert first.tracker is not None
+        run_id = first.tracker.run_id
+    more = config.with_overrides({"run.steps": 4, "run.output_dir": str(tmp_path / "out-more")})
+    with GRPORecipe(more) as resumed:
+        resumed.setup()
+        resumed.resume(checkpoint)
+        for _ in range(2):
+            resumed.train_step()
+        assert resumed.tracker is not None and resumed.tracker.run_id == run_id
+        assert mlflow_client().get_run(run_id).info.status == "RUNNING"
+        again = resumed.save(tmp_path / "out-more" / "final")
+    client = mlflow_client()
+    run = client.get_run(run_id)
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1, 2, 3, 4]
+    assert run.info.status == "FINISHED" and run.data.tags[RESUMES_TAG] == "1"
+    assert run.data.params["config.run.steps"] == "2"
+    assert run.data.params["resume1.config.run.steps"] == "4"
+    assert len(client.search_runs([run.info.experiment_id])) == 1  # no second run
+    # the new folder's checkpoint names the same run: resuming it continues it again
+    assert json.loads((again / "trainer_state.json").read_text())["mlflow_run_id"] == run_id

@@ -131,6 +131,14 @@ def read_step(src: Path) -> int:
     return int(state["step"])
 
 
+def read_mlflow_run_id(src: Path) -> str | None:
+    """The MLflow run a checkpoint folder (checked by :func:`read_step`) was trained in;
+    None when it was trained without tracking."""
+    state: dict[str, Any] = json.loads((src / STATE_FILE).read_text())
+    run_id = state.get("mlflow_run_id")
+    return str(run_id) if run_id else None
+
+
 def register(model_dir: Path, name: str, state: TrainerState) -> str:
     """Register an exported model folder in MLflow; returns ``models:/name/version``."""
     from vfops.checkpoints import register_checkpoint

@@ -49,7 +49,13 @@ from vfops.envs import Environment
 from vfops.envs._dataset import Example
 from vfops.training._backend import GenerationBackend
 from vfops.training._batch import Batch, Groups, to_batch
-from vfops.training._checkpoint import MODEL_SUBDIR, Checkpointer, TrainerState, read_step
+from vfops.training._checkpoint import (
+    MODEL_SUBDIR,
+    Checkpointer,
+    TrainerState,
+    read_mlflow_run_id,
+    read_step,
+)
 from vfops.training._checkpoint import register as register_model
 from vfops.training._config import GRPOConfig
 from vfops.training._generation import DataShard, GenerationScheduler, Rollouts
@@ -69,6 +75,17 @@ from vfops.training._setup import (
 )
 from vfops.training._tracking import TrainingTracker
 from vfops.training._weights import unwrap
+
+
+@dataclass(slots=True)
+class _Tracking:
+    """The MLflow run :attr:`GRPORecipe.tracker` opens at first use."""
+
+    base_model: str
+    env_versions: dict[str, str]
+    resolved: dict[str, str]
+    continue_run: str | None = None
+    """The run of the checkpoint resumed from (:meth:`GRPORecipe.resume`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +121,8 @@ class GRPORecipe:
         """Optimizer steps taken (= the policy version of the current weights)."""
         self.accelerator: Any = None
         self.tokenizer: Any = None
-        self.tracker: TrainingTracker | None = None
+        self._tracker: TrainingTracker | None = None
+        self._tracking: _Tracking | None = None
         self._policy: Policy | None = None
         self._loop: GenerationLoop | None = None
         self._parts: _Parts | None = None
@@ -151,8 +169,8 @@ class GRPORecipe:
         trainer = OptimizerStep(policy, loss=cfg.loss, optim=cfg.optim, generation=cfg.generation)
         self._parts = _Parts(generation, trainer, Checkpointer(policy))
         if cfg.run.tracking and self.accelerator.is_main_process:
-            self.tracker = TrainingTracker.start(
-                cfg,
+            # opened at first use (:attr:`tracker`): a resume continues its checkpoint's run
+            self._tracking = _Tracking(
                 base_model=self.base_model_name,
                 env_versions=self.env_versions,
                 resolved={"attn_implementation": attn},
@@ -163,6 +181,22 @@ class GRPORecipe:
         return Rollouts(self.env, self.backend, self.base_model_name, self._loop.limiter)
 
     # ------------------------------------------------------------------ properties
+
+    @property
+    def tracker(self) -> TrainingTracker | None:
+        """The run's MLflow run (tracking on, main process; None otherwise). Opened at
+        first use after :meth:`setup`: a new run, or, after :meth:`resume`, the run the
+        checkpoint was trained in, continued (its step numbers go on)."""
+        if self._tracker is None and self._tracking is not None:
+            plan, self._tracking = self._tracking, None
+            self._tracker = TrainingTracker.start(
+                self.config,
+                base_model=plan.base_model,
+                env_versions=plan.env_versions,
+                resolved=plan.resolved,
+                continue_run=plan.continue_run,
+            )
+        return self._tracker
 
     @property
     def model(self) -> Any:
@@ -338,6 +372,8 @@ class GRPORecipe:
         parts = self._set_up()
         src = Path(directory)
         step = read_step(src)
+        if self._tracking is not None:  # its MLflow run continues, wherever it now writes
+            self._tracking.continue_run = read_mlflow_run_id(src)
         parts.generation.drop_pending()
         parts.checkpoints.load(src)
         self.step = step
@@ -357,9 +393,10 @@ class GRPORecipe:
                 *([env.aclose] if env is not None else []),
             )
             self._loop = None
-        if self.tracker is not None:
-            self.tracker.finish()
-            self.tracker = None
+        self._tracking = None  # never opened: nothing to end
+        if self._tracker is not None:
+            self._tracker.finish()
+            self._tracker = None
 
     def __enter__(self) -> GRPORecipe:
         return self
