@@ -4,73 +4,83 @@ holds one slice's rows, one export batch and the trace sample, never the backlog
 
 A regression guard on the structures themselves (the allocations Python traces while
 the tracker reads a backlog, and the sizes of what it keeps), not on a process's RSS:
-bench/eval_overhead.py --only memory measures the whole tree against its bar."""
+bench/eval_overhead.py --only memory measures the whole tree against its bar. The
+tracker's module is a program (importing it takes over stdout and keeps pandas out of
+the process): it runs in an interpreter of its own."""
 
 from __future__ import annotations
 
-import tracemalloc
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-import orjson
+import vfops
 
+SOURCE_ROOT = str(Path(vfops.__file__).resolve().parents[1])
+LIMIT = 20
+"""Traces per run (passing and failed each)."""
+
+_MEASURE = """
+import json, sys, tracemalloc
+from pathlib import Path
+import orjson
 from tests.registry_fixtures import make_record
 from vfops._arrow import ResultsExport
 from vfops.tracking import _tracker_main
 from vfops.tracking._traces import TraceSampler
 
-LIMIT = 20
-"""Traces per run (passing and failed each)."""
+root, limit = Path(sys.argv[1]), int(sys.argv[2])
 
 
-def _results(path: Path, rows: int) -> int:
-    with path.open("wb") as handle:
-        for i in range(rows):
-            # failed (reward 0.25) and passing rollouts, of index 0 and not
-            handle.write(orjson.dumps(make_record(i // 2, i % 2).to_dict()) + b"\n")
-    return path.stat().st_size
-
-
-def _reader(folder: Path) -> _tracker_main._RunLog:
-    """The tracker's run log with its reading side only (export and trace sample; its
-    MLflow writer is left out: the traces it is handed are counted instead)."""
-    log = _tracker_main._RunLog.__new__(_tracker_main._RunLog)
-    log._results = folder / "results.jsonl"
-    log._lifeline = None
-    log._offset = 0
-    log._export = ResultsExport(folder / "rollouts.arrow")
-    log._export_error = None
-    log._held = []
-    log._sampler = TraceSampler(limit=LIMIT, failed_limit=LIMIT)
-    log._writer = None
-    return log
-
-
-def _catch_up(folder: Path, rows: int) -> tuple[int, _tracker_main._RunLog]:
-    """Traced peak (bytes) of reading a backlog of ``rows`` rollouts in one go, as a
-    tracker that fell behind does at its seal."""
+def catch_up(name, rows):
+    # the tracker's run log with its reading side only (export and trace sample; its
+    # MLflow writer left out), reading a backlog of `rows` rollouts in one go, as a
+    # tracker that fell behind does at its seal
+    folder = root / name
     folder.mkdir()
-    size = _results(folder / "results.jsonl", rows)
-    log = _reader(folder)
+    results = folder / "results.jsonl"
+    with results.open("wb") as handle:
+        for i in range(rows):  # failed (reward 0.25) and passing, of index 0 and not
+            handle.write(orjson.dumps(make_record(i // 2, i % 2).to_dict()) + b"\\n")
+    log = _tracker_main._RunLog.__new__(_tracker_main._RunLog)
+    log._results, log._lifeline, log._offset = results, None, 0
+    log._export, log._export_error = ResultsExport(folder / "rollouts.arrow"), None
+    log._held, log._writer = [], None
+    log._sampler = TraceSampler(limit=limit, failed_limit=limit)
+    size = results.stat().st_size
     tracemalloc.start()
-    try:
-        log._read_to(size, trace=False)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert log._offset == size
-    return peak, log
+    log._read_to(size, trace=False)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {
+        "peak": peak, "read": log._offset == size, "batch": len(log._export.take()),
+        "held": len(log._held), "reserve": len(log._sampler.rest()),
+    }
+
+
+catch_up("warm", 1_100)  # a first Arrow batch: its set-up is not the reading
+print(json.dumps({"small": catch_up("small", 2_000), "large": catch_up("large", 8_000)}))
+"""
 
 
 def test_catching_up_holds_a_slice_not_the_backlog(tmp_path: Path) -> None:
-    _catch_up(tmp_path / "warm", 1_100)  # a first Arrow batch: its set-up is not the reading
-    small, _ = _catch_up(tmp_path / "small", 2_000)
-    large, log = _catch_up(tmp_path / "large", 8_000)
+    env = {**os.environ, "PYTHONPATH": SOURCE_ROOT}
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(tmp_path), str(LIMIT)],
+        capture_output=True, text=True, env=env, cwd=SOURCE_ROOT, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # the tracker's module sends its own stdout to stderr: its protocol has the original
+    found = json.loads(done.stderr.strip().splitlines()[-1])
+    small, large = found["small"], found["large"]
+    assert small["read"] and large["read"]
     # four times the backlog (~4 MB of JSON lines), about the same peak: one slice of
     # parsed rows and one Arrow batch at a time (6.5 MB at both sizes here; read whole,
     # 18 and 74 MB)
-    assert large < small * 1.5, (small, large)
+    assert large["peak"] < small["peak"] * 1.5, (small, large)
     # and what stays between reads is bounded by the settings, not by the run
-    assert log._export is not None
-    assert len(log._export.take()) < 1024  # the export's batch: the rest is on disk
-    assert len(log._held) <= 2 * LIMIT  # the trace sample, held for the finish
-    assert log._sampler is not None and len(log._sampler.rest()) <= LIMIT
+    assert large["batch"] < 1024  # the export's batch: the rest is on disk
+    assert large["held"] <= 2 * LIMIT  # the trace sample, held for the finish
+    assert large["reserve"] <= LIMIT
