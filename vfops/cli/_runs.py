@@ -256,28 +256,85 @@ def _selection(example: int | None, rollout: int | None, failed: bool) -> str:
 
 @app.command("compare")
 def compare_command(
-    run_a: Annotated[str, typer.Argument(help="Baseline run.")],
-    run_b: Annotated[str, typer.Argument(help="Candidate run.")],
+    baseline_arg: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="BASELINE",
+            help="The baseline run (id or unique prefix): what the candidate is measured "
+            "against. Same as --baseline.",
+            show_default=False,
+        ),
+    ] = None,
+    candidate_arg: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="CANDIDATE",
+            help="The candidate run: delta = candidate - baseline. Same as --candidate.",
+            show_default=False,
+        ),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option("--baseline", metavar="RUN", help="The baseline run (id or unique prefix)."),
+    ] = None,
+    candidate: Annotated[
+        str | None,
+        typer.Option(
+            "--candidate", metavar="RUN", help="The candidate run: delta = candidate - baseline."
+        ),
+    ] = None,
+    latest: Annotated[
+        bool,
+        typer.Option(
+            "--latest",
+            help="With --env: the candidate is the environment's newest run, the baseline "
+            "the run before it (as runs list orders them).",
+        ),
+    ] = False,
+    env: Annotated[
+        str | None,
+        typer.Option("--env", metavar="ENV", help="With --latest: whose runs to compare."),
+    ] = None,
     pass_threshold: Annotated[float, typer.Option(help="Mean reward that counts as a pass.")] = 1.0,
     show: Annotated[int, typer.Option(help="Flipped examples to list.")] = 10,
 ) -> None:
-    """Reward deltas aligned on example_id, and which examples flipped."""
-    from vfops.evaluation._compare import compare_runs
-    from vfops.evaluation._export import run_metadata
+    """A candidate run against a baseline: reward deltas aligned on example_id, and which
+    examples flipped.
 
+    Name the runs as BASELINE CANDIDATE (in that order), with --baseline RUN
+    --candidate RUN, or take an environment's newest run as the candidate and the one
+    before it as the baseline with --env ENV --latest. Every delta is candidate -
+    baseline: positive means the candidate scored higher. The first line says which run
+    is which.
+    """
+    from vfops.evaluation._compare import compare_runs
+
+    runs = _compared_runs(baseline_arg, candidate_arg, baseline, candidate, latest=latest, env=env)
     engine = _engine()
-    a, b = run_metadata(engine, run_a)["run_id"], run_metadata(engine, run_b)["run_id"]
-    result = compare_runs(engine, a, b, pass_threshold=pass_threshold)
+    base, cand = _resolved_pair(engine, runs, env=env)
+    result = compare_runs(engine, base["run_id"], cand["run_id"], pass_threshold=pass_threshold)
     if not result.examples:
-        raise VfopsError(f"runs {a[:12]} and {b[:12]} share no example_id; nothing to compare")
-    console = Console()
-    console.print(
+        raise VfopsError(
+            f"runs {base['run_id'][:12]} and {cand['run_id'][:12]} share no example_id; "
+            "nothing to compare"
+        )
+    # plain echo, not rich: a line is never wrapped at the terminal's width nor read as
+    # markup (a model named "x[y]"), so the first line always says which run is which
+    typer.echo(f"baseline {_described(base)} vs candidate {_described(cand)}")
+    if base["started_at"] > cand["started_at"]:
+        # the positional order is easy to get backwards (runs list prints newest first)
+        typer.echo(
+            "note: the baseline started after the candidate; swap them if you meant to "
+            "measure the newer run",
+            err=True,
+        )
+    typer.echo(
         f"{len(result.examples)} shared examples: mean reward delta {result.mean_delta:+.4f} "
-        f"(B - A); flipped to pass {len(result.flipped_to_pass)}, "
-        f"to fail {len(result.flipped_to_fail)}; only in A {result.only_in_a}, "
-        f"only in B {result.only_in_b}"
+        f"(candidate - baseline); flipped to pass {len(result.flipped_to_pass)}, "
+        f"to fail {len(result.flipped_to_fail)}; only in baseline {result.only_in_a}, "
+        f"only in candidate {result.only_in_b}"
     )
-    table = Table("example", "reward A", "reward B", "delta", "flip")
+    table = Table("example", "baseline", "candidate", "delta", "flip")
     flips = result.flipped_to_fail + result.flipped_to_pass
     for example in flips[:show]:
         flip = "pass -> fail" if example.passed_a else "fail -> pass"
@@ -289,7 +346,78 @@ def compare_command(
             flip,
         )
     if flips:
-        console.print(table)
+        Console().print(table)
+
+
+_COMPARE_USAGE = (
+    "vfops runs compare BASELINE CANDIDATE, --baseline RUN --candidate RUN, or --env ENV --latest"
+)
+
+
+def _compared_runs(
+    baseline_arg: str | None,
+    candidate_arg: str | None,
+    baseline: str | None,
+    candidate: str | None,
+    *,
+    latest: bool,
+    env: str | None,
+) -> tuple[str, str] | None:
+    """The (baseline, candidate) the arguments name, or None for --latest; checked
+    before the registry is opened: one way of naming the runs, never a mix."""
+    positional = (baseline_arg, candidate_arg)
+    named = (baseline, candidate)
+    given = [any(x is not None for x in positional), any(x is not None for x in named), latest]
+    if sum(given) > 1:
+        raise VfopsError(
+            "name the runs one way: positional BASELINE CANDIDATE, --baseline/--candidate, "
+            f"or --latest, not a mix; use: {_COMPARE_USAGE}"
+        )
+    if latest:
+        if env is None:
+            raise VfopsError("--latest needs --env ENV: whose newest two runs to compare")
+        return None
+    if env is not None:
+        raise VfopsError(f"--env goes with --latest only; use: {_COMPARE_USAGE}")
+    pair = positional if given[0] else named
+    if pair[0] is None or pair[1] is None:
+        missing = "baseline" if pair[0] is None else "candidate"
+        raise VfopsError(f"no {missing} run given; use: {_COMPARE_USAGE}")
+    return pair[0], pair[1]
+
+
+def _resolved_pair(
+    engine: Engine, runs: tuple[str, str] | None, *, env: str | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The baseline's and the candidate's metadata (full ids), refusing one run twice."""
+    from vfops.evaluation._export import run_metadata
+    from vfops.registry import RunFilter, list_runs, session_scope
+
+    if runs is None:
+        with session_scope(engine, write=False) as session:
+            newest = [run.id for run in list_runs(session, RunFilter(env_name=env, limit=2))]
+        if len(newest) < 2:
+            raise VfopsError(
+                f"--latest needs two runs of {env!r}, the registry has {len(newest)}; "
+                f"see: vfops runs list --env {env}"
+            )
+        runs = (newest[1], newest[0])
+    base, cand = run_metadata(engine, runs[0]), run_metadata(engine, runs[1])
+    if base["run_id"] == cand["run_id"]:
+        raise VfopsError(
+            f"the baseline and the candidate are the same run ({base['run_id'][:12]}); "
+            "name two different runs"
+        )
+    return base, cand
+
+
+def _described(run: dict[str, Any]) -> str:
+    """``<id prefix> (<env> <version>, model <model>, started <minute> UTC)``."""
+    started = run["started_at"][:16].replace("T", " ")
+    return (
+        f"{run['run_id'][:12]} ({run['env_name']} {run['env_version']}, "
+        f"model {run['model']}, started {started} UTC)"
+    )
 
 
 @app.command("export")

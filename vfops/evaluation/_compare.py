@@ -1,4 +1,8 @@
-"""Paired comparison of two runs, aligned on example_id."""
+"""Paired comparison of two runs, aligned on example_id.
+
+Run A is the baseline and run B the candidate: every delta is B - A (candidate -
+baseline), so a positive delta means the candidate scored higher.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ class ExampleDelta:
 
     @property
     def delta(self) -> float:
+        """Candidate (B) minus baseline (A)."""
         return self.reward_b - self.reward_a
 
 
@@ -60,7 +65,8 @@ def per_example_rewards(engine: Engine, run_id: str) -> dict[int, list[float]]:
 def compare_runs(
     engine: Engine, run_a: str, run_b: str, *, pass_threshold: float = 1.0
 ) -> RunComparison:
-    """Mean reward per example in each run, the deltas, and which examples flipped.
+    """Mean reward per example in the baseline ``run_a`` and the candidate ``run_b``, the
+    deltas (candidate - baseline), and which examples flipped.
 
     An example passes when its mean reward over its rollouts reaches ``pass_threshold``.
     """
