@@ -155,6 +155,26 @@ def test_two_nights_on_the_champion_each_in_mlflow(demo: dict[str, Any]) -> None
     assert f"nightly (models:/{DEMO_MODEL}@champion)" in demo["stdout"]  # reported, too
 
 
+def test_the_prefect_home_holds_every_flow_run_the_demo_names(demo: dict[str, Any]) -> None:
+    # stage 5 names train-evaluate-promote: its run sits beside the two nights (it held
+    # the nights only; the loop ran outside Prefect)
+    import contextlib
+    import sqlite3
+
+    database = demo["workdir"] / "prefect" / "prefect.db"
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        runs = connection.execute(
+            "SELECT flow.name, flow_run.state_type FROM flow_run "
+            "JOIN flow ON flow.id = flow_run.flow_id"
+        ).fetchall()
+    assert sorted(runs) == [
+        ("nightly-eval", "COMPLETED"),
+        ("nightly-eval", "COMPLETED"),
+        ("train-evaluate-promote", "COMPLETED"),
+    ], runs
+    assert "train-evaluate-promote (Prefect)" in demo["stdout"]
+
+
 def test_a_second_demo_in_the_same_folder_is_refused(demo: dict[str, Any]) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "vfops", "demo", "--dir", str(demo["workdir"])],

@@ -15,7 +15,8 @@ with its home under ``DIR/prefect``. The stages, each one line of progress:
    its MLflow run);
 4. the ``nightly-eval`` flow runs on ``models:/NAME@champion`` as yesterday's night;
 5. GRPO trains the base model on the CPU (per-step metrics in MLflow), the
-   checkpoint is registered (version 2) and promoted through the evidence gate;
+   checkpoint is registered (version 2) and promoted through the evidence gate: the
+   ``train-evaluate-promote`` flow, a run in the demo's Prefect home like the nights;
 6. promoting version 1 again is refused, with the environment and delta named;
 7. the ``nightly-eval`` flow runs tonight on the new champion and is compared
    with last night.
@@ -31,6 +32,7 @@ import contextlib
 import datetime as dt
 import functools
 import importlib
+import json
 import os
 import shutil
 import sys
@@ -45,7 +47,7 @@ from vfops._errors import VfopsError
 from vfops._quiet import quiet_settings
 
 if TYPE_CHECKING:
-    from vfops.models import PromotionDecision
+    from vfops.models import LoopRequest, LoopResult, PromotionDecision
     from vfops.training import GRPOConfig
 
 DEMO_MODEL = "vfops-demo-policy"
@@ -279,7 +281,6 @@ def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
     else:
         say(f"[4/{STAGES}] nightly-eval skipped")
 
-    say(f"[5/{STAGES}] GRPO on the CPU, then register the checkpoint and promote it on evidence")
     loop_request = LoopRequest(
         config,
         register_as=DEMO_MODEL,
@@ -288,9 +289,25 @@ def _run(workdir: Path, settings: DemoSettings, say: Say) -> DemoSummary:
         gate_examples=settings.eval_examples,
         gate_sampling_args=held_out,
     )
-    loop = train_evaluate_promote(
-        loop_request, progress=_training_progress(say, settings.steps or config.run.steps)
-    )
+    if settings.nightly:  # Prefect runs: the loop is a flow run in DIR/prefect, beside the nights
+        say(
+            f"[5/{STAGES}] train-evaluate-promote (Prefect): GRPO on the CPU, then register "
+            "the checkpoint and promote it on evidence"
+        )
+        loop = _loop_flow_run(workdir, config, loop_request)
+        trained = loop.training
+        say(
+            f"        {trained.steps} steps: held-out reward {trained.baseline_eval_reward:.3f}"
+            f" -> {trained.final_eval_reward:.3f} (per-step metrics: MLflow run "
+            f"{trained.mlflow_run_id})"
+        )
+    else:
+        say(
+            f"[5/{STAGES}] GRPO on the CPU, then register the checkpoint and promote it on evidence"
+        )
+        loop = train_evaluate_promote(
+            loop_request, progress=_training_progress(say, settings.steps or config.run.steps)
+        )
     say(f"        v{loop.version}: {loop.decision.outcome}: {loop.decision.reason}")
 
     say(f"[6/{STAGES}] asking the gate to give champion back to the base model (v1)")
@@ -408,6 +425,58 @@ def _night(day: dt.date, settings: DemoSettings, sampling: dict[str, Any]) -> Ni
         verdict=report.get("verdict"),
         delta=report.get("delta"),
     )
+
+
+def _loop_flow_run(workdir: Path, config: GRPOConfig, request: LoopRequest) -> LoopResult:
+    """Stage 5 as the ``train-evaluate-promote`` flow runs it, so the demo's Prefect home
+    holds that run (and its report) beside the two nights. The flow reads its training
+    config from a TOML file: the demo's config is written to ``DIR/train.toml``."""
+    from vfops.models import EnvGateResult, LoopResult, PromotionDecision
+    from vfops.orchestration import load_flow
+    from vfops.training import TrainResult
+
+    path = workdir / "train.toml"
+    path.write_text(_toml_tables(config.model_dump(mode="json", exclude_none=True)))
+    flow = load_flow("train-evaluate-promote")  # by its entry point, as the nights' flow
+    done: dict[str, Any] = asyncio.run(
+        flow(
+            config_path=str(path),
+            register_as=request.register_as,
+            gate_envs=list(request.gate_envs),
+            steps=request.steps,
+            gate_examples=request.gate_examples,
+            gate_sampling_args=dict(request.gate_sampling_args or {}),
+        )
+    )
+    decision = {**done["decision"]}
+    decision["envs"] = [EnvGateResult(**env) for env in decision["envs"]]
+    name, version = str(done["model_uri"]).removeprefix("models:/").rsplit("/", 1)
+    return LoopResult(
+        TrainResult.from_json(done["training"]), name, version, PromotionDecision(**decision)
+    )
+
+
+def _toml_tables(data: dict[str, dict[str, Any]]) -> str:
+    """TOML of a config's tables (values: str, bool, int, float, lists and inline tables)."""
+    lines: list[str] = []
+    for table, fields in data.items():
+        lines += [f"[{table}]", *(f"{key} = {_toml_value(value)}" for key, value in fields.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        items = (f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + ", ".join(items) + " }"
+    raise VfopsError(f"cannot write {value!r} to a TOML config")
 
 
 def _registry_run(run_id: str) -> Any:
