@@ -38,9 +38,9 @@ def list_command(
 ) -> None:
     """List eval runs, newest first.
 
-    A run still ``running`` in the registry whose process is gone (its lease expired, or
-    its holder died on this host) shows as ``stale``: resume it with
-    ``vfops eval ... --resume RUN``.
+    A run still "running" in the registry whose process is gone (its lease expired, or
+    its holder died on this host) shows as "stale": resume it with
+    `vfops eval ... --resume RUN`.
     """
     from vfops.registry import RunFilter, list_runs, session_scope, shown_status
 
