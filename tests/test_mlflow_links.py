@@ -142,9 +142,8 @@ def test_gate_evals_link_their_model_version_and_the_champion_names_its_evidence
     unpublished gate environment as its dataset; v2, promoted, carries the gate's
     evidence: the MLflow runs of its and v1's gate evals, the delta, its CI, the verdict."""
     from vfops.models import PromotionRequest, promote, register_checkpoint
-    from vfops.models._promotion import PROMOTION_TAG_PREFIX as P
-    from vfops.tracking import mlflow_client
-    from vfops.tracking._inputs import LOGGED_MODEL_TAG, MODEL_VERSION_TAG
+    from vfops.models._evidence_tags import PROMOTION_TAG_PREFIX as P
+    from vfops.tracking import LOGGED_MODEL_TAG, MODEL_VERSION_TAG, mlflow_client
 
     gate = {
         "gate_envs": [gate_env],

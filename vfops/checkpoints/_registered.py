@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from vfops._errors import VfopsError
 from vfops._settings import vfops_home
-from vfops.tracking import ensure_experiment, mlflow_client, tracking_uri
-from vfops.tracking._inputs import LOGGED_MODEL_TAG
+from vfops.tracking import LOGGED_MODEL_TAG, ensure_experiment, mlflow_client, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

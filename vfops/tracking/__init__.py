@@ -36,6 +36,7 @@ from vfops.tracking._eval_runs import (
     start_sweep_runs,
     tracking_enabled,
 )
+from vfops.tracking._inputs import LOGGED_MODEL_TAG, MODEL_VERSION_TAG
 from vfops.tracking._lifeline import RunTakenOver, wait_for_tracker
 from vfops.tracking._links import (
     PREFECT_FLOW_RUN_ID_TAG,
@@ -51,6 +52,8 @@ from vfops.tracking._tracker import ExportError, SideChannel, Tracker
 
 __all__ = [
     "EMBEDDED_DIR",
+    "LOGGED_MODEL_TAG",
+    "MODEL_VERSION_TAG",
     "PREFECT_FLOW_RUN_ID_TAG",
     "PREFECT_FLOW_RUN_URL_TAG",
     "RUN_ID_TAG",
