@@ -120,7 +120,7 @@ CASES = [
          r"top_p must be > 0 and <= 1, got 0.*--sampling-args"),
     Case("eval-top-p-above-one", (*EVAL, "-S", '{"top_p": 1.5}'),
          r"top_p must be > 0 and <= 1, got 1.5; .*--sampling-args"),
-    Case("eval-header-credential", (*EVAL, "-S", '{"extra_headers": {"Authorization": "Bearer s"}}'),
+    Case("eval-header-credential", (*EVAL, "-S", '{"extra_headers": {"Authorization": "B s"}}'),
          r"extra_headers carries a credential \(Authorization\), which would be recorded.*-k VAR"),
     Case("eval-header-api-key", (*EVAL, "-S", '{"extra_headers": {"X-Goog-Api-Key": "s"}}'),
          r"extra_headers carries a credential \(X-Goog-Api-Key\)"),
