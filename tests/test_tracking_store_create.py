@@ -72,3 +72,43 @@ def test_a_fresh_store_is_created_unsynced_and_is_mlflows_own(
     assert _contents(ours) == _contents(theirs)
     assert _contents(ours)[2] == "delete"
     assert sorted(p.name for p in ours.parent.iterdir()) == ["mlflow.db"]
+
+
+def test_a_stopped_opener_of_the_store_is_named_not_waited_for_forever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process holding the store's opening lock (as one stopped mid-open would) makes
+    the next opener give up after VFOPS_MLFLOW_STORE_WAIT_S with exit 4 naming its pid;
+    once it lets go, the store opens."""
+    import subprocess
+    import sys
+
+    from vfops.tracking import _client
+
+    store = tmp_path / "mlflow.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys\n"
+         f"fd = os.open({str(store)!r} + '.lock', os.O_RDWR | os.O_CREAT)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "os.pwrite(fd, f'{os.getpid()}\\n'.encode(), 0)\n"
+         "print('held', flush=True)\n"
+         "sys.stdin.read()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        monkeypatch.setenv("VFOPS_MLFLOW_STORE_WAIT_S", "0.3")
+        with pytest.raises(_client.TrackingStoreBusyError) as caught:
+            _client.mlflow_client(f"sqlite:///{store}")
+        message = str(caught.value)
+        assert f"process {holder.pid} has been opening the MLflow store" in message
+        assert "\n" not in message and caught.value.exit_code == 4
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        if holder.stdout is not None:
+            holder.stdout.close()
+    client = _client.mlflow_client(f"sqlite:///{store}")
+    assert client.search_experiments(max_results=1)  # the Default experiment: opened

@@ -126,7 +126,6 @@ def _creating_store(uri: str) -> Iterator[None]:
     if not uri.startswith("sqlite:///") or uri in _opened_stores:
         yield
         return
-    import fcntl
 
     path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     try:
@@ -135,7 +134,7 @@ def _creating_store(uri: str) -> Iterator[None]:
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock_store(fd, path)
         from vfops.tracking._sqlite_store import prepare_store
 
         # a fresh store is created whole (a temporary file renamed into place), a
@@ -145,6 +144,45 @@ def _creating_store(uri: str) -> Iterator[None]:
         _opened_stores.add(uri)
     finally:
         os.close(fd)  # closing releases the lock
+
+
+class TrackingStoreBusyError(VfopsError):
+    """Another process has held an SQLite store's opening lock for too long."""
+
+    exit_code = 4  # busy, as a run another process holds: not bad input
+
+
+STORE_LOCK_WAIT_S: Final = 120.0
+"""How long opening an SQLite store waits for another process opening it
+(``VFOPS_MLFLOW_STORE_WAIT_S``): seconds normally; a holder that was stopped (Ctrl-Z,
+SIGSTOP) would otherwise hold every later eval of that home forever."""
+
+
+def _lock_store(fd: int, path: Path) -> None:
+    """Take the store's opening lock on ``fd`` (waiting at most
+    ``VFOPS_MLFLOW_STORE_WAIT_S``), then write this process's pid into it so a waiter
+    can name its holder."""
+    import fcntl
+    import time
+
+    wait_s = float(os.environ.get("VFOPS_MLFLOW_STORE_WAIT_S") or STORE_LOCK_WAIT_S)
+    deadline, pause = time.monotonic() + wait_s, 0.01
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                raise TrackingStoreBusyError(
+                    f"process {holder} has been opening the MLflow store {path} for over "
+                    f"{wait_s:g} s (its lock: {path}.lock); if that process is "
+                    "stopped, continue (fg, kill -CONT) or end it, then run again"
+                ) from None
+            time.sleep(pause)  # polling a lock another process holds, not a guess
+            pause = min(pause * 2, 0.25)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
 
 def ensure_experiment(
