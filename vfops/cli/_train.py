@@ -142,7 +142,8 @@ def _result_lines(result: TrainResult) -> str:
         where.append(f"MLflow run {result.mlflow_run_id}")
     return (
         f"baseline held-out reward {result.baseline_eval_reward:.3f} -> "
-        f"final {result.final_eval_reward:.3f} after {result.steps} steps\n" + "; ".join(where)
+        f"final {result.final_eval_reward:.3f} after {result.steps} "
+        f"step{'' if result.steps == 1 else 's'}\n" + "; ".join(where)
     )
 
 
