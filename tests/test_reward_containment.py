@@ -28,6 +28,14 @@ import pytest
 
 from vfops._errors import InvalidArgumentError
 from vfops._types import State
+from vfops.envs import EnvGroup, SingleTurnEnv
+from vfops.evaluation import (
+    EvalRequest,
+    ModelOptions,
+    RunOptions,
+    evaluate_async,
+    iter_records,
+)
 from vfops.rubrics import RolloutScore, Rubric
 from vfops.rubrics._workers import ScoringWorkers, scoring_workers, start_scoring_workers
 from vfops.testing import StubConfig, StubServer
@@ -295,6 +303,65 @@ def test_kill_9_of_the_eval_ends_its_workers_and_what_their_rewards_started(
         process.kill()
         process.wait()
     assert wait_until_none(marker) == []
+
+
+def resident_mb() -> float:
+    """This process's resident memory (VmRSS), MB."""
+    status = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if "VmRSS" in line) / 1024
+
+
+def test_the_workers_are_forked_without_the_environments_rows(tmp_path: Path) -> None:
+    """The zygote drops the rows the eval built (~60 MB here) before it forks a worker:
+    the worker's RSS is far below the eval's, though it is the eval's copy. Without the
+    drop the worker maps every page of them (a forked process's RSS counts them)."""
+    rows_bytes = 60 << 20
+
+    def build() -> list[dict[str, str]]:  # distinct 4 KiB questions: malloc'd, not shared
+        return [{"question": f"{i:08d}" + "?" * 4088, "answer": "4"} for i in range(15_360)]
+
+    def resident(completion: list[dict[str, str]]) -> float:
+        return resident_mb()  # as the reward: where it runs (the worker)
+
+    env = SingleTurnEnv(eval_dataset=build, rubric=Rubric([resident]))
+    assert env.eval_size() == 15_360  # built here, as an eval builds them before the fork
+    with_rows = resident_mb()
+    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
+        request = EvalRequest(env_name="rows", model="stub-model", num_examples=1,
+                              rollouts_per_example=1, max_concurrent=1)  # fmt: skip
+        options = RunOptions(output_root=tmp_path, registry=False, tracking=False)
+        result = asyncio.run(
+            evaluate_async(
+                request,
+                options,
+                model_options=ModelOptions(base_url=stub.base_url),
+                environment=env,
+            )
+        )
+    assert result.status == "completed", result.error
+    assert env.eval_size() == 15_360  # the eval's own rows are untouched
+    assert result.run_dir is not None
+    (record,) = iter_records(result.run_dir)
+    assert record.reward is not None, record.error
+    assert record.reward < with_rows - 0.75 * (rows_bytes >> 20), (record.reward, with_rows)
+
+
+def test_dropping_the_built_rows_reaches_every_member_of_a_group() -> None:
+    """What the zygote calls: an EnvGroup forgets its own rows and its members' (each
+    split is built again, from its source, on next use)."""
+    builds: list[str] = []
+
+    def member(name: str) -> SingleTurnEnv:
+        def rows() -> list[dict[str, str]]:
+            builds.append(name)
+            return [{"question": f"{name}?", "answer": "4"}]
+
+        return SingleTurnEnv(eval_dataset=rows, rubric=Rubric([exact]), name=name)
+
+    group = EnvGroup([member("a"), member("b")])
+    assert group.eval_size() == 2 and sorted(builds) == ["a", "b"]
+    group.drop_built_rows()
+    assert group.eval_size() == 2 and sorted(builds) == ["a", "a", "b", "b"]
 
 
 def test_scoring_worker_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:

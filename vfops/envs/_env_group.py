@@ -70,6 +70,11 @@ class EnvGroup(Environment):
         with quiet_datasets():
             return combined.map(lambda row, i: {"example_id": i}, with_indices=True)
 
+    def drop_built_rows(self) -> None:
+        super().drop_built_rows()
+        for env in self.envs.values():
+            env.drop_built_rows()
+
     async def aclose(self) -> None:
         for env in self.envs.values():
             await env.aclose()

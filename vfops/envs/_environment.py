@@ -150,6 +150,13 @@ class Environment(ABC):
         found = self._eval_split()
         return None if found is None else len(found)
 
+    def drop_built_rows(self) -> None:
+        """Forget the splits built so far; they are built again from their sources on
+        next use. A scoring worker's zygote calls it: scoring needs the rubric, not a
+        copy of the rows."""
+        self._formatted.clear()
+        self._converted.clear()
+
     def get_dataset(self, n: int = -1, seed: int | None = None) -> Dataset:
         return _take(self.dataset, n, seed, self.name, "dataset")
 

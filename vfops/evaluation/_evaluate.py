@@ -121,11 +121,13 @@ async def evaluate_async(
             from vfops.envs import load_environment
 
             env = load_environment(request.env_name, **request.env_args)  # copied there
+        # forked now, before the client, tracker and registry start threads: sync reward
+        # functions run there, with a memory limit, and what they start ends with them.
+        # Before the rows are built (a lazy split is never built there), and the zygote
+        # drops any built already: scoring needs the rubric only
+        workers = start_scoring_workers(release=env.drop_built_rows)
         # recorded as what runs: -1 (all) and an N above the dataset's size are its size
         request.num_examples = _examples_to_run(env, request)
-        # forked now, before the client, tracker and registry start threads: sync reward
-        # functions run there, with a memory limit, and what they start ends with them
-        workers = start_scoring_workers()
         if client is not None:
             base_url = request.base_url or model_opts.base_url
             request.base_url = base_url and public_url(base_url)  # recorded: no credentials
