@@ -54,9 +54,9 @@ Settings (read when an evaluation starts):
 
 - ``VFOPS_SCORING_WORKERS`` (default ``min(4, CPUs)``; 0: no workers): processes that
   run sync reward functions at the same time, each ~25 MB of RSS whatever the run's
-  size. Not fewer by default: a worker answers one group at a time, and with one
-  worker the eval waited on it (2 cores, busy: ~1,000-1,150 rollouts/s against
-  ~1,600 with two, 100,000 rollouts at 0 ms; bench/README.md).
+  size. Not fewer by default: a worker answers one group at a time, so with one the
+  groups queue for it; on 2 busy cores (load 7-12, 100,000 rollouts at 0 ms) one gave
+  1,013-1,181 rollouts/s, two 908-1,591 (bench/README.md): no evidence one is as fast.
 - ``VFOPS_SCORING_MEMORY_MB`` (default: half of the machine's memory, or of its cgroup's
   limit, shared among the workers; 0: no limit): how much memory each worker's reward
   functions may allocate.
