@@ -55,7 +55,7 @@ Settings (read when an evaluation starts):
 - ``VFOPS_SCORING_WORKERS`` (default ``min(4, CPUs)``; 0: no workers): processes that
   run sync reward functions at the same time, each ~25 MB of RSS whatever the run's
   size. Not fewer by default: a worker answers one group at a time, so with one the
-  groups queue for it; on 2 busy cores (load 7-12, 100,000 rollouts at 0 ms) one gave
+  groups queue for it; on 2 busy cores (load 3-12, 100,000 rollouts at 0 ms) one gave
   1,013-1,181 rollouts/s, two 908-1,591 (bench/README.md): no evidence one is as fast.
 - ``VFOPS_SCORING_MEMORY_MB`` (default: half of the machine's memory, or of its cgroup's
   limit, shared among the workers; 0: no limit): how much memory each worker's reward
