@@ -29,13 +29,6 @@ import pytest
 from vfops._errors import InvalidArgumentError
 from vfops._types import State
 from vfops.envs import EnvGroup, SingleTurnEnv
-from vfops.evaluation import (
-    EvalRequest,
-    ModelOptions,
-    RunOptions,
-    evaluate_async,
-    iter_records,
-)
 from vfops.rubrics import RolloutScore, Rubric
 from vfops.rubrics._workers import ScoringWorkers, scoring_workers, start_scoring_workers
 from vfops.testing import StubConfig, StubServer
@@ -311,39 +304,58 @@ def resident_mb() -> float:
     return next(int(line.split()[1]) for line in status.splitlines() if "VmRSS" in line) / 1024
 
 
-def test_the_workers_are_forked_without_the_environments_rows(tmp_path: Path) -> None:
-    """The zygote drops the rows the eval built (~60 MB here) before it forks a worker:
-    the worker's RSS is far below the eval's, though it is the eval's copy. Without the
-    drop the worker maps every page of them (a forked process's RSS counts them)."""
-    rows_bytes = 60 << 20
+ROWS_EVAL = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    import orjson
+    from vfops.envs import SingleTurnEnv
+    from vfops.evaluation import EvalRequest, ModelOptions, RunOptions, evaluate_async, iter_records
+    from vfops.rubrics import Rubric
 
-    def build() -> list[dict[str, str]]:  # distinct 4 KiB questions: malloc'd, not shared
+    def resident_mb():
+        status = Path("/proc/self/status").read_text()
+        return next(int(l.split()[1]) for l in status.splitlines() if "VmRSS" in l) / 1024
+
+    def build():  # distinct 4 KiB questions: malloc'd, not shared
         return [{"question": f"{i:08d}" + "?" * 4088, "answer": "4"} for i in range(15_360)]
 
-    def resident(completion: list[dict[str, str]]) -> float:
+    def resident(completion):
         return resident_mb()  # as the reward: where it runs (the worker)
 
     env = SingleTurnEnv(eval_dataset=build, rubric=Rubric([resident]))
     assert env.eval_size() == 15_360  # built here, as an eval builds them before the fork
     with_rows = resident_mb()
-    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
-        request = EvalRequest(env_name="rows", model="stub-model", num_examples=1,
-                              rollouts_per_example=1, max_concurrent=1)  # fmt: skip
-        options = RunOptions(output_root=tmp_path, registry=False, tracking=False)
-        result = asyncio.run(
-            evaluate_async(
-                request,
-                options,
-                model_options=ModelOptions(base_url=stub.base_url),
-                environment=env,
-            )
-        )
+    request = EvalRequest(env_name="rows", model="stub-model", num_examples=1,
+                          rollouts_per_example=1, max_concurrent=1)
+    options = RunOptions(output_root=Path(sys.argv[2]), registry=False, tracking=False)
+    result = asyncio.run(evaluate_async(
+        request, options, model_options=ModelOptions(base_url=sys.argv[1]), environment=env))
     assert result.status == "completed", result.error
     assert env.eval_size() == 15_360  # the eval's own rows are untouched
-    assert result.run_dir is not None
     (record,) = iter_records(result.run_dir)
-    assert record.reward is not None, record.error
-    assert record.reward < with_rows - 0.75 * (rows_bytes >> 20), (record.reward, with_rows)
+    got = {"worker": record.reward, "eval": with_rows, "error": str(record.error)}
+    print(orjson.dumps(got).decode())
+    """
+)
+
+
+def test_the_workers_are_forked_without_the_environments_rows(tmp_path: Path) -> None:
+    """The zygote drops the rows the eval built (~60 MB here) before it forks a worker:
+    the worker's RSS is far below the eval's, though it is the eval's copy. Without the
+    drop the worker maps every page of them (a forked process's RSS counts them). The
+    eval runs in a process of its own: workers are forked only where no other thread
+    runs (this test's process has the stub's)."""
+    rows_mb = 60
+    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
+        done = subprocess.run(
+            [sys.executable, "-c", ROWS_EVAL, stub.base_url, str(tmp_path)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = orjson.loads(done.stdout.strip().splitlines()[-1])
+    assert got["worker"] is not None, got["error"]
+    assert got["worker"] < got["eval"] - 0.75 * rows_mb, got
 
 
 def test_dropping_the_built_rows_reaches_every_member_of_a_group() -> None:

@@ -160,9 +160,9 @@ def test_an_arrow_export_that_cannot_be_written_fails_the_run_and_resume_writes_
         results = _kill_9_mid_run(args, env, tmp_path, db_url)
         run_id = only_run_id(db_url)
         run_dir = results.parent
-        blocked = run_dir / ".rollouts.arrow.partial"  # where the export is written
+        blocked = run_dir / "rollouts.arrow"  # where the export is renamed to
         blocked.unlink(missing_ok=True)
-        blocked.mkdir()  # a write there fails (IsADirectoryError)
+        blocked.mkdir()  # a rename onto a folder fails (IsADirectoryError)
         refused = run(*args, "--resume", run_id, env=env)
         assert refused.returncode == 1, refused.stdout + refused.stderr
         (line,) = refused.stderr.strip().splitlines()
@@ -170,10 +170,11 @@ def test_an_arrow_export_that_cannot_be_written_fails_the_run_and_resume_writes_
         assert "export (rollouts.arrow): could not write" in line, line
         assert "make room in the output folder" in line and f"--resume {run_id}" in line, line
         assert "MLFLOW_TRACKING_URI" not in line, line
-        assert not (run_dir / "rollouts.arrow").exists()
+        assert blocked.is_dir() and not list(blocked.iterdir())  # nothing half-written
         blocked.rmdir()
         resumed = run(*args, "--resume", run_id, env=env)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert not list(run_dir.glob(".rollouts.arrow.*"))  # the temporary files are gone
     _assert_exactly_once(db_url, run_id)
     from vfops.evaluation import load_results
 

@@ -121,11 +121,6 @@ async def evaluate_async(
             from vfops.envs import load_environment
 
             env = load_environment(request.env_name, **request.env_args)  # copied there
-        # forked now, before the client, tracker and registry start threads: sync reward
-        # functions run there, with a memory limit, and what they start ends with them.
-        # Before the rows are built (a lazy split is never built there), and the zygote
-        # drops any built already: scoring needs the rubric only
-        workers = start_scoring_workers(release=env.drop_built_rows)
         # recorded as what runs: -1 (all) and an N above the dataset's size are its size
         request.num_examples = _examples_to_run(env, request)
         if client is not None:
@@ -134,6 +129,11 @@ async def evaluate_async(
         elif not is_in_process(request.model):
             # an endpoint is checked (reachable, serving the model) before anything below
             client = connection_client = await _connect(request, model_opts)
+        # forked once the input and the endpoint are checked (a refusal starts nothing)
+        # and before the tracker and registry start threads: sync reward functions run
+        # there, with a memory limit, and what they start ends with them. The zygote
+        # drops the rows built so far: scoring needs the rubric only
+        workers = start_scoring_workers(release=env.drop_built_rows)
         if opts.capped:
             check_priced(client, request.model)  # None: in-process, refused before it loads
         if track:

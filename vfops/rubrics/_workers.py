@@ -7,8 +7,10 @@ recorded) and a subprocess it starts outlives the eval. So during an evaluation 
 sync reward functions of the rubrics that exist when it starts run in **scoring
 workers**:
 
-- A *zygote* is forked from the eval process once, right after the environment is
-  loaded (before the endpoint's client, the tracker or the registry start threads), so
+- A *zygote* is forked from the eval process once, after its input and endpoint are
+  checked (a refusal forks nothing) and before the tracker or the registry start
+  threads, and only where no other thread runs (a fork copies locks other threads may
+  hold: in a flow, a sweep's cells or a notebook scoring stays in-process), so
   it holds the loaded environment, rubric and reward functions. Its first act is to
   drop what scoring does not need (the environment's built rows, through the
   ``release`` the eval passes) and give that memory back to the kernel (``gc``,
@@ -133,10 +135,19 @@ def register(rubric: Contained) -> int:
     return serial
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def pool_for(serial: int, rubric: Contained) -> ScoringWorkers | None:
     """The running workers that hold this rubric as it is now, if any (the newest)."""
+    loop = _running_loop()
     for pool in reversed(_ACTIVE):
-        if pool.covered.get(serial) == rubric.contained_size():
+        # its streams belong to the loop of the evaluation that started it
+        if pool.loop is loop and pool.covered.get(serial) == rubric.contained_size():
             return pool
     return None
 
@@ -493,6 +504,8 @@ class ScoringWorkers:
         self._count = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._closed = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The loop of the evaluation that started it (its streams are that loop's)."""
 
     async def run(
         self, serial: int, calls: list[ContainedCall], limit_s: float | None
@@ -633,6 +646,11 @@ def start_scoring_workers(release: Callable[[], object] | None = None) -> Scorin
     environment's rows), so the zygote and its workers do not hold a copy of it."""
     if not sys.platform.startswith("linux") or not _RUBRICS:
         return None
+    if threading.active_count() > 1:
+        # a fork while other threads run (a flow's engine, a sweep's other cells, a
+        # notebook) copies locks they may hold, and its child can hang on one: there
+        # scoring stays in-process, as before
+        return None
     size = scoring_workers()
     if size == 0:
         return None
@@ -652,6 +670,7 @@ def start_scoring_workers(release: Callable[[], object] | None = None) -> Scorin
             os._exit(0)
     theirs.close()
     pool = ScoringWorkers(pid, ours, covered, size, limit_mb)
+    pool.loop = asyncio.get_running_loop()
     _ACTIVE.append(pool)
     return pool
 
