@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -185,12 +186,36 @@ def exact(completion: list[dict[str, str]], answer: str) -> float:
 async def with_workers(
     rubric: Rubric, states: list[State]
 ) -> tuple[list[RolloutScore], ScoringWorkers]:
-    workers = start_scoring_workers()
+    # this process may run pytest-xdist's and the stub's threads, which hold no lock the
+    # zygote needs
+    workers = start_scoring_workers(allow_threads=True)
     assert workers is not None
     try:
         return list(await rubric.score_group(states)), workers
     finally:
         await workers.aclose()
+
+
+def test_no_zygote_is_forked_while_another_thread_runs() -> None:
+    """A fork copies the locks other threads hold (a flow's engine, a sweep's cells):
+    with another thread running, scoring stays in-process."""
+    rubric = Rubric([exact])  # a rubric to contain
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+
+        async def both() -> None:
+            assert start_scoring_workers() is None
+            forked = start_scoring_workers(allow_threads=True)  # the same call, allowed
+            assert forked is not None
+            await forked.aclose()
+
+        asyncio.run(both())
+    finally:
+        release.set()
+        other.join()
+    assert rubric is not None  # held until here: the workers contain it
 
 
 def test_in_a_worker_memory_is_limited_and_the_eval_process_is_not(

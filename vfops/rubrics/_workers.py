@@ -639,14 +639,18 @@ def _reap_zygote(pid: int, wait_s: float = 5.0) -> None:
         os.waitpid(pid, 0)
 
 
-def start_scoring_workers(release: Callable[[], object] | None = None) -> ScoringWorkers | None:
+def start_scoring_workers(
+    release: Callable[[], object] | None = None, *, allow_threads: bool = False
+) -> ScoringWorkers | None:
     """Fork the zygote of the rubrics that exist now; None when scoring stays in-process
     (``VFOPS_SCORING_WORKERS=0``, not Linux, no rubric). ``release`` is called in the
     zygote, first: it drops what the eval holds and scoring does not need (the
-    environment's rows), so the zygote and its workers do not hold a copy of it."""
+    environment's rows), so the zygote and its workers do not hold a copy of it.
+    ``allow_threads``: fork even though other threads run, for a caller that knows none
+    of them holds a lock the zygote needs (a test process's idle helper threads)."""
     if not sys.platform.startswith("linux") or not _RUBRICS:
         return None
-    if threading.active_count() > 1:
+    if threading.active_count() > 1 and not allow_threads:
         # a fork while other threads run (a flow's engine, a sweep's other cells, a
         # notebook) copies locks they may hold, and its child can hang on one: there
         # scoring stays in-process, as before
@@ -670,7 +674,7 @@ def start_scoring_workers(release: Callable[[], object] | None = None) -> Scorin
             os._exit(0)
     theirs.close()
     pool = ScoringWorkers(pid, ours, covered, size, limit_mb)
-    pool.loop = asyncio.get_running_loop()
+    pool.loop = _running_loop()
     _ACTIVE.append(pool)
     return pool
 
