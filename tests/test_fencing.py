@@ -222,11 +222,13 @@ def _lease_lapsed(db_url: str) -> bool | None:
     return True if expires is not None and expires < dt.datetime.now(dt.UTC) else None
 
 
-def _mlflow_run(uri: str, run_id: str) -> tuple[str, float]:
+def _mlflow_run(uri: str, run_id: str) -> tuple[str, float | None]:
+    """The MLflow run's status and its ``rollouts`` metric (None before the tracker's
+    first metrics batch: a run cut early may be ended before any was logged)."""
     found = _mlflow_run_of(uri, run_id)
     assert found is not None
     run_ = mlflow_client(uri).get_run(found)
-    return run_.info.status, run_.data.metrics["rollouts"]
+    return run_.info.status, run_.data.metrics.get("rollouts")
 
 
 def test_a_holder_paused_past_its_lease_comes_back_to_a_run_finished_elsewhere(
