@@ -46,6 +46,7 @@ from vfops._rollout import (
 from vfops._tool_counts import FIRST_TOOL_ERROR, TOOL_CALLS, TOOL_ERRORS
 from vfops._types import Messages, SamplingArgs, State
 from vfops.adapters._group import GroupEnvironment
+from vfops.adapters._v1_scoring import contain_task_class
 from vfops.adapters._verifiers_line import installed_line
 from vfops.clients._base import ModelClient
 from vfops.envs._dataset import Example
@@ -171,6 +172,7 @@ class TasksetEnvironment(GroupEnvironment):
         rows = []
         for task in itertools.islice(taskset, self._limit if self.infinite else None):
             check_supported(self.name, task)
+            contain_task_class(type(task))  # its rewards and metrics: in scoring workers
             self._tasks[int(task.data.idx)] = task
             rows.append(task_row(task))
         return rows
@@ -408,9 +410,15 @@ def trace_error(trace: Any, episode: Any) -> RolloutError | None:
     if found is None:
         return RolloutError(type="RolloutError", message="rollout failed", stage="environment")
     stage: ErrorStage = "generation" if found.type in _GENERATION_ERRORS else "environment"
+    kind = found.type
     if "scoring" in (found.message or "") and found.type == "TaskError":
         stage = "scoring"
-    return RolloutError(type=found.type, message=(found.message or found.type)[:2000], stage=stage)
+        # a reward stopped by its scoring worker: named as vfops's own rewards name it
+        kind = next((k for k in _CONTAINMENT if f"scoring: {k}: " in found.message), kind)
+    return RolloutError(type=kind, message=(found.message or found.type)[:2000], stage=stage)
+
+
+_CONTAINMENT = ("ScoringMemoryLimit", "ScoringWorkerDied")
 
 
 def stop_reason(trace: Any, error: RolloutError | None) -> StopReason:

@@ -40,6 +40,7 @@ from vfops._rollout import ErrorStage, RolloutError, StopReason, TokenUsage
 from vfops._tool_counts import FIRST_TOOL_ERROR, TOOL_CALLS, TOOL_ERRORS
 from vfops._types import Message, Messages, SamplingArgs, State
 from vfops.adapters._group import GroupEnvironment
+from vfops.adapters._verifiers_scoring import contain_rewards, contained_error
 from vfops.adapters._wire import completion_json
 from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
 from vfops.costs import BudgetExhausted
@@ -186,6 +187,8 @@ class VerifiersEnvironment(GroupEnvironment):
     def __init__(self, vf_env: Any, *, name: str) -> None:
         self.vf_env = vf_env
         self._counts_tools = _count_tool_failures(vf_env)
+        # its sync rewards run in the eval's scoring workers (held here: registered weakly)
+        self._contained = contain_rewards(vf_env)
         self._rows: dict[str, dict[int, dict[str, Any]]] = {}
         has_train = getattr(vf_env, "dataset_source", None) is not None
         has_eval = getattr(vf_env, "eval_dataset_source", None) is not None
@@ -557,6 +560,8 @@ def _same_prompt(row: Mapping[str, Any], example: Example) -> bool:
 
 
 def _score(vf_state: Any, scoring_error: RolloutError | None, scoring_ms: float) -> RolloutScore:
+    # a reward stopped by its worker's memory limit, or whose worker died: never scored
+    scoring_error = scoring_error or contained_error(vf_state)
     if scoring_error is not None:
         return RolloutScore(reward=None, error=scoring_error, scoring_ms=scoring_ms)
     reward = vf_state.get("reward")

@@ -14,10 +14,20 @@ from vfops.rubrics._rubric import Rubric
 from vfops.rubrics._rubric_group import RubricGroup
 from vfops.rubrics._score import RolloutScore
 from vfops.rubrics._tool_metrics import ToolMetricsRubric
-from vfops.rubrics._workers import ScoringWorkers, start_scoring_workers
+from vfops.rubrics._workers import (
+    Contained,
+    ContainedCall,
+    ScoringWorkers,
+    WorkerFailure,
+    register_contained,
+    run_contained,
+    start_scoring_workers,
+)
 
 __all__ = [
     "DEFAULT_JUDGE_PROMPT",
+    "Contained",
+    "ContainedCall",
     "InMemoryJudgeCache",
     "JudgeCache",
     "JudgeOptions",
@@ -28,7 +38,10 @@ __all__ = [
     "RubricGroup",
     "ScoringWorkers",
     "ToolMetricsRubric",
+    "WorkerFailure",
     "judge_cache_key",
     "judge_says_yes",
+    "register_contained",
+    "run_contained",
     "start_scoring_workers",
 ]

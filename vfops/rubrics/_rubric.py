@@ -30,7 +30,7 @@ from vfops.costs import BudgetExhausted, scoring_rollout
 from vfops.parsers import Parser
 from vfops.rubrics._limits import SyncOutcome, limited, run_sync_calls
 from vfops.rubrics._score import RolloutScore
-from vfops.rubrics._workers import ContainedCall, WorkerFailure, answer_outcome, pool_for, register
+from vfops.rubrics._workers import ContainedCall, WorkerFailure, register_contained, run_contained
 
 RewardFunc = Callable[..., Any]
 """A sync or async function returning a float (or, for group functions, a list)."""
@@ -170,7 +170,7 @@ class Rubric:
         self.scoring_timeout_s: float = float(scoring_timeout_s)
         """Seconds one reward function call may take; 0 (or inf): no limit."""
         self._specs: list[_RewardSpec] = []
-        self._serial = register(self)  # how a scoring worker finds its copy
+        self._serial = register_contained(self)  # how a scoring worker finds its copy
         funcs = list(funcs or [])
         if weights is None:
             weights = [1.0] * len(funcs)
@@ -423,9 +423,6 @@ class Rubric:
         """The sync calls run by a scoring worker, when one holds this rubric; None:
         run them here (no workers, a function made later, an argument that is the
         rubric's own extra object, e.g. a judge bound to this event loop)."""
-        pool = pool_for(self._serial, self)
-        if pool is None:
-            return None
         shared_names = {"parser", *self._extra_arg_names}
         sent: list[ContainedCall] = []
         for (_, kwargs), (f, _) in zip(calls, slots, strict=True):
@@ -434,17 +431,12 @@ class Rubric:
                 return None
             travelling = {k: v for k, v in kwargs.items() if k not in shared_names}
             sent.append((f, travelling, shared))
-        answers = await pool.run(self._serial, sent, limit)
-        if answers is None:
+        answered = await run_contained(self._serial, self, sent, limit)
+        if answered is None:
             return None
-        outcomes: list[SyncOutcome] = []
-        inline: list[int] = []
-        for k, answer in enumerate(answers):
-            value, error, timed_out, here = answer_outcome(answer)
-            if here:  # a sync wrapper of an async function: awaited in this process
-                inline.append(k)
-            outcomes.append(SyncOutcome(value=value, error=error, timed_out=timed_out))
-        if inline:
+        inline = [k for k, outcome in enumerate(answered) if outcome is None]
+        outcomes = [outcome or SyncOutcome() for outcome in answered]
+        if inline:  # a sync wrapper of an async function: awaited in this process
             redone = await run_sync_calls([calls[k] for k in inline], limit)
             for k, outcome in zip(inline, redone, strict=True):
                 outcomes[k] = outcome

@@ -46,10 +46,15 @@ workers**:
 Not contained (they run in the eval's process, as before): async reward functions (a
 judge's client is bound to the eval's event loop), sync functions that take the
 rubric's own extra objects (``judge``), rubrics or functions made after the eval
-started, calls whose arguments cannot be pickled, and the rewards of adapted libraries
-(``verifiers``' classic rubrics and v1 tasksets run their own scoring code). A reward
-function's writes to ``state`` stay in its worker (later functions of the same group
-see them). ``VFOPS_SCORING_WORKERS=0`` scores in-process, in threads, as before.
+started, and calls whose arguments cannot be pickled. A reward function's writes to
+``state`` stay in its worker (later functions of the same group see them). Adapted
+libraries use the same workers through :func:`register_contained` and
+:func:`run_contained`: ``verifiers``' classic rubrics
+(:mod:`vfops.adapters._verifiers_scoring`) and v1 tasks' rewards and metrics, async
+ones included (:mod:`vfops.adapters._v1_scoring`). ``VFOPS_SCORING_WORKERS=0`` scores
+in-process, in threads, as before. A ``tqdm`` monitor thread (``datasets`` starts one
+when it formats rows) is ended before the fork: it would otherwise keep scoring
+in-process.
 Linux only (elsewhere: in-process).
 
 Settings (read when an evaluation starts):
@@ -88,13 +93,15 @@ from typing import Any, Final, Protocol
 
 from vfops._errors import InvalidArgumentError
 from vfops._rollout import RolloutError
+from vfops.rubrics._limits import SyncOutcome
 
 __all__ = [
+    "Contained",
     "ContainedCall",
     "ScoringWorkers",
     "WorkerFailure",
-    "pool_for",
-    "register",
+    "register_contained",
+    "run_contained",
     "start_scoring_workers",
 ]
 
@@ -106,6 +113,8 @@ _PR_SET_PDEATHSIG: Final = 1
 _PR_SET_CHILD_SUBREAPER: Final = 36
 _LENGTH: Final = 8  # bytes of a frame's length prefix
 _MAX_DEFAULT_WORKERS: Final = 4
+
+_CONTAINMENT_FAILURES: Final = frozenset({"ScoringMemoryLimit", "ScoringWorkerDied"})
 
 # what a worker answers for one call
 _VALUE, _RAISED, _OUT_OF_MEMORY, _INLINE, _UNREADABLE, _TIMED_OUT = 0, 1, 2, 3, 4, 5
@@ -128,8 +137,9 @@ _SERIALS = iter(range(1, sys.maxsize))
 _ACTIVE: list[ScoringWorkers] = []
 
 
-def register(rubric: Contained) -> int:
-    """The rubric's id, by which a worker (a copy of this process) finds its copy."""
+def register_contained(rubric: Contained) -> int:
+    """The rubric's id, by which a worker (a copy of this process) finds its copy. Only
+    what is registered before an evaluation starts its workers is in them."""
     serial = next(_SERIALS)
     _RUBRICS[serial] = rubric
     return serial
@@ -208,8 +218,14 @@ class WorkerFailure(Exception):
         super().__init__(detail)
         self.kind, self.detail = kind, detail
 
+    @property
+    def contained(self) -> bool:
+        """Whether containment stopped the call (memory limit, worker died), rather than
+        the function raising."""
+        return self.kind in _CONTAINMENT_FAILURES
+
     def rollout_error(self, name: str) -> RolloutError:
-        if self.kind in ("ScoringMemoryLimit", "ScoringWorkerDied"):
+        if self.contained:
             message = f"reward function {name!r} {self.detail}"
         else:  # the function raised: as in-process
             message = f"reward function {name!r} raised {self.kind}: {self.detail}"
@@ -639,6 +655,22 @@ def _reap_zygote(pid: int, wait_s: float = 5.0) -> None:
         os.waitpid(pid, 0)
 
 
+def _stop_progress_monitor() -> None:
+    """End ``tqdm``'s monitor threads, if progress bars started one (``datasets`` does
+    when it formats rows): they only adjust bars that stall, and a running thread keeps
+    the workers from being forked. None is started after (``monitor_interval = 0``)."""
+    monitors = sys.modules.get("tqdm._monitor")
+    if monitors is None:
+        return
+    for thread in threading.enumerate():
+        if isinstance(thread, monitors.TMonitor):
+            bar = thread.tqdm_cls
+            bar.monitor_interval = 0
+            with contextlib.suppress(Exception):
+                thread.exit()  # sets its event and joins it
+            bar.monitor = None
+
+
 def start_scoring_workers(
     release: Callable[[], object] | None = None, *, allow_threads: bool = False
 ) -> ScoringWorkers | None:
@@ -650,6 +682,7 @@ def start_scoring_workers(
     of them holds a lock the zygote needs (a test process's idle helper threads)."""
     if not sys.platform.startswith("linux") or not _RUBRICS:
         return None
+    _stop_progress_monitor()
     if threading.active_count() > 1 and not allow_threads:
         # a fork while other threads run (a flow's engine, a sweep's other cells, a
         # notebook) copies locks they may hold, and its child can hang on one: there
@@ -677,6 +710,28 @@ def start_scoring_workers(
     pool.loop = _running_loop()
     _ACTIVE.append(pool)
     return pool
+
+
+async def run_contained(
+    serial: int, rubric: Contained, calls: list[ContainedCall], limit_s: float | None
+) -> list[SyncOutcome | None] | None:
+    """Each call's outcome from a scoring worker of this evaluation that holds ``rubric``
+    as it is now (an error: a :class:`WorkerFailure`), None for a call to run in this
+    process after all (a sync wrapper of an async function); None for all of them when
+    no worker can take them (no workers, a rubric changed since they started, arguments
+    that cannot be pickled)."""
+    pool = pool_for(serial, rubric)
+    if pool is None:
+        return None
+    answers = await pool.run(serial, calls, limit_s)
+    if answers is None:
+        return None
+    outcomes: list[SyncOutcome | None] = []
+    for answer in answers:
+        value, error, timed_out, here = answer_outcome(answer)
+        outcome = SyncOutcome(value=value, error=error, timed_out=timed_out)
+        outcomes.append(None if here else outcome)
+    return outcomes
 
 
 def answer_outcome(answer: tuple[int, Any]) -> tuple[Any, BaseException | None, bool, bool]:
