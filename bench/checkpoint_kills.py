@@ -18,9 +18,7 @@ copy) are byte-identical to the clean resume's.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,49 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from vfops.training._manifest import KILL_POINT_ENV  # noqa: E402
+from tests.checkpoint_harness import SMALL_CONFIG, train, weights  # noqa: E402
 
 POINTS = ("staging", "sealed", "aside", "published")
-CONFIG = """
-[model]
-path = "{model}"
-build_tiny_if_missing = true
-[environment]
-id = "lucky_digit"
-args = {{ digits = "01", max_tokens = 8, reward = "dense" }}
-[generation]
-prompts_per_step = 2
-group_size = 4
-max_tokens = 4
-[loss]
-mask_truncated = false
-[optim]
-lr = 1e-3
-micro_batch_size = 4
-[run]
-steps = 2
-output_dir = "{out}"
-eval_examples = 2
-precision = "fp32"
-tracking = false
-"""
-
-
-def train(config: Path, *args: str, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != KILL_POINT_ENV}
-    if kill_at:
-        env[KILL_POINT_ENV] = kill_at
-    return subprocess.run(
-        [sys.executable, "-m", "vfops", "train", str(config), *args],
-        env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-
-
-def weights(checkpoint: Path) -> tuple[bytes, bytes]:
-    return (
-        (checkpoint / "model" / "model.safetensors").read_bytes(),
-        (checkpoint / "accelerate" / "model.safetensors").read_bytes(),
-    )
 
 
 def main() -> None:
@@ -82,7 +40,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vfops-ckpt-kills-") as tmp:
         root = Path(tmp)
         config = root / "c.toml"
-        config.write_text(CONFIG.format(model=root / "tiny", out=root / "base"))
+        config.write_text(SMALL_CONFIG.format(model=root / "tiny", out=root / "base"))
         first = train(config)
         assert first.returncode == 0, first.stderr[-3000:]
         clean = train(

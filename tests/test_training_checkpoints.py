@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.checkpoint_harness import SMALL_CONFIG, train, weights
 from tests.inprocess_cli import run_vfops
 from vfops.training import _manifest
 from vfops.training._manifest import KILL_POINT_ENV, CheckpointError, open_checkpoint
@@ -175,49 +176,6 @@ def test_a_whole_checkpoint_is_accepted_and_hashed_once(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- end to end
 
-_SMALL = """
-[model]
-path = "{model}"
-build_tiny_if_missing = true
-[environment]
-id = "lucky_digit"
-args = {{ digits = "01", max_tokens = 8, reward = "dense" }}
-[generation]
-prompts_per_step = 2
-group_size = 4
-max_tokens = 4
-[loss]
-mask_truncated = false
-[optim]
-lr = 1e-3
-micro_batch_size = 4
-[run]
-steps = 2
-output_dir = "{out}"
-eval_examples = 2
-precision = "fp32"
-tracking = false
-"""
-
-
-def _train(
-    config: Path, *args: str, kill_at: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != KILL_POINT_ENV}
-    if kill_at:
-        env[KILL_POINT_ENV] = kill_at
-    return subprocess.run(
-        [sys.executable, "-m", "vfops", "train", str(config), *args],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-
-
-def _weights(checkpoint: Path) -> tuple[bytes, bytes]:
-    return (
-        (checkpoint / "model" / "model.safetensors").read_bytes(),
-        (checkpoint / "accelerate" / "model.safetensors").read_bytes(),
-    )
-
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, tuple[bytes, bytes]]:
@@ -225,15 +183,15 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, tuple
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("ckpt")
     config = root / "c.toml"
-    config.write_text(_SMALL.format(model=root / "tiny", out=root / "base"))
-    first = _train(config)
+    config.write_text(SMALL_CONFIG.format(model=root / "tiny", out=root / "base"))
+    first = train(config)
     assert first.returncode == 0, first.stderr[-3000:]
-    clean = _train(
+    clean = train(
         config, "--steps", "4", "--resume", str(root / "base" / "final"),
         "--output-dir", str(root / "clean"),
     )  # fmt: skip
     assert clean.returncode == 0, clean.stderr[-3000:]
-    return config, root / "base", _weights(root / "clean" / "final")
+    return config, root / "base", weights(root / "clean" / "final")
 
 
 @pytest.mark.train
@@ -252,10 +210,10 @@ def test_a_resume_killed_mid_checkpoint_then_resumed_equals_a_clean_resume(
     out = tmp_path / "out"
     shutil.copytree(base, out)
     command = ["--steps", "4", "--resume", str(out / "final"), "--output-dir", str(out)]
-    killed = _train(config, *command, kill_at=point)
+    killed = train(config, *command, kill_at=point)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert (out / left).is_dir()  # killed mid-publish, where it was asked
-    again = _train(config, *command)
+    again = train(config, *command)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert _weights(out / "final") == clean
+    assert weights(out / "final") == clean
     assert {p.name for p in out.iterdir()} == {"final"}
