@@ -24,7 +24,7 @@ from sqlalchemy.pool import NullPool
 
 from tests.registry_fixtures import stored_count, stored_rollouts
 from tests.strict_skips import STRICT_VAR, strict
-from tests.test_bad_input import registry_url, vfops
+from tests.test_bad_input import CLOSED_PG, MISSING_PG_DB, registry_url, vfops
 from vfops._errors import VfopsError
 from vfops.registry import _integrity, dispose_engines, get_engine
 from vfops.testing import StubConfig, StubServer
@@ -267,3 +267,24 @@ def test_a_registry_url_in_a_read_only_folder_is_one_line(
         f"error: registry database folder {read_only_home} cannot be written (Read-only file "
         "system); fix the database URL (VFOPS_DATABASE_URL; vfops db: --url)"
     )
+
+
+def test_a_registry_that_does_not_answer_at_start_is_an_outage_not_bad_input(
+    tmp_path: Path, stub: StubServer
+) -> None:
+    """PostgreSQL not answering when the eval starts (nothing listens on its port): exit
+    1 (an outage), one line naming the registry; no model call made, no run folder. A
+    database that does not exist is bad input: exit 2."""
+    asked = stub.stats["requests"]
+    down = vfops(eval_args(stub, tmp_path / "out"), tmp_path, {"VFOPS_DATABASE_URL": CLOSED_PG})
+    assert down.returncode == 1, down.stderr
+    line = one_error_line(down)
+    assert "cannot connect to the registry database" in line and "127.0.0.1:9" in line, line
+    assert "Connection refused" in line, line
+    assert stub.stats["requests"] == asked
+    assert not (tmp_path / "out").exists()
+    missing = vfops(
+        eval_args(stub, tmp_path / "out2"), tmp_path, {"VFOPS_DATABASE_URL": MISSING_PG_DB}
+    )
+    assert missing.returncode == 2, missing.stderr
+    assert "vfops_no_such_database" in one_error_line(missing)

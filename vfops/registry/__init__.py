@@ -38,6 +38,7 @@ from vfops.registry._costs import (
     settle_cost,
 )
 from vfops.registry._db import (
+    RegistryUnreachableError,
     current_revision,
     dispose_engines,
     downgrade,
@@ -138,6 +139,7 @@ __all__ = [
     "NewRun",
     "Pushback",
     "RegistryJudgeCache",
+    "RegistryUnreachableError",
     "RolloutRow",
     "RolloutScore",
     "RunBusyError",

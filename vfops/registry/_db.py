@@ -199,10 +199,35 @@ def _check_connects(engine: Engine, url: str) -> None:
         reason = " ".join(str(exc.orig).split()) or type(exc.orig).__name__
         if path is not None and exc.orig is not None:
             _sqlite_open_failed(path, exc.orig)
-        raise VfopsError(
+        error = RegistryUnreachableError if _unreachable(reason) else VfopsError
+        raise error(
             f"cannot connect to the registry database {mask_url(url)} ({reason}); check that "
             f"the server runs and the database exists (create it), or {_DATABASE_FIX}"
         ) from None
+
+
+class RegistryUnreachableError(VfopsError):
+    """The registry's server did not answer (refused, timed out, dropped the connection):
+    an outage, not bad input, so exit 1; a database that does not exist, a refused login
+    or an unsupported URL stays exit 2."""
+
+    exit_code = 1
+
+
+_UNREACHABLE: Final = (
+    "connection refused",
+    "timeout expired",
+    "timed out",
+    "no route to host",
+    "network is unreachable",
+    "server closed the connection",
+    "connection reset",
+)
+
+
+def _unreachable(reason: str) -> bool:
+    lowered = reason.lower()
+    return any(marker in lowered for marker in _UNREACHABLE)
 
 
 def _sqlite_open_failed(path: str, error: BaseException) -> None:
