@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -196,26 +197,54 @@ async def with_workers(
         await workers.aclose()
 
 
-def test_no_zygote_is_forked_while_another_thread_runs() -> None:
+def hog_once(rollout_index: int) -> float:
+    """2 GB for rollout 0; module-level, so a spawned zygote imports it by name."""
+    if rollout_index == 0:
+        return float(len(bytearray(HOG_BYTES)))
+    return 0.5
+
+
+def test_with_another_thread_running_the_zygote_is_spawned_and_contains(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A fork copies the locks other threads hold (a flow's engine, a sweep's cells):
-    with another thread running, scoring stays in-process."""
-    rubric = Rubric([exact])  # a rubric to contain
+    with another thread running the zygote is a fresh interpreter, not a fork of this
+    process, sent the functions by name; a reward past the limit there errors its
+    rollout; a lambda travels by value (cloudpickle) and scores there too."""
+    monkeypatch.setenv("VFOPS_SCORING_MEMORY_MB", str(LIMIT_MB))
+    spawned_zygotes: list[int] = []
+    spawn = os.posix_spawn
+
+    def recorded(*args: Any, **kwargs: Any) -> int:
+        spawned_zygotes.append(spawn(*args, **kwargs))
+        return spawned_zygotes[-1]
+
+    monkeypatch.setattr(os, "posix_spawn", recorded)
+    here = os.getpid()
+    rubric = Rubric([exact, hog_once, lambda answer: 0.25], weights=[1.0, 1.0, 1.0])
     release = threading.Event()
     other = threading.Thread(target=release.wait)
     other.start()
     try:
 
-        async def both() -> None:
-            assert start_scoring_workers() is None
-            forked = start_scoring_workers(allow_threads=True)  # the same call, allowed
-            assert forked is not None
-            await forked.aclose()
+        async def spawned() -> tuple[list[RolloutScore], int]:
+            workers = start_scoring_workers()
+            assert workers is not None
+            try:
+                return list(await rubric.score_group([state(i) for i in range(3)])), workers.zygote
+            finally:
+                await workers.aclose()
 
-        asyncio.run(both())
+        scores, zygote = asyncio.run(spawned())
     finally:
         release.set()
         other.join()
-    assert rubric is not None  # held until here: the workers contain it
+    assert zygote in spawned_zygotes, (zygote, spawned_zygotes)  # not a fork of this process
+    error = scores[0].error
+    assert scores[0].reward is None and error is not None, scores[0]
+    assert error.type == "ScoringMemoryLimit" and "'hog_once'" in error.message, error
+    assert [score.reward for score in scores[1:]] == [1.75, 1.75], scores
+    assert os.getpid() == here
 
 
 def test_in_a_worker_memory_is_limited_and_the_eval_process_is_not(

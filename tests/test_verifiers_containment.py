@@ -11,14 +11,23 @@ dist-info that requires ``verifiers`` (how vfops finds a ``verifiers`` package).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import orjson
 import pytest
 
+from vfops.evaluation import (
+    EvalRequest,
+    ModelOptions,
+    RunOptions,
+    evaluate_async,
+    iter_records,
+)
 from vfops.testing import StubConfig, StubServer
 
 pytest.importorskip("verifiers.legacy", reason="the classic verifiers line is in .venv only")
@@ -174,3 +183,40 @@ def test_verifiers_rewards_score_the_same_with_and_without_workers(
         )
     assert results["2"] == results["0"]
     assert [reward for _, _, reward, _ in results["0"]] == [1.75] * 3
+
+
+def test_in_a_process_with_threads_a_verifiers_reward_is_contained_by_a_spawned_zygote(
+    vf_site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An eval run in-process where another thread runs (a flow's engine, a notebook):
+    the zygote is spawned and sent the rewards by name, so the 2 GB reward still errors
+    only its rollout and the eval completes, in this process."""
+    monkeypatch.syspath_prepend(str(vf_site))
+    monkeypatch.setenv("VFOPS_SCORING_MEMORY_MB", str(LIMIT_MB))
+    monkeypatch.setenv("VF_CONTAINED_PIDS", str(tmp_path / "pids"))
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
+            request = EvalRequest(
+                env_name="vf_contained", model="stub-model", base_url=stub.base_url,
+                num_examples=3, rollouts_per_example=2,
+            )  # fmt: skip
+            result = asyncio.run(
+                evaluate_async(
+                    request, RunOptions(output_root=tmp_path, registry=False, tracking=False),
+                    model_options=ModelOptions(base_url=stub.base_url),
+                )
+            )  # fmt: skip
+    finally:
+        release.set()
+        other.join()
+    assert result.status == "completed", result.error
+    assert result.run_dir is not None
+    records = list(iter_records(result.run_dir))
+    errors = [r.error for r in records if r.error is not None]
+    assert [e.type for e in errors] == ["ScoringMemoryLimit"], errors
+    assert sorted(r.reward for r in records if r.error is None) == [1.75] * 5
+    ran_in = {int(line) for line in (tmp_path / "pids").read_text().split()}
+    assert ran_in and os.getpid() not in ran_in, ran_in

@@ -46,12 +46,17 @@ class ContainedTaskHooks:
     def contained_size(self) -> int:
         return 1  # one entry: the call itself names its function
 
-    def contained_call(self, index: int, kwargs: dict[str, Any], shared: tuple[str, ...]) -> Any:
-        target, arguments = kwargs["target"], kwargs["arguments"]
-        if isinstance(target, tuple):
-            task, name = target
-            target = getattr(task, name)
-        return asyncio.run(target(**arguments))  # the worker runs no loop of its own
+    def contained_entry(self, index: int) -> tuple[Callable[..., Any], dict[str, Any]]:
+        return run_hook, {}
+
+
+def run_hook(target: Any, arguments: dict[str, Any]) -> Any:
+    """In a scoring worker: a task's hook (``(task, name)``) or a plugged function, run
+    to its end on an event loop of its own (the worker runs none)."""
+    if isinstance(target, tuple):
+        task, name = target
+        target = getattr(task, name)
+    return asyncio.run(target(**arguments))
 
 
 _HOOKS: Final = ContainedTaskHooks()

@@ -95,12 +95,11 @@ class ContainedRewards:
     def contained_size(self) -> int:
         return len(self._funcs)
 
-    def contained_call(self, index: int, kwargs: dict[str, Any], shared: tuple[str, ...]) -> Any:
-        """Function ``index`` with the arguments that travelled and this copy's own
-        class objects (the parser) for the ``shared`` names."""
+    def contained_entry(self, index: int) -> tuple[Callable[..., Any], dict[str, Any]]:
+        """Function ``index`` and the class objects (the parser) it may take: every one
+        to a function taking ``**kwargs``, else those it names."""
         rubric, func = self._funcs[index]
-        kwargs.update({name: rubric.class_objects[name] for name in shared})
-        return func(**kwargs)
+        return func, self._arguments(index, rubric.class_objects)
 
     # --- in the eval's process -------------------------------------------------------
     def _wrap(self, rubric: Any) -> None:

@@ -406,13 +406,10 @@ class Rubric:
     def contained_size(self) -> int:
         return len(self._specs)
 
-    def contained_call(self, index: int, kwargs: dict[str, Any], shared: tuple[str, ...]) -> Any:
-        """Function ``index`` called in a scoring worker, with this copy's ``shared``
-        objects (the parser) added to the arguments that travelled."""
-        if shared:
-            objects = {"parser": self.parser, **self._extra_args()}
-            kwargs.update({name: objects[name] for name in shared})
-        return self._specs[index].func(**kwargs)
+    def contained_entry(self, index: int) -> tuple[Callable[..., Any], dict[str, Any]]:
+        """Function ``index`` and the parser, a worker's copy (a call that takes the
+        rubric's extra objects, e.g. a judge, is never sent)."""
+        return self._specs[index].func, {"parser": self.parser}
 
     async def _contained(
         self,

@@ -9,12 +9,19 @@ workers**:
 
 - A *zygote* is forked from the eval process once, after its input and endpoint are
   checked (a refusal forks nothing) and before the tracker or the registry start
-  threads, and only where no other thread runs (a fork copies locks other threads may
-  hold: in a flow, a sweep's cells or a notebook scoring stays in-process), so
-  it holds the loaded environment, rubric and reward functions. Its first act is to
-  drop what scoring does not need (the environment's built rows, through the
-  ``release`` the eval passes) and give that memory back to the kernel (``gc``,
-  Arrow's pool, ``malloc_trim``): a forked process's RSS counts every page it
+  threads, where no other thread runs, so it holds the loaded environment, rubric and
+  reward functions. Where other threads run (a flow's engine, a sweep's concurrent
+  cells, a notebook) a fork would copy locks they may hold, and its child could hang
+  on one: the zygote is then **spawned** (``posix_spawn`` of a fresh interpreter) and
+  sent this process's ``sys.path`` and each function with its own objects (the parser),
+  pickled by ``cloudpickle``: a module's function travels by name and the zygote
+  imports its module, a lambda or a closure by value; a function bound to something
+  that cannot be pickled (a client) stays in the eval's process. Its RSS is its own
+  (the interpreter, vfops's rubrics and the environments' modules), shared with the
+  workers it forks. A forked zygote's first act is to drop what scoring does not need
+  (the environment's built rows, through the ``release`` the eval passes) and give
+  that memory back to the kernel (``gc``, Arrow's pool, ``malloc_trim``): a forked
+  process's RSS counts every page it
   inherited, so without this the zygote and each worker would show the whole dataset
   again (48-50 MB each at 100,000 rollouts of ``arithmetic``; ~25 MB now, the
   interpreter and the modules loaded by then). It is forked before the eval builds
@@ -121,15 +128,38 @@ _VALUE, _RAISED, _OUT_OF_MEMORY, _INLINE, _UNREADABLE, _TIMED_OUT = 0, 1, 2, 3, 
 
 
 class Contained(Protocol):
-    """A rubric whose sync functions a worker can call (:class:`~vfops.rubrics.Rubric`)."""
+    """What a worker can call (:class:`~vfops.rubrics.Rubric`, the adapters' rewards)."""
 
-    def contained_call(self, index: int, kwargs: dict[str, Any], shared: tuple[str, ...]) -> Any:
-        """Call function ``index`` with ``kwargs`` and the rubric's own ``shared`` objects."""
+    def contained_entry(self, index: int) -> tuple[Callable[..., Any], dict[str, Any]]:
+        """Function ``index`` and the objects of its own it may take by name (the
+        parser): what a call names in ``shared`` comes from there, not from the call."""
         ...
 
     def contained_size(self) -> int:
         """How many functions it has (a function added after the fork is not in the worker)."""
         ...
+
+
+class PortableCalls:
+    """A contained object as a spawned zygote holds it: its entries, each unpickled from
+    what the eval sent (None: it could not be pickled there or loaded here; such a call
+    runs in the eval's process)."""
+
+    def __init__(self, entries: list[tuple[Callable[..., Any], dict[str, Any]] | None]) -> None:
+        self._entries = entries
+
+    def contained_entry(self, index: int) -> tuple[Callable[..., Any], dict[str, Any]]:
+        entry = self._entries[index]
+        if entry is None:
+            raise _NotHere
+        return entry
+
+    def contained_size(self) -> int:
+        return len(self._entries)
+
+
+class _NotHere(Exception):
+    """The call's function is not in this worker: run it in the eval's process."""
 
 
 _RUBRICS: weakref.WeakValueDictionary[int, Contained] = weakref.WeakValueDictionary()
@@ -391,10 +421,15 @@ def _call(
     shared: tuple[str, ...],
     limit_mb: int,
 ) -> tuple[int, Any]:
-    if rubric is None:
-        return _RAISED, ("LookupError", "its rubric is gone from the scoring worker")
     try:
-        value = rubric.contained_call(index, kwargs, shared)
+        if rubric is None:
+            raise _NotHere
+        func, objects = rubric.contained_entry(index)
+    except _NotHere:
+        return _INLINE, None
+    kwargs.update({name: objects[name] for name in shared})
+    try:
+        value = func(**kwargs)
     except MemoryError:
         return _OUT_OF_MEMORY, f"ran out of memory: {memory_hint(limit_mb)}"
     except BaseException as exc:  # SystemExit included: the worker goes on
@@ -674,30 +709,43 @@ def _stop_progress_monitor() -> None:
 def start_scoring_workers(
     release: Callable[[], object] | None = None, *, allow_threads: bool = False
 ) -> ScoringWorkers | None:
-    """Fork the zygote of the rubrics that exist now; None when scoring stays in-process
-    (``VFOPS_SCORING_WORKERS=0``, not Linux, no rubric). ``release`` is called in the
-    zygote, first: it drops what the eval holds and scoring does not need (the
-    environment's rows), so the zygote and its workers do not hold a copy of it.
-    ``allow_threads``: fork even though other threads run, for a caller that knows none
-    of them holds a lock the zygote needs (a test process's idle helper threads)."""
+    """Start the zygote of the rubrics that exist now; None when scoring stays
+    in-process (``VFOPS_SCORING_WORKERS=0``, not Linux, no rubric). Where no other thread
+    runs the zygote is forked, holding them as they are; ``release`` is called in it,
+    first: it drops what the eval holds and scoring does not need (the environment's
+    rows), so the zygote and its workers do not hold a copy of it. Where other threads
+    run (a flow's engine, a sweep's other cells, a notebook), a fork would copy locks
+    they may hold and its child could hang on one: the zygote is then a fresh
+    interpreter (spawned) that is sent each function and its objects, pickled (see
+    :func:`_spawn_zygote`). ``allow_threads``: fork even though other threads run, for a
+    caller that knows none of them holds a lock the zygote needs."""
     if not sys.platform.startswith("linux") or not _RUBRICS:
         return None
     _stop_progress_monitor()
-    if threading.active_count() > 1 and not allow_threads:
-        # a fork while other threads run (a flow's engine, a sweep's other cells, a
-        # notebook) copies locks they may hold, and its child can hang on one: there
-        # scoring stays in-process, as before
-        return None
     size = scoring_workers()
     if size == 0:
         return None
     limit_mb = scoring_memory_mb(size)
     covered = {serial: rubric.contained_size() for serial, rubric in list(_RUBRICS.items())}
+    if threading.active_count() > 1 and not allow_threads:
+        spawned = _spawn_zygote(limit_mb)
+        if spawned is None:
+            return None
+        pid, ours = spawned
+    else:
+        pid, ours = _fork_zygote(limit_mb, release)
+    pool = ScoringWorkers(pid, ours, covered, size, limit_mb)
+    pool.loop = _running_loop()
+    _ACTIVE.append(pool)
+    return pool
+
+
+def _fork_zygote(limit_mb: int, release: Callable[[], object] | None) -> tuple[int, socket.socket]:
     ours, theirs = socket.socketpair()
     parent = os.getpid()
     with warnings.catch_warnings():
-        # Python 3.12 warns of a fork with threads running: the zygote runs only this
-        # module's loop and forks workers from itself, never from the eval
+        # Python 3.12 warns of a fork with threads running (allow_threads): the zygote
+        # runs only this module's loop and forks workers from itself, never from the eval
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:
@@ -706,10 +754,85 @@ def start_scoring_workers(
         finally:
             os._exit(0)
     theirs.close()
-    pool = ScoringWorkers(pid, ours, covered, size, limit_mb)
-    pool.loop = _running_loop()
-    _ACTIVE.append(pool)
-    return pool
+    return pid, ours
+
+
+_SPAWNED_FD: Final = 3
+_MAX_ENTRY_BYTES: Final = 64 << 20  # a function bound to something larger runs here
+
+
+def _portable_entries() -> dict[int, list[bytes | None]]:
+    """Each contained object's entries, pickled by ``cloudpickle`` (a module's function
+    by name, a lambda or a closure by value, as a verifiers parser holds one; None: this
+    one cannot be, an object bound to this process such as a client, or it is larger
+    than ``_MAX_ENTRY_BYTES``)."""
+    import cloudpickle  # only here: a fork needs none
+
+    portable: dict[int, list[bytes | None]] = {}
+    for serial, rubric in list(_RUBRICS.items()):
+        entries: list[bytes | None] = []
+        for index in range(rubric.contained_size()):
+            try:
+                data = cloudpickle.dumps(rubric.contained_entry(index), pickle.HIGHEST_PROTOCOL)
+            except Exception:
+                entries.append(None)
+                continue
+            entries.append(data if len(data) <= _MAX_ENTRY_BYTES else None)
+        if any(entry is not None for entry in entries):
+            portable[serial] = entries
+    return portable
+
+
+def _spawn_zygote(limit_mb: int) -> tuple[int, socket.socket] | None:
+    """A zygote started as a fresh interpreter (``posix_spawn``: safe with threads
+    running), sent this process's ``sys.path`` and the contained functions by value (a
+    module's function by name: the zygote imports its module). None when no function can
+    travel so (every call then runs in-process)."""
+    portable = _portable_entries()
+    if not portable:
+        return None
+    ours, theirs = socket.socketpair()
+    parent = os.getpid()
+    code = "from vfops.rubrics._workers import spawned_zygote_main; spawned_zygote_main()"
+    argv = [sys.executable, "-c", code, str(limit_mb), str(parent)]
+    if theirs.fileno() == _SPAWNED_FD:
+        os.set_inheritable(_SPAWNED_FD, True)
+        actions: list[tuple[Any, ...]] = []
+    else:
+        actions = [(os.POSIX_SPAWN_DUP2, theirs.fileno(), _SPAWNED_FD)]
+    try:
+        pid = os.posix_spawn(sys.executable, argv, dict(os.environ), file_actions=actions)
+    except OSError:
+        ours.close()
+        theirs.close()
+        return None
+    theirs.close()
+    # small (functions by reference): it fits the socket's buffer; a larger one waits
+    # for the zygote to read it
+    _send(ours, (list(sys.path), portable))
+    return pid, ours
+
+
+def spawned_zygote_main() -> None:
+    """The spawned zygote's start: load what the eval sent, then serve as a forked one."""
+    limit_mb, parent = int(sys.argv[1]), int(sys.argv[2])
+    control = socket.socket(fileno=_SPAWNED_FD)
+    message = _recv(control)
+    if message is None:
+        return
+    path, portable = message
+    sys.path[:] = path
+    held: list[PortableCalls] = []  # _RUBRICS holds them weakly
+    for serial, entries in portable.items():
+        loaded: list[tuple[Callable[..., Any], dict[str, Any]] | None] = []
+        for data in entries:
+            try:
+                loaded.append(None if data is None else pickle.loads(data))
+            except Exception:  # its module does not import here: that call runs there
+                loaded.append(None)
+        held.append(PortableCalls(loaded))
+        _RUBRICS[serial] = held[-1]
+    _zygote_main(control, limit_mb, parent, [], None)
 
 
 async def run_contained(
