@@ -582,6 +582,8 @@ def test_serve_without_vllm_is_one_line_naming_the_venv(tiny_dir: Path) -> None:
     for args, expected in (
         (["--python", "/nonexistent/python", "--print-command"], "cannot run"),
         (["--sync", "rsync", "--python", sys.executable], "--sync must be"),
+        (["--host", "0.0.0.0", "--python", sys.executable], "--expose-dev-routes"),
+        (["--host", "10.1.2.3", "--python", sys.executable], "dev routes"),
     ):
         result = CliRunner().invoke(app, ["vllm", "serve", str(tiny_dir), *args])
         assert isinstance(result.exception, VfopsError), result.output

@@ -157,6 +157,18 @@ def serve_env(base: dict[str, str] | None = None, *, cpu: bool = False) -> dict[
     return env
 
 
+def _loopback(host: str) -> bool:
+    """Whether ``host`` listens on this machine only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def serve(
     ctx: typer.Context,
@@ -186,6 +198,14 @@ def serve(
     print_command: Annotated[
         bool, typer.Option("--print-command", help="Print the command and environment, exit.")
     ] = False,
+    expose_dev_routes: Annotated[
+        bool,
+        typer.Option(
+            "--expose-dev-routes",
+            help="Allow a --host other than loopback: vLLM's dev routes (weight reload, "
+            "collective_rpc) answer anyone who reaches it, without a key.",
+        ),
+    ] = False,
 ) -> None:
     """Serve DIRECTORY with vLLM for GRPO training (token ids, logprobs, weight sync).
 
@@ -193,6 +213,13 @@ def serve(
     """
     if sync not in ("filesystem", "nccl"):
         raise VfopsError(f"--sync must be filesystem or nccl, got {sync!r}")
+    if not (_loopback(host) or expose_dev_routes):
+        raise VfopsError(
+            f"--host {host} would put vLLM's dev routes (weight reload, collective_rpc: "
+            "unauthenticated, needed for weight sync) on the network; serve on loopback "
+            "(the default) beside the trainer, or pass --expose-dev-routes on a network "
+            "only the trainer reaches (infra/ serves evaluation without them)"
+        )
     if not (directory / "config.json").is_file():
         raise VfopsError(
             f"{str(directory)!r} is not a model directory (no config.json); "
