@@ -70,6 +70,21 @@ def load_environment() -> vfops.Environment:
     rows = [{"question": f"Say {i}. ANSWER_HINT: {i}", "answer": str(i)} for i in range(4)]
     rubric = vfops.Rubric([correct, greedy, spawner], weights=[1.0, 1.0, 0.0])
     return vfops.SingleTurnEnv(eval_dataset=rows, rubric=rubric)
+
+
+class Starting(vfops.SingleTurnEnv):
+    # its rollout code (not a reward) starts a child and a setsid daemon
+
+    async def setup_state(self, state):
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        subprocess.Popen(["bash", "-c", f"exec -a {MARKER} sleep 1000"], **quiet)
+        subprocess.Popen(["sh", "-c", f"setsid bash -c 'exec -a {MARKER} sleep 1000' &"], **quiet)
+        return await super().setup_state(state)
+
+
+def load_starting() -> vfops.Environment:
+    rows = [{"question": f"Say {i}. ANSWER_HINT: {i}", "answer": str(i)} for i in range(2)]
+    return Starting(eval_dataset=rows, rubric=vfops.Rubric([correct]))
 """
 
 
@@ -85,6 +100,7 @@ def contained_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (info / "entry_points.txt").write_text(
         "[vfops.environments]\ncontained_rewards = contained_rewards:load_environment\n"
+        "contained_starting = contained_rewards:load_starting\n"
     )
     return site
 
@@ -166,6 +182,33 @@ def test_eval_a_reward_past_the_memory_limit_errors_its_rollout_and_what_rewards
     assert f"{LIMIT_MB} MiB" in error["message"] and "VFOPS_SCORING_MEMORY_MB" in error["message"]
     assert "'greedy'" in error["message"]
     assert all(row["reward"] == 1.0 for row in rows if row["error"] is None)
+
+
+def test_what_the_environments_rollout_code_starts_ends_with_vfops_eval(
+    contained_site: Path, tmp_path: Path, marker: str
+) -> None:
+    """Each rollout's setup starts a sleep and a setsid daemon (which leaves its parent
+    at once): once `vfops eval` has exited, none of them is left, and the run
+    completed."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(contained_site),
+        "VFOPS_HOME": str(tmp_path / "home"),
+        "VFOPS_TRACKING": "0",
+        "CONTAINED_TEST_MARKER": marker,
+    }
+    env.pop("VFOPS_DATABASE_URL", None)
+    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
+        args = ["eval", "contained_starting", "-m", "stub-model", "-b", stub.base_url, "-n",
+                "2", "-r", "2", "-o", str(tmp_path / "out")]  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "vfops", *args], env=env, capture_output=True, text=True,
+            timeout=240,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert marked(marker) == []  # at exit: nothing the rollouts started is left
+    (run_dir,) = (tmp_path / "out").glob("evals/*/*")
+    assert orjson.loads((run_dir / "metadata.json").read_bytes())["status"] == "completed"
 
 
 def state(index: int) -> State:

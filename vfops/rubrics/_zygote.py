@@ -22,6 +22,14 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Final, Protocol
 
+from vfops._descendants import (
+    PR_SET_PDEATHSIG,
+    become_subreaper,
+    end_descendants,
+    prctl,
+    reap_any,
+)
+
 __all__ = [
     "CONTAINED",
     "FRAME_LENGTH",
@@ -34,7 +42,6 @@ __all__ = [
     "VALUE",
     "Contained",
     "PortableCalls",
-    "end_descendants",
     "memory_hint",
     "register_contained",
     "send_frame",
@@ -42,8 +49,6 @@ __all__ = [
     "zygote_main",
 ]
 
-_PR_SET_PDEATHSIG: Final = 1
-_PR_SET_CHILD_SUBREAPER: Final = 36
 FRAME_LENGTH: Final = 8  # bytes of a frame's length prefix
 SPAWNED_FD: Final = 3
 """The spawned zygote's end of its control socket."""
@@ -110,75 +115,6 @@ def memory_hint(limit_mb: int) -> str:
 # --- processes ---------------------------------------------------------------------------
 
 
-def _prctl(option: int, value: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-
-
-def _ppids() -> dict[int, int]:
-    """Every process's parent, from /proc."""
-    found: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as file:
-                stat = file.read()
-        except OSError:
-            continue  # ended meanwhile
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        found[int(name)] = int(fields[1])
-    return found
-
-
-def _has_children() -> bool:
-    try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    return True
-
-
-def end_descendants(spare: frozenset[int] = frozenset()) -> None:
-    """Kill every process below this one (a subreaper: orphans come back to it) except
-    ``spare`` and theirs, and reap them. Cheap when there is none (one ``waitid``)."""
-    me = os.getpid()
-    for _ in range(1000):  # a process that forks as fast as it is killed: give up
-        if not _has_children():
-            return
-        parents = _ppids()
-        below: list[int] = []
-        frontier = {me}
-        while frontier:
-            found = [pid for pid, ppid in parents.items() if ppid in frontier and pid not in spare]
-            below.extend(found)
-            frontier = set(found)
-        direct = [pid for pid in below if parents.get(pid) == me]
-        for pid in below:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        if not direct:
-            _reap_any()  # zombies (exited children) only
-            if spare:
-                return
-            continue
-        for pid in direct:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-
-
-def _reap_any() -> list[int]:
-    reaped: list[int] = []
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return reaped
-        if pid == 0:
-            return reaped
-        reaped.append(pid)
-
-
 def _after_fork(parent: int, parent_death: int, inherited: list[Any]) -> None:
     """A forked child's own signals: none of the eval's handlers or its wakeup fd (the
     eval's event loop would read this process's signals as its own); ``inherited``
@@ -191,10 +127,10 @@ def _after_fork(parent: int, parent_death: int, inherited: list[Any]) -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the eval stops its workers
-    _prctl(_PR_SET_PDEATHSIG, parent_death)
+    prctl(PR_SET_PDEATHSIG, parent_death)
     if os.getppid() != parent:  # it died before the line above
         os._exit(0)
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    become_subreaper()
 
 
 def send_frame(sock: socket.socket, obj: Any) -> None:
@@ -335,7 +271,7 @@ def zygote_main(
         ready, _, _ = select.select([control.fileno(), wake_r], [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
-            dead = _reap_any()
+            dead = reap_any()
             workers.difference_update(dead)
             if dead:  # a worker's orphans (started with setsid) were handed to this process
                 end_descendants(spare=frozenset(workers))
