@@ -288,3 +288,17 @@ def test_a_registry_that_does_not_answer_at_start_is_an_outage_not_bad_input(
     )
     assert missing.returncode == 2, missing.stderr
     assert "vfops_no_such_database" in one_error_line(missing)
+
+
+def test_garbage_read_as_text_is_the_damaged_file_error(tmp_path: Path) -> None:
+    """Damage that lands inside a text value (not the page's structure) reaches Python as
+    sqlite3's UTF-8 decoding error: the same one-line damaged-file error, never
+    SQLAlchemy's (the CI failure of 2026-12-06: the damaged page's layout depends on the
+    rows written)."""
+    undecodable = sqlite3.OperationalError(
+        "Could not decode to UTF-8 column 'trace_id' with text '2f\ufffd'"
+    )
+    error = _integrity.sqlite_error(undecodable, str(tmp_path / "r.db"))
+    assert isinstance(error, VfopsError)
+    assert "is damaged (database disk image is malformed)" in str(error), error
+    assert _integrity.sqlite_error(sqlite3.OperationalError("database is locked"), "x") is None

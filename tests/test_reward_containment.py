@@ -18,12 +18,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -240,54 +238,85 @@ async def with_workers(
         await workers.aclose()
 
 
-def hog_once(rollout_index: int) -> float:
-    """2 GB for rollout 0; module-level, so a spawned zygote imports it by name."""
-    if rollout_index == 0:
-        return float(len(bytearray(HOG_BYTES)))
-    return 0.5
+SPAWNED_SCRIPT = """
+import asyncio, json, os, sys, threading
+
+from spawn_rewards import exact, hog_once
+from vfops.rubrics import Rubric
+from vfops.rubrics._workers import start_scoring_workers
+
+spawned = []
+spawn = os.posix_spawn
 
 
-def test_with_another_thread_running_the_zygote_is_spawned_and_contains(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A fork copies the locks other threads hold (a flow's engine, a sweep's cells):
-    with another thread running the zygote is a fresh interpreter, not a fork of this
-    process, sent the functions by name; a reward past the limit there errors its
-    rollout; a lambda travels by value (cloudpickle) and scores there too."""
-    monkeypatch.setenv("VFOPS_SCORING_MEMORY_MB", str(LIMIT_MB))
-    spawned_zygotes: list[int] = []
-    spawn = os.posix_spawn
+def recorded(*args, **kwargs):
+    spawned.append(spawn(*args, **kwargs))
+    return spawned[-1]
 
-    def recorded(*args: Any, **kwargs: Any) -> int:
-        spawned_zygotes.append(spawn(*args, **kwargs))
-        return spawned_zygotes[-1]
 
-    monkeypatch.setattr(os, "posix_spawn", recorded)
-    here = os.getpid()
-    rubric = Rubric([exact, hog_once, lambda answer: 0.25], weights=[1.0, 1.0, 1.0])
-    release = threading.Event()
-    other = threading.Thread(target=release.wait)
-    other.start()
+os.posix_spawn = recorded
+rubric = Rubric([exact, hog_once, lambda answer: 0.25], weights=[1.0, 1.0, 1.0])
+state = lambda i: {"prompt": [], "completion": [{"role": "assistant", "content": "4"}],
+                   "answer": "4", "info": {}, "task": "t", "example_id": 0, "rollout_index": i}
+release = threading.Event()
+other = threading.Thread(target=release.wait)
+other.start()
+
+
+async def main():
+    workers = start_scoring_workers()
+    assert workers is not None
     try:
-
-        async def spawned() -> tuple[list[RolloutScore], int]:
-            workers = start_scoring_workers()
-            assert workers is not None
-            try:
-                return list(await rubric.score_group([state(i) for i in range(3)])), workers.zygote
-            finally:
-                await workers.aclose()
-
-        scores, zygote = asyncio.run(spawned())
+        scores = await rubric.score_group([state(i) for i in range(3)])
+        return scores, workers.zygote
     finally:
-        release.set()
-        other.join()
-    assert zygote in spawned_zygotes, (zygote, spawned_zygotes)  # not a fork of this process
-    error = scores[0].error
-    assert scores[0].reward is None and error is not None, scores[0]
-    assert error.type == "ScoringMemoryLimit" and "'hog_once'" in error.message, error
-    assert [score.reward for score in scores[1:]] == [1.75, 1.75], scores
-    assert os.getpid() == here
+        await workers.aclose()
+
+
+try:
+    scores, zygote = asyncio.run(main())
+finally:
+    release.set()
+    other.join()
+print(json.dumps({
+    "spawned": zygote in spawned,
+    "rewards": [s.reward for s in scores],
+    "errors": [None if s.error is None else [s.error.type, s.error.message] for s in scores],
+}))
+"""
+
+SPAWN_REWARDS = """
+def exact(completion, answer):
+    return 1.0 if completion[-1]["content"] == answer else 0.0
+
+
+def hog_once(rollout_index):
+    if rollout_index == 0:  # 2 GB
+        return float(len(bytearray(2 << 30)))
+    return 0.5
+"""
+
+
+def test_with_another_thread_running_the_zygote_is_spawned_and_contains(tmp_path: Path) -> None:
+    """A fork copies the locks other threads hold (a flow's engine, a sweep's cells):
+    in a process where another thread runs, the zygote is a fresh interpreter
+    (``posix_spawn``), not a fork of that process, sent the functions by name (a module's)
+    or by value (a lambda); a reward past the limit there errors its rollout. Run in a
+    process of its own, as a flow's is."""
+    (tmp_path / "spawn_rewards.py").write_text(SPAWN_REWARDS)
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED_SCRIPT)
+    env = {**os.environ, "VFOPS_SCORING_MEMORY_MB": str(LIMIT_MB), "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr
+    found = orjson.loads(done.stdout.strip().splitlines()[-1])
+    assert found["spawned"], found  # not a fork of that process
+    error = found["errors"][0]
+    assert found["rewards"][0] is None and error is not None, found
+    assert error[0] == "ScoringMemoryLimit" and "'hog_once'" in error[1], error
+    assert found["rewards"][1:] == [1.75, 1.75], found
 
 
 def test_in_a_worker_memory_is_limited_and_the_eval_process_is_not(

@@ -9,11 +9,17 @@ __all__ = ["main"]
 
 
 def _exit_now(code: object) -> None:
-    """Exit without the interpreter's teardown (a few hundred milliseconds of freeing
-    the modules ``datasets`` and friends loaded). Only for ``vfops eval``: everything
-    it writes is flushed or closed before it returns, and it leaves no atexit work."""
+    """End what the eval's environment started, then exit without the interpreter's
+    teardown (a few hundred milliseconds of freeing the modules ``datasets`` and friends
+    loaded). Only for ``vfops eval``: everything it writes is flushed or closed before it
+    returns, and it leaves no atexit work."""
     import logging
 
+    from vfops._descendants import end_descendants
+
+    # the tracker and the scoring workers have ended: what is left below is what the
+    # environment's own code started (setsid daemons included, handed back here)
+    end_descendants()
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()
@@ -28,6 +34,11 @@ def main() -> None:
     if sys.argv[1:2] != ["eval"]:
         run()
         return
+    from vfops._descendants import become_subreaper
+
+    # only here, in the process the command owns: a CLI call made inside another process
+    # (a test's runner, a notebook) must not end that process's own children
+    become_subreaper()
     try:
         run()
     except SystemExit as exc:

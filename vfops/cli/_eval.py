@@ -11,7 +11,6 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from vfops._descendants import become_subreaper, end_descendants
 from vfops._errors import VfopsError
 from vfops._jsonarg import parse_json_object
 from vfops.cli._eval_display import EvalDisplay, print_summary
@@ -214,10 +213,6 @@ def eval_command(
     )
     display = EvalDisplay(enabled=not quiet and sys.stderr.isatty())
     signals: list[int] = []
-    # what the environment's own code starts (setsid daemons included) is handed back to
-    # this process when its parent ends, and ended once the eval is over (the tracker
-    # and the scoring workers have ended by then)
-    become_subreaper()
     try:
         with display:
             result = asyncio.run(
@@ -248,8 +243,6 @@ def eval_command(
         )
         # 128 + the signal's number, as a shell reports a process killed by it
         raise typer.Exit(128 + (signals[0] if signals else signal.SIGINT)) from None
-    finally:
-        end_descendants()
     print_summary(result)
     problem = result.problem(max_error_rate, max_tool_error_rate)
     if problem is not None:

@@ -70,10 +70,16 @@ def _code(error: BaseException) -> int | None:
     return code & 0xFF if isinstance(code, int) else None
 
 
+_UNDECODABLE = "Could not decode to UTF-8"
+"""Python's sqlite3 reading a text value that is not UTF-8: a damaged page."""
+
+
 def is_damaged(error: BaseException) -> bool:
     """Whether ``error`` (a DBAPI error) says the file is damaged or not a database."""
     if not isinstance(error, sqlite3.DatabaseError):
         return False
+    if _UNDECODABLE in str(error):
+        return True
     code = _code(error)
     if code is not None:
         return code in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
@@ -85,7 +91,12 @@ def sqlite_error(error: BaseException, path: str) -> VfopsError | None:
     """The one-line error for a SQLite error that no retry fixes: a damaged file, or one
     that cannot be written; None for the others (busy, a missing table...)."""
     if is_damaged(error):
-        return VfopsError(corrupt_message(path, str(error)))
+        reason = str(error)
+        if _UNDECODABLE in reason:
+            # garbage read as a text value (vfops writes only UTF-8): what SQLite reports
+            # as malformed when the damage hits the page's structure instead
+            reason = "database disk image is malformed"
+        return VfopsError(corrupt_message(path, reason))
     if isinstance(error, sqlite3.DatabaseError) and _code(error) == _SQLITE_READONLY:
         return VfopsError(unwritable_message(path, str(error)))
     return None
