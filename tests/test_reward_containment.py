@@ -241,6 +241,7 @@ async def with_workers(
 SPAWNED_SCRIPT = """
 import asyncio, json, os, sys, threading
 
+from skipping_rewards import other
 from spawn_rewards import exact, hog_once
 from vfops.rubrics import Rubric
 from vfops.rubrics._workers import start_scoring_workers
@@ -255,6 +256,7 @@ def recorded(*args, **kwargs):
 
 
 os.posix_spawn = recorded
+stale = Rubric([other])  # another evaluation's, whose module will not import there
 rubric = Rubric([exact, hog_once, lambda answer: 0.25], weights=[1.0, 1.0, 1.0])
 state = lambda i: {"prompt": [], "completion": [{"role": "assistant", "content": "4"}],
                    "answer": "4", "info": {}, "task": "t", "example_id": 0, "rollout_index": i}
@@ -297,13 +299,27 @@ def hog_once(rollout_index):
 """
 
 
+SKIPPING_REWARDS = """
+import sys
+
+if sys.argv[:1] == ["-c"]:  # imported in the spawned zygote: as a test module skipping itself
+    raise SystemExit("not here")
+
+
+def other(answer):
+    return 0.0
+"""
+
+
 def test_with_another_thread_running_the_zygote_is_spawned_and_contains(tmp_path: Path) -> None:
     """A fork copies the locks other threads hold (a flow's engine, a sweep's cells):
     in a process where another thread runs, the zygote is a fresh interpreter
     (``posix_spawn``), not a fork of that process, sent the functions by name (a module's)
-    or by value (a lambda); a reward past the limit there errors its rollout. Run in a
-    process of its own, as a flow's is."""
+    or by value (a lambda); a reward past the limit there errors its rollout. Another
+    rubric whose module raises a BaseException on import there does not take it down.
+    Run in a process of its own, as a flow's is."""
     (tmp_path / "spawn_rewards.py").write_text(SPAWN_REWARDS)
+    (tmp_path / "skipping_rewards.py").write_text(SKIPPING_REWARDS)
     script = tmp_path / "spawned.py"
     script.write_text(SPAWNED_SCRIPT)
     env = {**os.environ, "VFOPS_SCORING_MEMORY_MB": str(LIMIT_MB), "PYTHONPATH": str(tmp_path)}
