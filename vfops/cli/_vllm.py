@@ -17,6 +17,7 @@ import typer
 
 from vfops._errors import VfopsError
 from vfops.cli._server_process import run_server
+from vfops.clients import is_loopback
 
 app = typer.Typer(
     name="vllm",
@@ -157,18 +158,6 @@ def serve_env(base: dict[str, str] | None = None, *, cpu: bool = False) -> dict[
     return env
 
 
-def _loopback(host: str) -> bool:
-    """Whether ``host`` listens on this machine only."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 @app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def serve(
     ctx: typer.Context,
@@ -213,7 +202,8 @@ def serve(
     """
     if sync not in ("filesystem", "nccl"):
         raise VfopsError(f"--sync must be filesystem or nccl, got {sync!r}")
-    if not (_loopback(host) or expose_dev_routes):
+    listened = f"http://[{host}]" if ":" in host else f"http://{host}"
+    if not (is_loopback(listened) or expose_dev_routes):
         raise VfopsError(
             f"--host {host} would put vLLM's dev routes (weight reload, collective_rpc: "
             "unauthenticated, needed for weight sync) on the network; serve on loopback "
