@@ -165,8 +165,7 @@ class ContainedRewards:
         error = outcome.error
         if isinstance(error, WorkerFailure) and error.contained:
             return None, error
-        if error is not None and not isinstance(error, WorkerFailure):
-            error = WorkerFailure(type(error).__name__, str(error))
+        # a worker's error is always a WorkerFailure (answer_outcome); no time limit here
         return (error if error is not None else outcome.value), None
 
     def _portable(self, name: str, value: Any) -> Any:
