@@ -70,6 +70,20 @@ def load_environment() -> vfops.Environment:
     return vfops.SingleTurnEnv(eval_dataset=rows, rubric=rubric)
 
 
+async def greedy_async(answer, rollout_index) -> float:
+    # in the eval's own process: 2 GB a megabyte at a time (bounded, should the limit fail)
+    if answer == "1" and rollout_index == 0:
+        chunks = [bytearray(1 << 20) for _ in range(2048)]
+        return float(len(chunks))
+    return 0.0
+
+
+def load_async() -> vfops.Environment:
+    rows = [{"question": f"Say {i}. ANSWER_HINT: {i}", "answer": str(i)} for i in range(4)]
+    rubric = vfops.Rubric([correct, greedy_async], weights=[1.0, 1.0])
+    return vfops.SingleTurnEnv(eval_dataset=rows, rubric=rubric)
+
+
 class Starting(vfops.SingleTurnEnv):
     # its rollout code (not a reward) starts a child and a setsid daemon
 
@@ -99,6 +113,7 @@ def contained_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (info / "entry_points.txt").write_text(
         "[vfops.environments]\ncontained_rewards = contained_rewards:load_environment\n"
         "contained_starting = contained_rewards:load_starting\n"
+        "contained_async = contained_rewards:load_async\n"
     )
     return site
 
@@ -180,6 +195,57 @@ def test_eval_a_reward_past_the_memory_limit_errors_its_rollout_and_what_rewards
     assert f"{LIMIT_MB} MiB" in error["message"] and "VFOPS_SCORING_MEMORY_MB" in error["message"]
     assert "'greedy'" in error["message"]
     assert all(row["reward"] == 1.0 for row in rows if row["error"] is None)
+
+
+@pytest.mark.parametrize(
+    ("env_name", "workers", "reward"),
+    [("contained_async", None, "greedy_async"), ("contained_rewards", "0", "greedy")],
+    ids=["async-reward", "sync-reward-without-workers"],
+)
+def test_a_reward_scoring_in_the_eval_process_past_the_limit_errors_only_its_rollout(
+    contained_site: Path,
+    tmp_path: Path,
+    marker: str,
+    env_name: str,
+    workers: str | None,
+    reward: str,
+) -> None:
+    """What scores in the eval's own process (an async reward; a sync one when there are
+    no workers) does so under the same allowance: one rollout's 2 GB is its
+    ``ScoringMemoryLimit`` error, the other rollouts are scored, the eval completes."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(contained_site),
+        "VFOPS_HOME": str(tmp_path / "home"),
+        "VFOPS_TRACKING": "0",
+        "VFOPS_SCORING_MEMORY_MB": str(LIMIT_MB),
+        "CONTAINED_TEST_MARKER": marker,
+    }
+    env.pop("VFOPS_DATABASE_URL", None)
+    env.pop("VFOPS_SCORING_WORKERS", None)
+    if workers is not None:
+        env["VFOPS_SCORING_WORKERS"] = workers
+    with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
+        args = ["eval", env_name, "-m", "stub-model", "-b", stub.base_url, "-n", "4",
+                "-r", "2", "-o", str(tmp_path / "out"), "--max-error-rate", "0.25"]  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "vfops", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,  # a safety net
+        )
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = (tmp_path / "out").glob("evals/*/*")
+    assert orjson.loads((run_dir / "metadata.json").read_bytes())["status"] == "completed"
+    rows = [orjson.loads(line) for line in (run_dir / "results.jsonl").read_bytes().splitlines()]
+    errored = [row for row in rows if row["error"] is not None]
+    assert [(row["answer"], row["rollout_index"]) for row in errored] == [("1", 0)]
+    error = errored[0]["error"]
+    assert error["type"] == "ScoringMemoryLimit", error
+    assert f"{LIMIT_MB} MiB" in error["message"] and f"'{reward}'" in error["message"]
+    assert errored[0]["reward"] is None
+    assert [row["reward"] for row in rows if row["error"] is None] == [1.0] * 7
 
 
 def test_what_the_environments_rollout_code_starts_ends_with_vfops_eval(
@@ -373,6 +439,39 @@ def test_in_a_worker_memory_is_limited_and_the_eval_process_is_not(
     assert scores[4].reward == 1.5 and scores[4].error is None
     assert workers.limit_mb == LIMIT_MB
     assert len(bytearray(LIMIT_MB * 2 << 20)) == LIMIT_MB * 2 << 20  # not limited here
+
+
+def test_the_eval_process_is_limited_only_while_a_reward_scores_in_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside an async reward the process's soft ``RLIMIT_DATA`` is its written memory
+    plus the allowance; before and after scoring it is what it was (a model or a dataset
+    loaded here is never refused by it)."""
+    import resource
+
+    monkeypatch.setenv("VFOPS_SCORING_MEMORY_MB", str(LIMIT_MB))
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    seen: list[tuple[int, int]] = []
+    refused: list[bool] = []
+
+    async def watches(rollout_index: int) -> float:
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        seen.append((soft, hard))
+        await asyncio.sleep(0)
+        try:
+            bytearray(soft)  # the whole limit at once: past it, whatever is written
+        except MemoryError:
+            refused.append(True)
+        return 1.0
+
+    scores = asyncio.run(Rubric([watches]).score_group([state(i) for i in range(3)]))
+    assert [score.reward for score in scores] == [1.0] * 3
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before
+    assert len(seen) == 3 and refused == [True] * 3
+    for soft, hard in seen:
+        assert hard == before[1] and soft != resource.RLIM_INFINITY
+        assert soft > LIMIT_MB << 20
+    assert len(bytearray(LIMIT_MB * 2 << 20)) == LIMIT_MB * 2 << 20  # lifted
 
 
 def test_a_call_past_the_time_limit_ends_its_worker_and_what_it_started(

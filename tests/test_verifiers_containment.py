@@ -102,13 +102,16 @@ def vf_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
+@pytest.mark.parametrize("workers", [None, "0"], ids=["in-workers", "in-process"])
 def test_a_verifiers_reward_past_the_memory_limit_errors_its_rollout_the_rest_as_verifiers(
-    vf_site: Path, tmp_path: Path
+    vf_site: Path, tmp_path: Path, workers: str | None
 ) -> None:
     """Three examples x two rollouts; one rollout's ``greedy`` allocates 2 GB: that rollout
     is a ScoringMemoryLimit error (never scored), the five others score what verifiers
     gives them (1 + 0.5 + 0 + 0.25 = 1.75: ``raises`` is 0.0 as verifiers has it), the
-    eval exits 0, and the sync rewards ran in processes other than the eval's."""
+    eval exits 0, and the sync rewards ran in processes other than the eval's. Without
+    workers they run in the eval's process, under the same allowance: verifiers' own
+    call turns the ``MemoryError`` into 0.0, and vfops makes it the rollout's error."""
     pids = tmp_path / "pids"
     env = {
         **os.environ,
@@ -119,6 +122,9 @@ def test_a_verifiers_reward_past_the_memory_limit_errors_its_rollout_the_rest_as
         "VF_CONTAINED_PIDS": str(pids),
     }
     env.pop("VFOPS_DATABASE_URL", None)
+    env.pop("VFOPS_SCORING_WORKERS", None)
+    if workers is not None:
+        env["VFOPS_SCORING_WORKERS"] = workers
     with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
         args = ["eval", "vf_contained", "-m", "stub-model", "-b", stub.base_url, "-n", "3",
                 "-r", "2", "-o", str(tmp_path / "out"), "--max-error-rate", "0.25"]  # fmt: skip
@@ -147,7 +153,7 @@ def test_a_verifiers_reward_past_the_memory_limit_errors_its_rollout_the_rest_as
     assert all(row["metrics"]["raises"] == 0.0 for row in scored)
     assert all(row["metrics"]["judged"] == 1.0 for row in scored)
     ran_in = {int(line) for line in pids.read_text().split()}
-    assert ran_in and process.pid not in ran_in, ran_in
+    assert ran_in == {process.pid} if workers == "0" else ran_in and process.pid not in ran_in
 
 
 def test_verifiers_rewards_score_the_same_with_and_without_workers(

@@ -78,13 +78,16 @@ __all__ = ["HogTaskset"]
 """
 
 
+@pytest.mark.parametrize("workers", [None, "0"], ids=["in-workers", "in-process"])
 def test_a_v1_reward_past_the_memory_limit_errors_its_rollout_and_the_eval_completes(
-    tmp_path: Path,
+    tmp_path: Path, workers: str | None
 ) -> None:
     """Four tasks x two rollouts: task 1's first ``greedy`` call allocates 2 GB (a
     ScoringMemoryLimit scoring error, never scored), task 2's ``greedy`` raises (both its
     rollouts the scoring error verifiers makes of it), the four others score 1.5; exit
-    0, ``completed``, and the rewards ran in processes other than the eval's."""
+    0, ``completed``, and the rewards ran in processes other than the eval's. Without
+    workers they run in the eval's process under the same allowance, with the same
+    outcome."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "v1_contained.py").write_text(V1_CONTAINED)
@@ -98,6 +101,9 @@ def test_a_v1_reward_past_the_memory_limit_errors_its_rollout_and_the_eval_compl
         "V1_CONTAINED_PIDS": str(pids),
     }
     env.pop("VFOPS_DATABASE_URL", None)
+    env.pop("VFOPS_SCORING_WORKERS", None)
+    if workers is not None:
+        env["VFOPS_SCORING_WORKERS"] = workers
     with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
         args = ["eval", "v1_contained", "-m", "stub-model", "-b", stub.base_url, "-n", "4",
                 "-r", "2", "-o", str(tmp_path / "out"), "--max-error-rate", "0.5"]  # fmt: skip
@@ -127,4 +133,4 @@ def test_a_v1_reward_past_the_memory_limit_errors_its_rollout_and_the_eval_compl
     scored = [row for row in rows if row["error"] is None]
     assert len(scored) == 5 and {row["reward"] for row in scored} == {1.5}, scored
     ran_in = {int(line) for line in pids.read_text().split()}
-    assert ran_in and process.pid not in ran_in, ran_in
+    assert ran_in == {process.pid} if workers == "0" else ran_in and process.pid not in ran_in

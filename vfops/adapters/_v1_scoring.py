@@ -28,7 +28,14 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Final
 
-from vfops.rubrics import ContainedCall, WorkerFailure, register_contained, run_contained
+from vfops.rubrics import (
+    ContainedCall,
+    WorkerFailure,
+    memory_error,
+    register_contained,
+    run_contained,
+    scoring_in_process,
+)
 
 __all__ = ["ContainedTaskHooks", "contain_task_class"]
 
@@ -94,7 +101,12 @@ def _contained(task: Any, fn: Callable[..., Any], hooks: ContainedTaskHooks) -> 
         call: ContainedCall = (0, {"target": target, "arguments": arguments}, ())
         outcomes = await run_contained(hooks.serial, hooks, [call], None)
         if outcomes is None or outcomes[0] is None:
-            return await fn(**arguments)
+            try:
+                with scoring_in_process():  # here, under this process's scoring limit
+                    return await fn(**arguments)
+            except MemoryError:
+                failure = memory_error(name)
+                raise type(failure.type, (Exception,), {})(failure.message) from None
         outcome = outcomes[0]
         if outcome.error is None:
             return outcome.value

@@ -23,6 +23,7 @@ the usage tracker), and a function's writes to it stay in its worker.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import pickle
@@ -30,7 +31,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from vfops._rollout import RolloutError
-from vfops.rubrics import ContainedCall, WorkerFailure, register_contained, run_contained
+from vfops.rubrics import (
+    ContainedCall,
+    WorkerFailure,
+    memory_error,
+    register_contained,
+    run_contained,
+    scoring_in_process,
+)
 
 __all__ = ["SCORING_ERROR_KEY", "ContainedRewards", "contain_rewards", "contained_error"]
 
@@ -108,7 +116,13 @@ class ContainedRewards:
         async def call_individual(func: Any, state: Any) -> float:
             outcome = await self._run(rubric, func, lambda: rubric.score_objects(state))
             if outcome is None:
-                return float(await individual(func, state))
+                watched = _Watched(func)
+                with scoring_in_process():
+                    value = float(await individual(watched.func, state))
+                if watched.out_of_memory:  # verifiers made it 0.0: the rollout's error
+                    state[SCORING_ERROR_KEY] = memory_error(_name(func))
+                    return math.nan
+                return value
             value, failure = outcome
             if failure is not None:
                 state[SCORING_ERROR_KEY] = failure.rollout_error(_name(func))
@@ -124,7 +138,14 @@ class ContainedRewards:
         async def call_group(func: Any, states: list[Any]) -> list[float]:
             outcome = await self._run(rubric, func, lambda: rubric.group_score_objects(states))
             if outcome is None:
-                return list(await group(func, states))
+                watched = _Watched(func)
+                with scoring_in_process():
+                    values = list(await group(watched.func, states))
+                if watched.out_of_memory:
+                    for state in states:
+                        state[SCORING_ERROR_KEY] = memory_error(_name(func))
+                    return [math.nan] * len(states)
+                return values
             value, failure = outcome
             if failure is not None:
                 for state in states:
@@ -187,6 +208,26 @@ class ContainedRewards:
         copy = type(state)()
         dict.update(copy, ((k, v) for k, v in dict.items(state) if k not in self._dropped))
         return copy
+
+
+class _Watched:
+    """``func`` as ``verifiers`` sees it (same name and signature), noting whether it
+    ran out of memory under this process's scoring limit (``verifiers`` turns any
+    exception into 0.0: that one must be the rollout's error instead)."""
+
+    def __init__(self, func: Any) -> None:
+        self.out_of_memory = False
+
+        @functools.wraps(func)
+        async def watched(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = func(*args, **kwargs)
+                return (await result) if inspect.isawaitable(result) else result
+            except MemoryError:
+                self.out_of_memory = True
+                raise
+
+        self.func = watched
 
 
 def _name(func: Any) -> str:

@@ -10,6 +10,7 @@ from vfops.rubrics._judge import (
     judge_says_yes,
 )
 from vfops.rubrics._math import MathRubric
+from vfops.rubrics._memory_guard import memory_error, scoring_in_process
 from vfops.rubrics._rubric import Rubric
 from vfops.rubrics._rubric_group import RubricGroup
 from vfops.rubrics._score import RolloutScore
@@ -41,7 +42,9 @@ __all__ = [
     "WorkerFailure",
     "judge_cache_key",
     "judge_says_yes",
+    "memory_error",
     "register_contained",
     "run_contained",
+    "scoring_in_process",
     "start_scoring_workers",
 ]

@@ -29,6 +29,7 @@ from vfops._types import State
 from vfops.costs import BudgetExhausted, scoring_rollout
 from vfops.parsers import Parser
 from vfops.rubrics._limits import SyncOutcome, limited, run_sync_calls
+from vfops.rubrics._memory_guard import memory_error, scoring_in_process
 from vfops.rubrics._score import RolloutScore
 from vfops.rubrics._workers import ContainedCall, WorkerFailure, register_contained, run_contained
 
@@ -125,6 +126,8 @@ def _error(exc: BaseException, name: str) -> RolloutError:
         return exc.rollout_error(name)
     if isinstance(exc, _ScoringError):
         return RolloutError(type="InvalidReward", message=str(exc)[:2000], stage="scoring")
+    if isinstance(exc, MemoryError):  # past the limit it scores under in this process
+        return memory_error(name)
     message = f"reward function {name!r} raised {type(exc).__name__}: {exc}"
     return RolloutError(type=type(exc).__name__, message=message[:2000], stage="scoring")
 
@@ -329,7 +332,10 @@ class Rubric:
             # one thread for the group's sync calls, while the async ones run here
             pending.append(self._run_sync(sync_calls, sync_slots, states, values, errors, limit))
         if pending:
-            await asyncio.gather(*pending)
+            # what scores in this process does so under a memory limit: a blow-up is
+            # its rollout's error, not the eval's OOM kill (see _memory_guard)
+            with scoring_in_process():
+                await asyncio.gather(*pending)
 
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         scores: list[RolloutScore] = []
