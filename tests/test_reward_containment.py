@@ -304,6 +304,64 @@ async def with_workers(
         await workers.aclose()
 
 
+def _pid(rollout_index: int) -> float:
+    return float(os.getpid())
+
+
+def _meet(rollout_index: int) -> float:
+    # rollout 9: busy 20 ms; the others wait (up to 10 s) until three processes are in
+    # this function at once
+    if rollout_index == 9:
+        time.sleep(0.02)
+        return float(os.getpid())
+    folder = os.environ["MEET_FOLDER"]
+    Path(folder, str(os.getpid())).touch()
+    deadline = time.monotonic() + 10
+    while len(os.listdir(folder)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return float(os.getpid())
+
+
+async def _pids_of(
+    rubric: Rubric, groups: int, size: int, first: list[State] | None = None
+) -> set[float]:
+    """The pids that scored ``groups`` concurrent groups (after ``first``, scored alone)."""
+    workers = start_scoring_workers(allow_threads=True)
+    assert workers is not None
+    try:
+        scored = [await rubric.score_group(first)] if first else []
+        scored += await asyncio.gather(
+            *(rubric.score_group([state(i) for i in range(size)]) for _ in range(groups))
+        )
+    finally:
+        await workers.aclose()
+    return {score.reward for group in scored for score in group if score.reward is not None}
+
+
+def test_workers_start_as_slow_calls_need_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Up to ``VFOPS_SCORING_WORKERS`` workers, another started only when the calls find
+    them busy and one call kept its worker busy >= 5 ms (or a call waited past
+    ``_GROW_AFTER_S``, here longer than the test): cheap concurrent calls share one
+    worker; after a 20 ms call, three calls that each wait for the two others get three;
+    with no wait allowed at all they get three as well."""
+    from vfops.rubrics import _workers
+
+    monkeypatch.setenv("VFOPS_SCORING_WORKERS", "3")
+    monkeypatch.setattr(_workers, "_GROW_AFTER_S", 300.0)
+    pids = asyncio.run(_pids_of(Rubric([_pid]), groups=6, size=4))
+    assert len(pids) == 1 and os.getpid() not in pids
+
+    for grow_after, first in ((300.0, [state(9)]), (0.0, None)):
+        monkeypatch.setattr(_workers, "_GROW_AFTER_S", grow_after)
+        folder = tmp_path / f"met-{grow_after}"
+        folder.mkdir()
+        monkeypatch.setenv("MEET_FOLDER", str(folder))  # before the workers are forked
+        pids = asyncio.run(_pids_of(Rubric([_meet]), groups=3, size=1, first=first))
+        assert len(os.listdir(folder)) == 3 and len(pids) == 3, (grow_after, pids)
+
+
 SPAWNED_SCRIPT = """
 import asyncio, json, os, sys, threading
 

@@ -66,11 +66,13 @@ Linux only (elsewhere: in-process).
 
 Settings (read when an evaluation starts):
 
-- ``VFOPS_SCORING_WORKERS`` (default ``min(4, CPUs)``; 0: no workers): processes that
-  run sync reward functions at the same time, each ~25 MB of RSS whatever the run's
-  size. Not fewer by default: a worker answers one group at a time, so with one the
-  groups queue for it; on 2 busy cores (load 3-12, 100,000 rollouts at 0 ms) one gave
-  1,013-1,181 rollouts/s, two 908-1,591 (bench/README.md): no evidence one is as fast.
+- ``VFOPS_SCORING_WORKERS`` (default ``min(4, CPUs)``; 0: no workers): the most
+  processes that run sync reward functions at the same time, each ~25 MB of RSS
+  whatever the run's size. They start as needed: the first with the first call, another
+  when a call finds them all busy and one call has kept its worker busy for
+  ``_SLOW_CALL_S`` (the worker's own clock), or a call has waited ``_GROW_AFTER_S``.
+  Cheap rewards (well under a millisecond) keep one worker; slow ones get the
+  parallelism (a worker answers one group at a time).
 - ``VFOPS_SCORING_MEMORY_MB`` (default: half of the machine's memory, or of its cgroup's
   limit, shared among the workers; 0: no limit): how much memory each worker's reward
   functions may allocate.
@@ -128,6 +130,10 @@ that travel (pickled) and the names of the rubric's own objects it also takes.""
 
 _MAX_DEFAULT_WORKERS: Final = 4
 
+_SLOW_CALL_S: Final = 0.005
+"""A call that keeps its worker busy this long makes the pool grow as calls wait."""
+_GROW_AFTER_S: Final = 1.0
+"""How long a call waits for a busy worker before another is started anyway."""
 _CONTAINMENT_FAILURES: Final = frozenset({"ScoringMemoryLimit", "ScoringWorkerDied"})
 
 _ACTIVE: list[ScoringWorkers] = []
@@ -256,6 +262,7 @@ class ScoringWorkers:
         self._spawn_lock = threading.Lock()
         self._idle: list[_Worker] = []
         self._count = 0
+        self._slow = False  # a call kept its worker busy for _SLOW_CALL_S or more
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._closed = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -291,6 +298,9 @@ class ScoringWorkers:
                     if answer is None:
                         answers.append((RAISED, ("ScoringWorkerDied", self._died())))
                         break
+                    if len(answer) == 3:  # a call's answer: (kind, payload, busy seconds)
+                        self._slow = self._slow or answer[2] >= _SLOW_CALL_S
+                        answer = answer[:2]
                     if answer[0] == UNREADABLE:  # in-process, all of them
                         if not answers:
                             healthy = True
@@ -316,11 +326,28 @@ class ScoringWorkers:
         return [(RAISED, detail)] * count
 
     async def _acquire(self) -> _Worker | None:
-        while not self._idle and self._count >= self.size and not self._closed:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        grow_at: float | None = None  # when a call still waiting may start another worker
+        while not self._idle and not self._closed:
+            can_grow = self._count < self.size
+            waited = grow_at is not None and loop.time() >= grow_at
+            if can_grow and (self._count == 0 or self._slow or waited):
+                break
+            if can_grow and grow_at is None:
+                # a worker answers a cheap reward in well under a millisecond: another
+                # process (~25 MB) once a call kept one busy for _SLOW_CALL_S, or a call
+                # has waited this long (the first answer of a slow reward may be far off)
+                grow_at = loop.time() + _GROW_AFTER_S
+            waiter: asyncio.Future[None] = loop.create_future()
             self._waiting.append(waiter)
             try:
-                await waiter
+                async with asyncio.timeout_at(grow_at if can_grow else None):
+                    await waiter
+            except TimeoutError:
+                with contextlib.suppress(ValueError):
+                    self._waiting.remove(waiter)
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # woken as the wait ran out: the turn passes on
             except asyncio.CancelledError:
                 if waiter.done() and not waiter.cancelled():
                     self._wake()  # its turn passes on

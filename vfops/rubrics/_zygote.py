@@ -17,6 +17,7 @@ import select
 import signal
 import socket
 import sys
+import time
 import weakref
 from collections.abc import Callable
 from types import FrameType
@@ -182,7 +183,11 @@ def _worker_main(sock: socket.socket, limit_mb: int, parent: int, inherited: lis
         serial, calls = job
         rubric = CONTAINED.get(serial)
         for index, kwargs, shared in calls:
-            send_frame(sock, _call(rubric, index, kwargs, shared, limit_mb))
+            start = time.perf_counter()
+            kind, payload = _call(rubric, index, kwargs, shared, limit_mb)
+            # how long the call kept this worker busy: the eval starts more workers for
+            # slow rewards only (its own clock would also count its loop's delays)
+            send_frame(sock, (kind, payload, time.perf_counter() - start))
             end_descendants()
     end_descendants()
 
