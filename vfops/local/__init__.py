@@ -5,6 +5,8 @@ package is cheap: torch/transformers load only when a name below is first used.
 
 - :func:`build_tiny_model` / :class:`TinyModelConfig`: write a tiny random
   Llama-architecture chat model (locally trained BPE tokenizer, ChatML template).
+- :func:`import_gguf` / :func:`find_gguf`: a GGUF file (a path, or a package shipping
+  one) as a plain checkpoint folder, once per file (``vfops model import``).
 - :class:`LocalModelClient`: a :class:`~vfops.clients.ModelClient` that generates
   in-process, micro-batching concurrent requests.
 - :class:`BatchedGenerator` (with :class:`Sampling`, :class:`Sampled`,
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
         derive_seed,
     )
     from vfops.local._client import LocalModelClient
+    from vfops.local._gguf import ImportedModel, find_gguf, import_gguf
     from vfops.local._tiny import (
         TinyModelConfig,
         build_tiny_model,
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchedGenerator",
     "ComputeRunner",
+    "ImportedModel",
     "LocalModelClient",
     "Sampled",
     "Sampling",
@@ -48,6 +52,8 @@ __all__ = [
     "assistant_message",
     "build_tiny_model",
     "derive_seed",
+    "find_gguf",
+    "import_gguf",
     "parameter_count",
     "quiet_progress",
 ]
@@ -62,6 +68,9 @@ _LAZY = {
     "assistant_message": "vfops.local._batched",
     "derive_seed": "vfops.local._batched",
     "LocalModelClient": "vfops.local._client",
+    "ImportedModel": "vfops.local._gguf",
+    "find_gguf": "vfops.local._gguf",
+    "import_gguf": "vfops.local._gguf",
     "TinyModelConfig": "vfops.local._tiny",
     "build_tiny_model": "vfops.local._tiny",
 }

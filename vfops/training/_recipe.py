@@ -59,7 +59,7 @@ from vfops.training._checkpoint import (
 from vfops.training._checkpoint import register as register_model
 from vfops.training._config import GRPOConfig
 from vfops.training._generation import DataShard, GenerationScheduler, Rollouts
-from vfops.training._heldout import HeldOutEval
+from vfops.training._heldout import HeldOut, HeldOutEval, write_heldout_rows
 from vfops.training._loop import GenerationLoop
 from vfops.training._optimizer_step import OptimizerStep, step_metrics
 from vfops.training._progress import Progress
@@ -291,7 +291,10 @@ class GRPORecipe:
 
     def evaluate(self, n: int | None = None) -> dict[str, float]:
         """Mean reward of the current weights on the first ``n`` held-out (eval split) examples."""
-        result: dict[str, float] = self._run(self._heldout.evaluate(self._rollouts(), n))
+        return self._evaluate_rows(n).metrics
+
+    def _evaluate_rows(self, n: int | None = None) -> HeldOut:
+        result: HeldOut = self._run(self._heldout.evaluate(self._rollouts(), n))
         return result
 
     # ------------------------------------------------------------------ the whole run
@@ -304,7 +307,8 @@ class GRPORecipe:
         """
         cfg = self.config.run
         report = progress or _no_progress
-        baseline = self._eval_and_report(report)
+        first = self._eval_and_report(report)
+        baseline = first.metrics["eval_reward"]
         history: list[dict[str, float]] = []
         while self.step < cfg.steps:
             history.append(self.train_step())
@@ -313,7 +317,9 @@ class GRPORecipe:
                 self._eval_and_report(report)
             if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
                 self.save(Path(cfg.output_dir) / f"step-{self.step}")
-        final = self._eval_and_report(report)
+        last = self._eval_and_report(report)
+        final = last.metrics["eval_reward"]
+        paired = self._paired(first, last)
         final_dir = self.save(Path(cfg.output_dir) / "final")
         registered = None
         if cfg.register_as and self.accelerator.is_main_process:
@@ -325,15 +331,42 @@ class GRPORecipe:
             "processes": self.accelerator.num_processes,
             "checkpoint": str(final_dir),
             "registered": registered,
+            "heldout_paired": paired,
             "history": history,
         }
 
-    def _eval_and_report(self, report: Progress) -> float:
-        reward = self.evaluate()["eval_reward"]
+    def _eval_and_report(self, report: Progress) -> HeldOut:
+        """A held-out eval, its rows written to ``heldout/step-N.jsonl`` in the output
+        folder (and the MLflow run): a paired test of two of them needs them row by row."""
+        heldout = self._evaluate_rows()
+        reward = heldout.metrics["eval_reward"]
+        if self.accelerator.is_main_process:
+            rows = write_heldout_rows(Path(self.config.run.output_dir), self.step, heldout.rows)
+            if self.tracker is not None:
+                self.tracker.log_artifact(rows, "heldout")
         if self.tracker is not None:
             self.tracker.log_step(self.step, {"eval_reward": reward})
         report("eval", self.step, {"eval_reward": reward})
-        return reward
+        return heldout
+
+    def _paired(self, first: HeldOut, last: HeldOut) -> dict[str, float] | None:
+        """The final held-out eval against the baseline, example by example (a paired
+        bootstrap: :func:`vfops.stats.paired_bootstrap`); None without examples or steps."""
+        if not first.rows or not last.rows:
+            return None
+        from vfops.stats import paired_bootstrap
+
+        result = paired_bootstrap(first.rewards(), last.rewards(), seed=self.config.run.seed)
+        paired = {
+            "heldout_delta": result.delta,
+            "heldout_delta_ci_low": result.ci_low,
+            "heldout_delta_ci_high": result.ci_high,
+            "heldout_p_better": result.p_better,
+            "heldout_paired_examples": float(result.n_examples),
+        }
+        if self.tracker is not None:
+            self.tracker.log_step(self.step, paired)
+        return paired
 
     def register(self, model_dir: Path, name: str) -> str:
         """Register an exported model folder in MLflow; returns ``models:/name/version``."""

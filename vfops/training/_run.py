@@ -73,6 +73,10 @@ class TrainResult:
     mlflow_run_id: str | None = None
     registered: str | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+    heldout_paired: dict[str, float] | None = None
+    """The final held-out eval against the baseline, example by example (``heldout_delta``,
+    its 95% CI, the paired bootstrap's ``heldout_p_better``); the rows are in
+    ``output_dir/heldout/``."""
 
     @property
     def registered_version(self) -> str | None:
@@ -90,6 +94,7 @@ class TrainResult:
             "registered": self.registered,
             "registered_version": self.registered_version,
             "mlflow_run_id": self.mlflow_run_id,
+            "heldout_paired": self.heldout_paired,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -106,6 +111,7 @@ class TrainResult:
             mlflow_run_id=data.get("mlflow_run_id"),
             registered=data.get("registered"),
             history=list(data.get("history", [])),
+            heldout_paired=data.get("heldout_paired"),
         )
 
 
@@ -169,10 +175,15 @@ def preflight(cfg: GRPOConfig) -> None:
             "such as configs/deepspeed/zero2.json, or '' for none"
         )
     model = Path(cfg.model.path).expanduser()
-    if not model.is_dir() and not cfg.model.build_tiny_if_missing:
+    if cfg.model.gguf and not model.is_dir():
+        from vfops.local import find_gguf
+
+        find_gguf(cfg.model.gguf)  # a source that is not there fails at the door
+    elif not model.is_dir() and not cfg.model.build_tiny_if_missing:
         raise VfopsError(
             f"[model] path {str(model)!r} does not exist; build one with "
-            "`vfops model build-tiny DIR` or set build_tiny_if_missing = true"
+            "`vfops model build-tiny DIR`, import one with `vfops model import`, or set "
+            "build_tiny_if_missing = true or gguf = FILE"
         )
     check_environment_args(cfg.environment.id, cfg.environment.args)
 
@@ -317,6 +328,7 @@ def run_recipe(
         mlflow_run_id=run_id,
         registered=out["registered"],
         history=list(out["history"]),
+        heldout_paired=out.get("heldout_paired"),
     )
     return result, main
 

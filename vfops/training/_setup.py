@@ -138,15 +138,19 @@ def load_model(
     cfg = config
     path = Path(cfg.model.path)
     if not path.is_dir():
-        if not cfg.model.build_tiny_if_missing:
+        if not (cfg.model.build_tiny_if_missing or cfg.model.gguf):
             raise VfopsError(
                 f"[model] path {str(path)!r} does not exist; build one with "
-                "`vfops model build-tiny DIR` or set build_tiny_if_missing = true"
+                "`vfops model build-tiny DIR`, import one with `vfops model import`, or set "
+                "build_tiny_if_missing = true or gguf = FILE"
             )
-        from vfops.local import build_tiny_model
+        from vfops.local import build_tiny_model, import_gguf
 
         if accelerator.is_main_process:
-            build_tiny_model(path, seed=cfg.model.tiny_seed)
+            if cfg.model.gguf:
+                import_gguf(cfg.model.gguf, path)
+            else:
+                build_tiny_model(path, seed=cfg.model.tiny_seed)
         accelerator.wait_for_everyone()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     with quiet_progress():  # no "Loading weights" bar: the run prints its own lines

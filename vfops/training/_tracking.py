@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from vfops.tracking import ensure_experiment, mlflow_client, prefect_run_tags
@@ -95,6 +96,10 @@ class TrainingTracker:
 
     def set_tag(self, key: str, value: str) -> None:
         self._client.set_tag(self.run_id, key, value)
+
+    def log_artifact(self, path: Path, folder: str) -> None:
+        """``path`` as an artifact of the run, under ``folder``."""
+        self._client.log_artifact(self.run_id, str(path), folder)
 
     def finish(self, status: str = "FINISHED") -> None:
         self._client.set_terminated(self.run_id, status=status)
