@@ -62,6 +62,8 @@ import _stepclock  # bench/ is sys.path[0] when this file runs as a script
 from _venvs import ensure_venv, venv_versions
 
 TRL_VERSION = "1.16.0"
+PEFT_VERSION = "0.21.2"
+"""LoRA on the TRL side (``bench/real_model_trl.py``): the project venv's peft."""
 TORCH_VERSION = "2.13.0"
 """Installed first, so pip takes the CPU wheel from local disk instead of a CUDA build."""
 
@@ -78,17 +80,18 @@ TRL_SIDE = ROOT / "bench" / "train_step_trl.py"
 
 
 def _stamp() -> str:
-    return hashlib.sha256(f"torch=={TORCH_VERSION} trl=={TRL_VERSION}".encode()).hexdigest()
+    pins = f"torch=={TORCH_VERSION} trl=={TRL_VERSION} peft=={PEFT_VERSION}"
+    return hashlib.sha256(pins.encode()).hexdigest()
 
 
 def ensure_trl_venv() -> Path:
-    """Create ``.bench/trl-venv`` with the CPU torch and trl (cached by a stamp)."""
+    """Create ``.bench/trl-venv`` with the CPU torch, trl and peft (cached by a stamp)."""
     # torch first: the CPU build on local disk; trl alone would pull a CUDA torch.
     python = ensure_venv(
         TRL_VENV,
-        [[f"torch=={TORCH_VERSION}"], [f"trl=={TRL_VERSION}"]],
+        [[f"torch=={TORCH_VERSION}"], [f"trl=={TRL_VERSION}", f"peft=={PEFT_VERSION}"]],
         _stamp(),
-        f"torch=={TORCH_VERSION}, trl=={TRL_VERSION}",
+        f"torch=={TORCH_VERSION}, trl=={TRL_VERSION}, peft=={PEFT_VERSION}",
     )
     assert python == TRL_PYTHON
     return python

@@ -7,12 +7,15 @@ Runs in ``.bench/trl-venv`` (torch, transformers, trl; no vfops), started by
 
 ``WORKLOAD.json`` holds the tiny model folder, the prompts file (JSONL, one row
 per prompt in training order, written by the vfops side from the batches vfops
-trains on) and the hyper-parameters both sides share. The reward is the
-lucky_digit environment's ``digit_fraction``, re-implemented here as a plain
-TRL reward function. Per optimizer step it records the wall time between the
-ends of consecutive optimizer steps (``on_step_end``), the time spent in
-``_generate_and_score_completions`` (generation + reward + advantages) and the
-completion tokens sampled (``completion_mask.sum()``, EOS included).
+trains on) and the hyper-parameters both sides share. The reward (``reward``) is the
+lucky_digit environment's ``digit_fraction`` or reverse_text's ``lcs_ratio``,
+re-implemented here as plain TRL reward functions. With ``lora`` (r, alpha,
+target_modules) TRL trains peft adapters; with ``save_dir`` the trained model is saved
+there at the end (adapters merged), for ``bench/real_model_trl.py`` to evaluate. Per
+optimizer step it records the wall time between the ends of consecutive optimizer
+steps (``on_step_end``), the time spent in ``_generate_and_score_completions``
+(generation + reward + advantages) and the completion tokens sampled
+(``completion_mask.sum()``, EOS included).
 """
 
 from __future__ import annotations
@@ -43,6 +46,28 @@ def digit_fraction(completions: list[Any], digit: list[str], **_: Any) -> list[f
         visible = [c for c in text if not c.isspace()]
         out.append(sum(1 for c in visible if c == str(d)) / len(visible) if visible else 0.0)
     return out
+
+
+def _reply(completion: Any) -> str:
+    if isinstance(completion, list):  # conversational: [{"role": "assistant", ...}]
+        return "".join(
+            str(m.get("content") or "") for m in completion if m.get("role") == "assistant"
+        )
+    return str(completion)
+
+
+def lcs_ratio(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+    """reverse_text's reward: difflib's ratio of the stripped reply to the reversed text."""
+    import difflib
+
+    return [
+        difflib.SequenceMatcher(None, _reply(c).strip(), a).ratio()
+        for c, a in zip(completions, answer, strict=True)
+    ]
+
+
+REWARDS = {"digit_fraction": digit_fraction, "lcs_ratio": lcs_ratio}
+COLUMNS = {"digit_fraction": "digit", "lcs_ratio": "answer"}
 
 
 def effective_settings(model: Any, args: Any, torch: Any) -> dict[str, Any]:
@@ -93,8 +118,10 @@ def main() -> None:
     per_step = int(w["prompts_per_step"])
     if len(rows) < total_steps * per_step:
         raise SystemExit(f"prompts file has {len(rows)} rows; need {total_steps * per_step}")
+    reward = str(w.get("reward", "digit_fraction"))
+    column = COLUMNS[reward]
     dataset = Dataset.from_list(
-        [{"prompt": r["prompt"], "digit": r["digit"]} for r in rows[: total_steps * per_step]]
+        [{"prompt": r["prompt"], column: r[column]} for r in rows[: total_steps * per_step]]
     )
 
     tokenizer = AutoTokenizer.from_pretrained(w["model_dir"], local_files_only=True)
@@ -190,16 +217,35 @@ def main() -> None:
             )
             return out
 
+    peft_config = None
+    if w.get("lora"):
+        from peft import LoraConfig
+
+        lora = w["lora"]
+        peft_config = LoraConfig(
+            r=int(lora["r"]),
+            lora_alpha=int(lora["alpha"]),
+            lora_dropout=0.0,
+            target_modules=list(lora["target_modules"]),
+            task_type="CAUSAL_LM",
+        )
     trainer = TimedGRPOTrainer(
         model=model,
-        reward_funcs=[digit_fraction],
+        reward_funcs=[REWARDS[reward]],
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=[StepTimer()],
+        peft_config=peft_config,
     )
     setup_s = time.perf_counter() - setup_started
     trainer.train()
+    if w.get("save_dir"):
+        trained = trainer.model
+        if peft_config is not None:
+            trained = trained.merge_and_unload()
+        trained.save_pretrained(w["save_dir"])
+        tokenizer.save_pretrained(w["save_dir"])
 
     clocks = [_stepclock.delta(a, b) for a, b in itertools.pairwise(step_ends)]
     train_logs = [entry for entry in entries if "reward" in entry]

@@ -26,7 +26,12 @@ def test_the_checkouts_examples_are_links_to_what_ships() -> None:
     for name, project in environments.items():
         link = CHECKOUT / "environments" / name
         assert link.is_symlink() and link.resolve() == project, name
-    assert set(example_train_configs()) == {"cpu_lucky_digit", "cpu_lora_example"}
+    assert set(example_train_configs()) == {
+        "cpu_lucky_digit",
+        "cpu_lora_example",
+        "cpu_smollm2_reverse_text",
+        "cpu_smollm2_reverse_text_full",
+    }
     for name, file in example_train_configs().items():
         link = CHECKOUT / "configs" / "train" / f"{name}.toml"
         assert link.is_symlink() and link.resolve() == file, name
@@ -50,7 +55,8 @@ def test_an_example_config_is_the_checkouts_file_read_from_here(
         (
             ["train", "--example", "gpu", "--check"],
             "error: no example training config named 'gpu'; pass --example with one of: "
-            "cpu_lora_example, cpu_lucky_digit",
+            "cpu_lora_example, cpu_lucky_digit, cpu_smollm2_reverse_text, "
+            "cpu_smollm2_reverse_text_full",
         ),
         (
             ["train", "--check"],
@@ -60,7 +66,7 @@ def test_an_example_config_is_the_checkouts_file_read_from_here(
         (
             ["env", "install", "--example", "arith"],
             "error: no example environment named 'arith'; pass --example with one of: "
-            "arithmetic, calculator, guess_number, judged_qa, lucky_digit, mixed",
+            "arithmetic, calculator, guess_number, judged_qa, lucky_digit, mixed, reverse_text",
         ),
         (
             ["env", "install", "arithmetic", "--example", "arithmetic"],

@@ -129,6 +129,16 @@ def test_eval_then_two_lora_grpo_steps_are_recorded(
         "step-000000.jsonl",
         "step-000002.jsonl",
     ]
+    # the exported checkpoint is the trained model, not LoRA-wrapped names loading as
+    # random layers (whose replies are one character repeated, scoring 0.0)
+    exported = Path(summary["checkpoint"]) / "model"
+    again = vfops(home, "eval", "reverse_text", "-m", f"local:{exported}", "-n", "4", "-r", "1",
+                  "-T", "0", "--no-tracking", "-o", str(tmp_path / "exported"))  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    (results,) = (tmp_path / "exported").glob("evals/*/*/results.jsonl")
+    replies = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sum(row["reward"] for row in replies) > 0.05, replies
+    assert all(len(set(row["completion"][0]["content"])) > 3 for row in replies), replies
 
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
     try:

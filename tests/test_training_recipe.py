@@ -313,7 +313,19 @@ def test_lora_with_kl_runs(tiny_dir: Path, tmp_path: Path) -> None:
     assert trainable < 20_000  # adapters only
     assert not torch.equal(before, after)  # merged adapters reached the generation copy
     assert metrics[1]["kl"] > 0.0
-    assert (saved / "model" / "model.safetensors").is_file()
+    # the exported folder is a plain model holding the merged weights, named as the base
+    # names them: the adapter-wrapped names (q_proj.base_layer, lora_A) would load as
+    # random layers
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    exported = load_file(str(saved / "model" / "model.safetensors"))
+    assert not [k for k in exported if "lora_" in k or "base_layer" in k]
+    assert torch.equal(exported["model.layers.0.self_attn.q_proj.weight"], after)
+    reloaded = AutoModelForCausalLM.from_pretrained(str(saved / "model"))
+    plain = {k: v for k, v in recipe.backend.model.state_dict().items()}  # type: ignore[union-attr]
+    for name, value in reloaded.state_dict().items():
+        assert torch.equal(value, plain[name]), name
 
 
 ZERO2_SCRIPT = """

@@ -308,7 +308,8 @@ def test_the_examples_reach_an_empty_folder(installed: Installed, tmp_path: Path
         assert (bad.returncode, bad.stdout) == (2, "")
         assert bad.stderr.strip() == (
             "error: no example training config named 'cpu_lucky'; pass --example with one "
-            "of: cpu_lora_example, cpu_lucky_digit"
+            "of: cpu_lora_example, cpu_lucky_digit, cpu_smollm2_reverse_text, "
+            "cpu_smollm2_reverse_text_full"
         )
         assert sorted(p.name for p in empty.iterdir()) == []
     finally:  # the fixture's virtualenv is shared: the demo test needs it without them

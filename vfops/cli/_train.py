@@ -44,8 +44,8 @@ def train_command(
         typer.Option(
             "--example",
             help="A config shipped inside vfops instead of CONFIG (cpu_lucky_digit, "
-            "cpu_lora_example); its relative paths resolve as if it were "
-            "./configs/train/NAME.toml.",
+            "cpu_lora_example, cpu_smollm2_reverse_text[_full]); its relative paths resolve "
+            "as if it were ./configs/train/NAME.toml.",
             show_default=False,
         ),
     ] = None,

@@ -31,7 +31,7 @@ from typing import Any
 
 from vfops.training import _manifest
 from vfops.training._config import GRPOConfig
-from vfops.training._setup import Policy, frozen_copy
+from vfops.training._setup import Policy
 
 STATE_FILE = _manifest.STATE_FILE
 PENDING_PREFIX = "pending_batches_rank"
@@ -110,16 +110,34 @@ class Checkpointer:
         """A Hugging Face model folder at ``path`` (LoRA adapters merged into a copy)."""
         model = self.policy.accelerator.unwrap_model(self.policy.model)
         if hasattr(model, "merge_and_unload"):
-            from vfops.training._weights import full_state_dict
-
-            base = frozen_copy(model.get_base_model())
-            base.load_state_dict(full_state_dict(model), strict=False)
-            model = base
+            model = merged_model(model)
         from vfops.local._tiny import quiet_progress
 
         with quiet_progress():
             model.save_pretrained(str(path), safe_serialization=True)
         self.policy.tokenizer.save_pretrained(str(path))
+
+
+def merged_model(peft_model: Any) -> Any:
+    """A plain transformers model holding ``peft_model``'s weights with its LoRA adapters
+    merged, named as the base model names them (what a model folder must hold: the
+    adapter-wrapped base model would save ``q_proj.base_layer.weight`` and
+    ``lora_A`` keys that a plain load ignores, leaving those layers random). Built on
+    the meta device and filled from the merged weights, every key checked (strict)."""
+    import torch
+    import transformers
+
+    from vfops.training._weights import full_state_dict
+
+    base = peft_model.get_base_model()
+    weights = full_state_dict(peft_model)
+    with torch.device("meta"):
+        plain = transformers.AutoModelForCausalLM.from_config(base.config)  # type: ignore[no-untyped-call]
+    plain.load_state_dict(weights, strict=True, assign=True)
+    plain.tie_weights()  # one tensor again where the config ties them (assign copied both)
+    plain.generation_config = base.generation_config
+    plain.eval()
+    return plain
 
 
 def read_step(src: Path) -> int:
