@@ -532,6 +532,25 @@ def test_the_eval_process_is_limited_only_while_a_reward_scores_in_it(
     assert len(bytearray(LIMIT_MB * 2 << 20)) == LIMIT_MB * 2 << 20  # lifted
 
 
+def test_the_limit_is_measured_from_what_the_process_holds_when_scoring_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Memory the process took between two scorings (a model loaded, 4x the allowance
+    here) raises the next scoring's base with it: a base kept from before would put the
+    limit under what the process holds and refuse every allocation."""
+    monkeypatch.setenv("VFOPS_SCORING_MEMORY_MB", "64")
+
+    async def small(rollout_index: int) -> float:
+        return float(len(bytearray(1 << 20)) > 0)  # 1 MiB: well inside the allowance
+
+    rubric = Rubric([small])
+    first = asyncio.run(rubric.score_group([state(0)]))
+    held = bytearray(256 << 20)  # between the scorings, outside any limit
+    second = asyncio.run(rubric.score_group([state(1)]))
+    assert len(held) == 256 << 20
+    assert [s.reward for s in first + second] == [1.0, 1.0], [s.error for s in first + second]
+
+
 def test_a_call_past_the_time_limit_ends_its_worker_and_what_it_started(
     marker: str,
 ) -> None:

@@ -20,9 +20,10 @@ blow-up reaches it. The hard limit is never touched: a child may set its own.
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import resource
 import threading
-import time
 from collections.abc import Iterator
 from typing import Final
 
@@ -31,9 +32,7 @@ from vfops.rubrics._workers import scoring_memory_mb, scoring_workers
 
 __all__ = ["memory_error", "scoring_in_process"]
 
-_REBASE_S: Final = 1.0
-"""How long a measured base is reused: scoring starts thousands of times a second in a
-large eval, and reading ``/proc/self/status`` each time would show in its wall time."""
+_PAGE: Final = os.sysconf("SC_PAGE_SIZE")
 
 
 class _Guard:
@@ -41,7 +40,6 @@ class _Guard:
         self._lock = threading.Lock()
         self._active = 0
         self._restore: int | None = None
-        self._limit: tuple[float, int] | None = None  # (when measured, bytes)
         self.allowance_mb = 0
 
     def arm(self) -> None:
@@ -70,25 +68,32 @@ class _Guard:
             self._restore = None
 
     def _measured(self) -> int | None:
-        now = time.monotonic()
-        if self._limit is not None and now - self._limit[0] < _REBASE_S:
-            return self._limit[1]
-        self.allowance_mb = scoring_memory_mb(max(1, scoring_workers()))
+        # measured at every first holder: a base kept from earlier could sit below what
+        # the process has written since (a model loaded between two scorings), and a
+        # limit under that would refuse every allocation
+        self.allowance_mb = _allowance_mb()
         if not self.allowance_mb:
-            self._limit = None
             return None  # VFOPS_SCORING_MEMORY_MB=0, or the machine's memory is unknown
-        limit = _data_bytes() + (self.allowance_mb << 20)
-        self._limit = (now, limit)
-        return limit
+        return _data_bytes() + (self.allowance_mb << 20)
+
+
+@functools.lru_cache(maxsize=8)
+def _allowance_for(setting: str | None) -> int:
+    return scoring_memory_mb(max(1, scoring_workers()))
+
+
+def _allowance_mb() -> int:
+    """A worker's allowance (read once per value of its settings: the machine's memory
+    does not change under a run)."""
+    key = f"{os.environ.get('VFOPS_SCORING_MEMORY_MB')}|{os.environ.get('VFOPS_SCORING_WORKERS')}"
+    return _allowance_for(key)
 
 
 def _data_bytes() -> int:
-    """``VmData``: the private writable memory ``RLIMIT_DATA`` counts."""
-    with open("/proc/self/status") as file:
-        for line in file:
-            if line.startswith("VmData:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    """The private writable memory ``RLIMIT_DATA`` counts (``statm``'s data field: the
+    data segment and the stack, a few microseconds to read)."""
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[5]) * _PAGE
 
 
 _GUARD: Final = _Guard()

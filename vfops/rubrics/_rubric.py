@@ -332,10 +332,7 @@ class Rubric:
             # one thread for the group's sync calls, while the async ones run here
             pending.append(self._run_sync(sync_calls, sync_slots, states, values, errors, limit))
         if pending:
-            # what scores in this process does so under a memory limit: a blow-up is
-            # its rollout's error, not the eval's OOM kill (see _memory_guard)
-            with scoring_in_process():
-                await asyncio.gather(*pending)
+            await asyncio.gather(*pending)
 
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         scores: list[RolloutScore] = []
@@ -380,7 +377,8 @@ class Rubric:
     ) -> None:
         outcomes = await self._contained(calls, slots, limit)
         if outcomes is None:
-            outcomes = await run_sync_calls(calls, limit)
+            with scoring_in_process():
+                outcomes = await run_sync_calls(calls, limit)
         # a sync function may return an awaitable (a wrapper of an async one): awaited here
         later: list[Awaitable[None]] = []
         for (f, i), outcome in zip(slots, outcomes, strict=True):
@@ -440,7 +438,8 @@ class Rubric:
         inline = [k for k, outcome in enumerate(answered) if outcome is None]
         outcomes = [outcome or SyncOutcome() for outcome in answered]
         if inline:  # a sync wrapper of an async function: awaited in this process
-            redone = await run_sync_calls([calls[k] for k in inline], limit)
+            with scoring_in_process():
+                redone = await run_sync_calls([calls[k] for k in inline], limit)
             for k, outcome in zip(inline, redone, strict=True):
                 outcomes[k] = outcome
         return outcomes
@@ -528,8 +527,11 @@ class Rubric:
         limit: float | None,
     ) -> None:
         try:
+            # what scores in this process does so under a memory limit: a blow-up is its
+            # rollout's error, not the eval's OOM kill (_memory_guard)
             async with limited(limit) as timeout:
-                result = await awaitable
+                with scoring_in_process():
+                    result = await awaitable
         except Exception as exc:
             if limit is not None and timeout.expired():
                 self._record_group_error(errors, _timeout_error(spec.name, limit))
@@ -555,7 +557,8 @@ class Rubric:
         scoring_rollout(usage)
         try:
             async with limited(limit) as timeout:
-                result = await awaitable
+                with scoring_in_process():
+                    result = await awaitable
             if limit is not None and timeout.expired():  # it swallowed the cancellation
                 errors[i] = _timeout_error(spec.name, limit)
                 return
