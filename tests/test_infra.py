@@ -585,4 +585,4 @@ def test_worker_image_installs_cpu_torch_first_and_runs_unprivileged() -> None:
     assert trainer[0][0] == "FROM" and trainer[0][1].startswith("nvidia/cuda:")
     (entrypoint,) = [json.loads(args) for op, args in trainer if op == "ENTRYPOINT"]
     assert entrypoint == ["refuse-placeholders.sh", "accelerate", "launch"]
-    assert any("-e '.[train]'" in args for op, args in trainer if op == "RUN")
+    assert any("-e '.[train,gguf]'" in args for op, args in trainer if op == "RUN")

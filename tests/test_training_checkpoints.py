@@ -216,4 +216,4 @@ def test_a_resume_killed_mid_checkpoint_then_resumed_equals_a_clean_resume(
     again = train(config, *command)
     assert again.returncode == 0, again.stderr[-3000:]
     assert weights(out / "final") == clean
-    assert {p.name for p in out.iterdir()} == {"final"}
+    assert {p.name for p in out.iterdir()} == {"final", "heldout"}  # and its eval rows

@@ -38,9 +38,10 @@ COPY vfops ./vfops
 COPY environments ./environments
 COPY configs ./configs
 # [train]: transformers, accelerate, peft, deepspeed (pyproject.toml).
-RUN pip install --no-cache-dir -e '.[train]' \
+RUN pip install --no-cache-dir -e '.[train,gguf]' \
         ./environments/arithmetic ./environments/calculator ./environments/guess_number \
         ./environments/judged_qa ./environments/lucky_digit ./environments/mixed \
+        ./environments/reverse_text \
     && python -m compileall -q vfops > /dev/null
 
 # /outputs and /sync owned by the run-time user: named volumes mounted there start

@@ -26,9 +26,10 @@ COPY configs ./configs
 # must be where the package lives.
 # [train]: promotion gates evaluate registered checkpoints in-process (transformers).
 # Byte-compiled once here, like `make setup`.
-RUN pip install --no-cache-dir -e '.[train,k8s]' \
+RUN pip install --no-cache-dir -e '.[train,k8s,gguf]' \
         ./environments/arithmetic ./environments/calculator ./environments/guess_number \
         ./environments/judged_qa ./environments/lucky_digit ./environments/mixed \
+        ./environments/reverse_text \
     && python -m compileall -q vfops > /dev/null
 
 # Never root at run time; state (VFOPS_HOME, Prefect's home) under the user's home.
