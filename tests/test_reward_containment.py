@@ -20,7 +20,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import orjson
@@ -305,6 +305,8 @@ async def with_workers(
 
 
 def _pid(rollout_index: int) -> float:
+    if rollout_index == 9:  # a slow first call: a worker's warm-up
+        time.sleep(0.02)
     return float(os.getpid())
 
 
@@ -323,13 +325,14 @@ def _meet(rollout_index: int) -> float:
 
 
 async def _pids_of(
-    rubric: Rubric, groups: int, size: int, first: list[State] | None = None
+    rubric: Rubric, groups: int, size: int, first: Sequence[list[State]] = ()
 ) -> set[float]:
-    """The pids that scored ``groups`` concurrent groups (after ``first``, scored alone)."""
+    """The pids that scored ``groups`` concurrent groups (after the groups of ``first``,
+    scored one after another)."""
     workers = start_scoring_workers(allow_threads=True)
     assert workers is not None
     try:
-        scored = [await rubric.score_group(first)] if first else []
+        scored = [await rubric.score_group(group) for group in first]
         scored += await asyncio.gather(
             *(rubric.score_group([state(i) for i in range(size)]) for _ in range(groups))
         )
@@ -342,18 +345,19 @@ def test_workers_start_as_slow_calls_need_them(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Up to ``VFOPS_SCORING_WORKERS`` workers, another started only when the calls find
-    them busy and one call kept its worker busy >= 5 ms (or a call waited past
-    ``_GROW_AFTER_S``, here longer than the test): cheap concurrent calls share one
-    worker; after a 20 ms call, three calls that each wait for the two others get three;
-    with no wait allowed at all they get three as well."""
+    them busy and one call (not a worker's first: its warm-up) kept its worker busy
+    >= 5 ms (or a call waited past ``_GROW_AFTER_S``, here longer than the test): cheap
+    concurrent calls share one worker, a slow first call notwithstanding; after a warm
+    20 ms call, three calls that each wait for the two others get three; with no wait
+    allowed at all they get three as well."""
     from vfops.rubrics import _workers
 
     monkeypatch.setenv("VFOPS_SCORING_WORKERS", "3")
     monkeypatch.setattr(_workers, "_GROW_AFTER_S", 300.0)
-    pids = asyncio.run(_pids_of(Rubric([_pid]), groups=6, size=4))
+    pids = asyncio.run(_pids_of(Rubric([_pid]), groups=6, size=4, first=[[state(9)]]))
     assert len(pids) == 1 and os.getpid() not in pids
 
-    for grow_after, first in ((300.0, [state(9)]), (0.0, None)):
+    for grow_after, first in ((300.0, [[state(9)], [state(9)]]), (0.0, [])):
         monkeypatch.setattr(_workers, "_GROW_AFTER_S", grow_after)
         folder = tmp_path / f"met-{grow_after}"
         folder.mkdir()

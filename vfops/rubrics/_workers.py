@@ -69,8 +69,9 @@ Settings (read when an evaluation starts):
 - ``VFOPS_SCORING_WORKERS`` (default ``min(4, CPUs)``; 0: no workers): the most
   processes that run sync reward functions at the same time, each ~25 MB of RSS
   whatever the run's size. They start as needed: the first with the first call, another
-  when a call finds them all busy and one call has kept its worker busy for
-  ``_SLOW_CALL_S`` (the worker's own clock), or a call has waited ``_GROW_AFTER_S``.
+  when a call finds them all busy and one call (not a worker's first, which pays its
+  warm-up) has kept its worker busy for ``_SLOW_CALL_S`` (the worker's own clock), or a
+  call has waited ``_GROW_AFTER_S``.
   Cheap rewards (well under a millisecond) keep one worker; slow ones get the
   parallelism (a worker answers one group at a time).
 - ``VFOPS_SCORING_MEMORY_MB`` (default: half of the machine's memory, or of its cgroup's
@@ -223,10 +224,11 @@ class WorkerFailure(Exception):
 
 
 class _Worker:
-    __slots__ = ("pid", "reader", "writer")
+    __slots__ = ("answered", "pid", "reader", "writer")
 
     def __init__(self, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.pid, self.reader, self.writer = pid, reader, writer
+        self.answered = 0  # calls answered: a worker's first pays its warm-up
 
     async def recv(self) -> Any:
         try:
@@ -299,7 +301,11 @@ class ScoringWorkers:
                         answers.append((RAISED, ("ScoringWorkerDied", self._died())))
                         break
                     if len(answer) == 3:  # a call's answer: (kind, payload, busy seconds)
-                        self._slow = self._slow or answer[2] >= _SLOW_CALL_S
+                        # not a worker's first call: it pays the function's warm-up
+                        # (imports, compiled patterns), which says nothing of its cost
+                        warm = worker.answered > 0
+                        self._slow = self._slow or (warm and answer[2] >= _SLOW_CALL_S)
+                        worker.answered += 1
                         answer = answer[:2]
                     if answer[0] == UNREADABLE:  # in-process, all of them
                         if not answers:
