@@ -306,15 +306,15 @@ async def with_workers(
 
 def _pid(rollout_index: int) -> float:
     if rollout_index == 9:  # a slow first call: a worker's warm-up
-        time.sleep(0.02)
+        time.sleep(0.05)
     return float(os.getpid())
 
 
 def _meet(rollout_index: int) -> float:
-    # rollout 9: busy 20 ms; the others wait (up to 10 s) until three processes are in
+    # rollout 9: busy 50 ms; the others wait (up to 10 s) until three processes are in
     # this function at once
     if rollout_index == 9:
-        time.sleep(0.02)
+        time.sleep(0.05)
         return float(os.getpid())
     folder = os.environ["MEET_FOLDER"]
     Path(folder, str(os.getpid())).touch()
@@ -346,9 +346,9 @@ def test_workers_start_as_slow_calls_need_them(
 ) -> None:
     """Up to ``VFOPS_SCORING_WORKERS`` workers, another started only when the calls find
     them busy and one call (not a worker's first: its warm-up) kept its worker busy
-    >= 5 ms (or a call waited past ``_GROW_AFTER_S``, here longer than the test): cheap
+    >= 20 ms (or a call waited past ``_GROW_AFTER_S``, here longer than the test): cheap
     concurrent calls share one worker, a slow first call notwithstanding; after a warm
-    20 ms call, three calls that each wait for the two others get three; with no wait
+    50 ms call, three calls that each wait for the two others get three; with no wait
     allowed at all they get three as well."""
     from vfops.rubrics import _workers
 

@@ -131,10 +131,15 @@ that travel (pickled) and the names of the rubric's own objects it also takes.""
 
 _MAX_DEFAULT_WORKERS: Final = 4
 
-_SLOW_CALL_S: Final = 0.005
-"""A call that keeps its worker busy this long makes the pool grow as calls wait."""
-_GROW_AFTER_S: Final = 1.0
-"""How long a call waits for a busy worker before another is started anyway."""
+_SLOW_CALL_S: Final = 0.02
+"""A call that keeps its worker busy this long makes the pool grow as calls wait (wall
+time in the worker: a reward waiting on I/O counts; well above what a cheap call shows
+when a loaded machine deschedules its worker for a slice)."""
+_GROW_AFTER_S: Final = 5.0
+"""How long a call waits before another worker is started anyway (a slow reward's first
+answer may be far off). Not shorter: behind one worker the calls of a large eval queue
+for the eval's own loop to read their answers, and a short wait would read that queue as
+a busy worker."""
 _CONTAINMENT_FAILURES: Final = frozenset({"ScoringMemoryLimit", "ScoringWorkerDied"})
 
 _ACTIVE: list[ScoringWorkers] = []
