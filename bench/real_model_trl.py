@@ -42,7 +42,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from real_model_grpo import DEFAULT_CONFIG, REPO, _variant  # bench/ is sys.path[0]
+from real_model_grpo import DEFAULT_CONFIG, REPO, _rows, _variant  # bench/ is sys.path[0]
 from train_step import TRL_SIDE, ensure_trl_venv
 
 THREADS = 2
@@ -133,10 +133,7 @@ def _heldout(
     _vfops(env, "eval", "reverse_text", "-m", f"local:{model}", "-n", str(n), "-r", "1",
            "-T", "0", "-t", str(max_tokens), "--no-tracking", "-o", str(out))  # fmt: skip
     (results,) = out.glob("evals/*/*/results.jsonl")
-    return {
-        int(row["example_id"]): float(row["reward"] or 0.0)
-        for row in map(json.loads, results.read_text().splitlines())
-    }
+    return _rows(results)
 
 
 def _paired(a: dict[int, float], b: dict[int, float], seed: int) -> str:

@@ -153,13 +153,9 @@ def marker() -> Iterator[str]:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_eval_a_reward_past_the_memory_limit_errors_its_rollout_and_what_rewards_start_ends(
-    contained_site: Path, tmp_path: Path, marker: str
-) -> None:
-    """One rollout's reward allocates 2 GB under a 512 MiB limit: that rollout is an
-    error naming the limit and how to raise it (never scored), the seven others are
-    scored, the eval completes and exits 0; every reward call also started two sleeps
-    (one a setsid daemon): none is left once the eval has exited."""
+def eval_env(contained_site: Path, tmp_path: Path, marker: str) -> dict[str, str]:
+    """A ``vfops eval`` subprocess's environment: the site above, a private home, no
+    tracking, the test's memory limit and marker, the default workers."""
     env = {
         **os.environ,
         "PYTHONPATH": str(contained_site),
@@ -168,7 +164,19 @@ def test_eval_a_reward_past_the_memory_limit_errors_its_rollout_and_what_rewards
         "VFOPS_SCORING_MEMORY_MB": str(LIMIT_MB),
         "CONTAINED_TEST_MARKER": marker,
     }
-    env.pop("VFOPS_DATABASE_URL", None)
+    for name in ("VFOPS_DATABASE_URL", "VFOPS_SCORING_WORKERS"):
+        env.pop(name, None)
+    return env
+
+
+def test_eval_a_reward_past_the_memory_limit_errors_its_rollout_and_what_rewards_start_ends(
+    contained_site: Path, tmp_path: Path, marker: str
+) -> None:
+    """One rollout's reward allocates 2 GB under a 512 MiB limit: that rollout is an
+    error naming the limit and how to raise it (never scored), the seven others are
+    scored, the eval completes and exits 0; every reward call also started two sleeps
+    (one a setsid daemon): none is left once the eval has exited."""
+    env = eval_env(contained_site, tmp_path, marker)
     with StubServer(StubConfig(reply_mode="echo_answer")) as stub:
         args = ["eval", "contained_rewards", "-m", "stub-model", "-b", stub.base_url, "-n", "4",
                 "-r", "2", "-o", str(tmp_path / "out"), "--max-error-rate", "0.25"]  # fmt: skip
@@ -213,16 +221,7 @@ def test_a_reward_scoring_in_the_eval_process_past_the_limit_errors_only_its_rol
     """What scores in the eval's own process (an async reward; a sync one when there are
     no workers) does so under the same allowance: one rollout's 2 GB is its
     ``ScoringMemoryLimit`` error, the other rollouts are scored, the eval completes."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(contained_site),
-        "VFOPS_HOME": str(tmp_path / "home"),
-        "VFOPS_TRACKING": "0",
-        "VFOPS_SCORING_MEMORY_MB": str(LIMIT_MB),
-        "CONTAINED_TEST_MARKER": marker,
-    }
-    env.pop("VFOPS_DATABASE_URL", None)
-    env.pop("VFOPS_SCORING_WORKERS", None)
+    env = eval_env(contained_site, tmp_path, marker)
     if workers is not None:
         env["VFOPS_SCORING_WORKERS"] = workers
     with StubServer(StubConfig(reply_mode="echo_answer")) as stub:

@@ -20,7 +20,6 @@ blow-up reaches it. The hard limit is never touched: a child may set its own.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import resource
 import threading
@@ -71,22 +70,10 @@ class _Guard:
         # measured at every first holder: a base kept from earlier could sit below what
         # the process has written since (a model loaded between two scorings), and a
         # limit under that would refuse every allocation
-        self.allowance_mb = _allowance_mb()
+        self.allowance_mb = scoring_memory_mb(max(1, scoring_workers()))
         if not self.allowance_mb:
             return None  # VFOPS_SCORING_MEMORY_MB=0, or the machine's memory is unknown
         return _data_bytes() + (self.allowance_mb << 20)
-
-
-@functools.lru_cache(maxsize=8)
-def _allowance_for(setting: str | None) -> int:
-    return scoring_memory_mb(max(1, scoring_workers()))
-
-
-def _allowance_mb() -> int:
-    """A worker's allowance (read once per value of its settings: the machine's memory
-    does not change under a run)."""
-    key = f"{os.environ.get('VFOPS_SCORING_MEMORY_MB')}|{os.environ.get('VFOPS_SCORING_WORKERS')}"
-    return _allowance_for(key)
 
 
 def _data_bytes() -> int:

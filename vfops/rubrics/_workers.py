@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import pickle
 import signal
@@ -178,8 +179,10 @@ def _int_setting(name: str, default: int) -> int:
     return value
 
 
+@functools.cache
 def _machine_memory() -> int | None:
-    """Bytes of memory this process can have: the machine's, or its cgroup's limit."""
+    """Bytes of memory this process can have: the machine's, or its cgroup's limit (read
+    once: every scoring in this process asks)."""
     found: list[int] = []
     with contextlib.suppress(OSError, ValueError):
         found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
