@@ -10,7 +10,7 @@ V1_VENV ?= .venv-v1
 V1_TEST_PACKAGES := $(sort $(wildcard tests/verifiers_v1_envs/*/pyproject.toml))
 DEMO_DIR ?= .vfops-demo
 
-.PHONY: setup test-setup setup-v1 test-v1 demo test lint
+.PHONY: setup test-setup setup-v1 sandbox-setup test-v1 demo test lint
 
 # Byte-compiled once here: with PYTHONDONTWRITEBYTECODE set, an editable install
 # would compile every module at every start (~0.4 s of each vfops command).
@@ -63,12 +63,19 @@ $(V1_VENV)/.installed: pyproject.toml $(ENV_PACKAGES) $(V1_TEST_PACKAGES)
 test-v1: setup-v1
 	VFOPS_TEST_V1=1 $(V1_VENV)/bin/pytest -n 2 --dist loadfile tests/v1
 
+# Sandboxes (vfops.sandbox; the code_exec environment): podman, runc and debootstrap from
+# Debian's packages, configured for hosts like CI's (needs root), and the base image —
+# built once per recipe (~45 s), instant after that.
+sandbox-setup: setup
+	bash infra/sandbox/host-setup.sh
+	$(VENV)/bin/vfops sandbox build-image > /dev/null
+
 # The whole loop (publish, evaluate, train, register, promote, nightly) in a fresh folder.
 demo: setup
 	rm -rf $(DEMO_DIR)
 	$(VENV)/bin/vfops demo --dir $(DEMO_DIR)
 
-test: setup test-setup setup-v1
+test: setup test-setup setup-v1 sandbox-setup
 	$(VENV)/bin/ruff check vfops tests environments bench
 	$(VENV)/bin/mypy
 	bash tests/run_passes.sh $(VENV)  # two pytest passes at once; see tests/conftest.py

@@ -66,7 +66,8 @@ def test_an_example_config_is_the_checkouts_file_read_from_here(
         (
             ["env", "install", "--example", "arith"],
             "error: no example environment named 'arith'; pass --example with one of: "
-            "arithmetic, calculator, guess_number, judged_qa, lucky_digit, mixed, reverse_text",
+            "arithmetic, calculator, code_exec, guess_number, judged_qa, lucky_digit, mixed, "
+            "reverse_text",
         ),
         (
             ["env", "install", "arithmetic", "--example", "arithmetic"],

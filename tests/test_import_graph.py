@@ -32,7 +32,7 @@ CORE = "vfops"  # the package's own private modules: vfops/_errors.py, vfops/_co
 # README's Architecture section (test_the_readme_states_the_layers).
 LAYERS: tuple[tuple[str, ...], ...] = (
     (CORE,),
-    ("parsers", "stats", "artifacts", "costs", "testing"),
+    ("parsers", "stats", "artifacts", "costs", "testing", "sandbox"),
     ("registry", "clients", "reports"),
     ("rubrics", "local", "budget"),
     ("orchestration",),

@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "MultiTurnEnv": "vfops.envs",
     "ToolEnv": "vfops.envs",
     "StatefulToolEnv": "vfops.envs",
+    "SandboxToolEnv": "vfops.envs",
     "EnvGroup": "vfops.envs",
     "load_environment": "vfops.envs",
     # rubrics and parsers
@@ -62,6 +63,7 @@ __all__ = [
     "Rubric",
     "RubricGroup",
     "SamplingArgs",
+    "SandboxToolEnv",
     "ScriptedClient",
     "SingleTurnEnv",
     "State",
@@ -83,6 +85,7 @@ if TYPE_CHECKING:
         EnvGroup,
         Environment,
         MultiTurnEnv,
+        SandboxToolEnv,
         SingleTurnEnv,
         StatefulToolEnv,
         ToolEnv,

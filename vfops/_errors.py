@@ -33,6 +33,13 @@ class EndpointError(VfopsError):
     """Unknown endpoint alias, missing API-key variable, or unreachable base URL."""
 
 
+class SandboxError(VfopsError):
+    """A sandbox container could not be made or used (its engine or image missing, the
+    engine failing): the machinery's failure, never the sandboxed code's (that is a
+    result). A rollout that meets one is an error, never scored, and a tool environment
+    does not hand it to the model as a tool's output."""
+
+
 class MissingExtraError(VfopsError):
     """An optional dependency group is not installed."""
 

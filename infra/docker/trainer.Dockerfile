@@ -39,7 +39,8 @@ COPY environments ./environments
 COPY configs ./configs
 # [train]: transformers, accelerate, peft, deepspeed (pyproject.toml).
 RUN pip install --no-cache-dir -e '.[train,gguf]' \
-        ./environments/arithmetic ./environments/calculator ./environments/guess_number \
+        ./environments/arithmetic ./environments/calculator ./environments/code_exec \
+        ./environments/guess_number \
         ./environments/judged_qa ./environments/lucky_digit ./environments/mixed \
         ./environments/reverse_text \
     && python -m compileall -q vfops > /dev/null

@@ -27,7 +27,8 @@ COPY configs ./configs
 # [train]: promotion gates evaluate registered checkpoints in-process (transformers).
 # Byte-compiled once here, like `make setup`.
 RUN pip install --no-cache-dir -e '.[train,k8s,gguf]' \
-        ./environments/arithmetic ./environments/calculator ./environments/guess_number \
+        ./environments/arithmetic ./environments/calculator ./environments/code_exec \
+        ./environments/guess_number \
         ./environments/judged_qa ./environments/lucky_digit ./environments/mixed \
         ./environments/reverse_text \
     && python -m compileall -q vfops > /dev/null

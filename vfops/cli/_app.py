@@ -72,6 +72,7 @@ _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "db": _group("db"),
     "vllm": _group("vllm"),
     "stack": _group("stack"),
+    "sandbox": _group("sandbox"),
     "demo": _add_demo,
 }
 """Every command (group), in help order; each module is imported only when added."""
@@ -175,11 +176,20 @@ def _sqlite_error_line(exc: BaseException) -> str | None:
     )
 
 
+def _reap_dead_sandboxes() -> None:
+    # a `kill -9`ed run's containers go at the next start on the host: a listing of one
+    # small folder when nothing died (vfops/sandbox/_owners.py)
+    from vfops.sandbox import reap_dead_owners
+
+    reap_dead_owners()
+
+
 def run() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit."""
     _raise_open_file_limit()
     command = sys.argv[1] if len(sys.argv) > 1 else None
     try:
+        _reap_dead_sandboxes()
         build_app(command)()
     except VfopsError as exc:
         from vfops.cli._exit_codes import error_exit_code

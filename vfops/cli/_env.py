@@ -112,7 +112,7 @@ def install_command(
         typer.Option(
             "--example",
             help="An example environment shipped inside vfops instead of SOURCE (arithmetic, "
-            "calculator, guess_number, judged_qa, lucky_digit, mixed, reverse_text).",
+            "calculator, code_exec, guess_number, judged_qa, lucky_digit, mixed, reverse_text).",
             show_default=False,
         ),
     ] = None,

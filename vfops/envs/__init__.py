@@ -2,6 +2,9 @@
 written against (``_library``: the plug-in protocol through which vfops's own, the
 ``verifiers`` adapter and any third library find, load and describe theirs)."""
 
+from typing import TYPE_CHECKING
+
+from vfops._lazy import lazy_exports
 from vfops.envs._dataset import Example, format_dataset, iter_examples, quiet_datasets
 from vfops.envs._env_group import EnvGroup
 from vfops.envs._environment import Environment, Scorer
@@ -39,6 +42,7 @@ __all__ = [
     "EnvironmentPackage",
     "Example",
     "MultiTurnEnv",
+    "SandboxToolEnv",
     "Scorer",
     "SingleTurnEnv",
     "SourceReader",
@@ -59,5 +63,17 @@ __all__ = [
     "quiet_datasets",
     "require_environment",
     "requires",
+    "tool_output",
     "tool_schema",
 ]
+
+if TYPE_CHECKING:
+    from vfops.envs._sandbox_tools import SandboxToolEnv, tool_output
+
+# loaded on use: the sandbox's limits are a pydantic model, which an evaluation of any
+# other environment never imports
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {"SandboxToolEnv": "vfops.envs._sandbox_tools", "tool_output": "vfops.envs._sandbox_tools"},
+    __all__,
+)

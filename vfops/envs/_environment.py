@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from vfops._errors import InvalidArgumentError, VfopsError
 from vfops._rollout import RolloutError, RolloutRecord, Timing, TokenUsage
+from vfops._rollout_scope import rollout_scope
 from vfops._tool_counts import FIRST_TOOL_ERROR, first_tool_error, tool_count_metrics
 from vfops._types import Info, Messages, SamplingArgs, State
 from vfops.clients._base import ModelClient
@@ -244,14 +245,17 @@ class Environment(ABC):
         sampling = self.merged_sampling_args(sampling_args)
 
         async def one(index: int) -> State:
-            if limiter is None:
-                return await self.rollout(
-                    client, model, example, rollout_index=index, sampling_args=sampling
-                )
-            async with limiter:
-                return await self.rollout(
-                    client, model, example, rollout_index=index, sampling_args=sampling
-                )
+            # what the rollout starts (a sandbox) is labelled with it: its own task's
+            # context, so the label is this rollout's alone
+            with rollout_scope(example.example_id, index):
+                if limiter is None:
+                    return await self.rollout(
+                        client, model, example, rollout_index=index, sampling_args=sampling
+                    )
+                async with limiter:
+                    return await self.rollout(
+                        client, model, example, rollout_index=index, sampling_args=sampling
+                    )
 
         states = list(await asyncio.gather(*(one(i) for i in rollout_indices)))
         scores = await self.rubric_for(example.task).score_group(states)

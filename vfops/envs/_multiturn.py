@@ -81,8 +81,15 @@ class MultiTurnEnv(Environment):
         except Exception as exc:  # a model call failed after its retries
             state["stop_reason"] = "error"
             state["error"] = RolloutError.from_exception(exc, "generation")
+        finally:
+            # shielded: a cancelled rollout (Ctrl-C) still gives back what it held
+            await asyncio.shield(self.cleanup_state(state))
         state["generation_ms"] = (time.perf_counter() - started) * 1000.0
         return state
+
+    async def cleanup_state(self, state: State) -> None:
+        """Give back what :meth:`setup_state` took (a sandbox, a connection); runs when
+        the rollout ends however it ends, before it is scored."""
 
     async def _turns(
         self, client: ModelClient, model: str, state: State, sampling_args: SamplingArgs

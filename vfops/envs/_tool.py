@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from vfops._errors import SandboxError
 from vfops._tool_counts import count_tool_call, start_tool_counts
 from vfops._types import Message, Messages, State
 from vfops.envs._environment import Scorer
@@ -95,6 +96,8 @@ class ToolEnv(MultiTurnEnv):
         stats["per_tool"][name] = stats["per_tool"].get(name, 0) + 1
         try:
             content = await self._call_tool(name, function.get("arguments"), messages, state)
+        except SandboxError:
+            raise  # the machinery failed, not the model: the rollout is an error
         except Exception as exc:  # reported to the model, not raised: it may recover
             stats["errors"] += 1
             content = f"Error: {type(exc).__name__}: {exc}"

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord
+from vfops._rollout_scope import run_scope
 from vfops.costs import BudgetExhausted
 from vfops.evaluation._default_sinks import DefaultSinks, default_sinks
 from vfops.evaluation._finish import (
@@ -180,7 +181,9 @@ async def _run_locked(context: RunContext, metadata: dict[str, Any]) -> EvalResu
         if context.progress is not None:
             opened = OpenedRun(plan.run_id, plan.run_dir, plan.action, context.planned, len(done))
             context.progress.opened(opened)
-        await run_rollouts(context.env, context.client, plan.request, done, delivery.handle)
+        # containers a rollout starts are labelled with the run (vfops.sandbox)
+        with run_scope(plan.run_id or plan.run_dir.name):
+            await run_rollouts(context.env, context.client, plan.request, done, delivery.handle)
         status = "completed"
     except SinkError as exc:
         status, error = "failed", str(exc)

@@ -1,0 +1,107 @@
+"""Sandboxes: code a model wrote runs in a fresh container, never on the host.
+
+A container engine (podman here, Docker elsewhere; ``VFOPS_SANDBOX_ENGINE``, a plug-in
+under ``vfops.container_engines`` for anything else) runs each :class:`Sandbox` with no
+network (unless asked), limits on CPU, memory, processes, wall time, output and scratch
+space, a read-only root, an unprivileged user without capabilities, and none of the
+host's environment variables. Containers carry labels naming their owner process, run
+and rollout; none outlives its owner for long: removed when the sandbox closes, at exit,
+and — after a ``kill -9`` — at the next vfops start on the host (``vfops sandbox gc``
+on demand). At most ``VFOPS_SANDBOX_MAX_CONTAINERS`` live on a host at once.
+
+- :class:`Sandbox`, :func:`run_in_sandbox`: one container, commands and files.
+- :class:`SandboxPool`: warm containers, one per piece of work.
+- :class:`SandboxLimits`, :class:`ExecResult`, :class:`SandboxInfo`, :class:`SandboxError`.
+- :func:`build_base_image`, :func:`default_image`: the Debian + python3 base image.
+- :func:`collect_garbage`, :func:`reap_dead_owners`: what dead processes left.
+- :class:`ContainerEngine`, :class:`CliEngine`, :func:`engine_named`: the engine seam.
+
+Importing this package is cheap (the CLI reaps at every start); the rest loads on use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vfops._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from vfops.sandbox._engine import (
+        CliEngine,
+        ContainerEngine,
+        ContainerSpec,
+        ExecOutcome,
+        SandboxError,
+        engine_named,
+    )
+    from vfops.sandbox._gc import GcReport, Removed, collect_garbage
+    from vfops.sandbox._image import build_base_image, default_image
+    from vfops.sandbox._limits import SandboxLimits, engine_name, max_containers
+    from vfops.sandbox._owners import (
+        OWNER_LABEL,
+        ROLLOUT_LABEL,
+        RUN_LABEL,
+        SANDBOX_LABEL,
+        owner_id,
+        reap_dead_owners,
+    )
+    from vfops.sandbox._pool import SandboxPool
+    from vfops.sandbox._sandbox import ExecResult, Sandbox, SandboxInfo, run_in_sandbox
+
+_EXPORTS = {
+    "CliEngine": "vfops.sandbox._engine",
+    "ContainerEngine": "vfops.sandbox._engine",
+    "ContainerSpec": "vfops.sandbox._engine",
+    "ExecOutcome": "vfops.sandbox._engine",
+    "SandboxError": "vfops.sandbox._engine",
+    "engine_named": "vfops.sandbox._engine",
+    "GcReport": "vfops.sandbox._gc",
+    "Removed": "vfops.sandbox._gc",
+    "collect_garbage": "vfops.sandbox._gc",
+    "build_base_image": "vfops.sandbox._image",
+    "default_image": "vfops.sandbox._image",
+    "SandboxLimits": "vfops.sandbox._limits",
+    "engine_name": "vfops.sandbox._limits",
+    "max_containers": "vfops.sandbox._limits",
+    "OWNER_LABEL": "vfops.sandbox._owners",
+    "ROLLOUT_LABEL": "vfops.sandbox._owners",
+    "RUN_LABEL": "vfops.sandbox._owners",
+    "SANDBOX_LABEL": "vfops.sandbox._owners",
+    "owner_id": "vfops.sandbox._owners",
+    "reap_dead_owners": "vfops.sandbox._owners",
+    "SandboxPool": "vfops.sandbox._pool",
+    "ExecResult": "vfops.sandbox._sandbox",
+    "Sandbox": "vfops.sandbox._sandbox",
+    "SandboxInfo": "vfops.sandbox._sandbox",
+    "run_in_sandbox": "vfops.sandbox._sandbox",
+}
+
+__all__ = [
+    "OWNER_LABEL",
+    "ROLLOUT_LABEL",
+    "RUN_LABEL",
+    "SANDBOX_LABEL",
+    "CliEngine",
+    "ContainerEngine",
+    "ContainerSpec",
+    "ExecOutcome",
+    "ExecResult",
+    "GcReport",
+    "Removed",
+    "Sandbox",
+    "SandboxError",
+    "SandboxInfo",
+    "SandboxLimits",
+    "SandboxPool",
+    "build_base_image",
+    "collect_garbage",
+    "default_image",
+    "engine_name",
+    "engine_named",
+    "max_containers",
+    "owner_id",
+    "reap_dead_owners",
+    "run_in_sandbox",
+]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
