@@ -10,6 +10,7 @@ Each hostile function returns the right answer only if its attack worked: a rewa
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -66,12 +67,7 @@ CODE = {
         "        out.append(f'{j - i}{s[i]}'); i = j\n"
         "    return ''.join(out)"
     ),
-    "is_palindrome": (
-        "import os\n"
-        "def is_palindrome(s):\n"
-        "    while True:\n"
-        "        os.fork()"
-    ),
+    "is_palindrome": ("import os\ndef is_palindrome(s):\n    while True:\n        os.fork()"),
     "balanced": "def balanced(s):\n    x = bytearray(2 * 1024 ** 3)\n    return True",
     "max_subarray": (
         "def max_subarray(xs):\n"
@@ -98,7 +94,7 @@ KILLER = "import os, signal\ndef gcd(a, b):\n    os.kill(os.getppid(), signal.SI
 
 
 def function_of(request: dict[str, Any]) -> str:
-    question = request["messages"][-1]["content"]
+    question = next(m["content"] for m in request["messages"] if m["role"] == "user")
     match = re.search(r"function (\w+)\(", question)
     assert match, question
     return match.group(1)
@@ -204,3 +200,54 @@ def _env(home: Path, image: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key != "VFOPS_DATABASE_URL"}
     return {**env, "VFOPS_HOME": str(home), "VFOPS_TRACKING": "0",
             "VFOPS_SANDBOX_IMAGE": image}  # fmt: skip
+
+
+def tool_reply(request: dict[str, Any]) -> dict[str, Any]:
+    """A shell command, then Python reading the file it wrote, then the answer."""
+    results = [m["content"] for m in request["messages"] if m["role"] == "tool"]
+    calls = [
+        ("bash", {"command": 'echo persisted > note.txt && printf %s "$OPENAI_API_KEY" | wc -c'}),
+        ("python", {"code": "print(open('note.txt').read().strip())"}),
+    ]
+    if len(results) < len(calls):
+        name, arguments = calls[len(results)]
+        call = {"id": f"call_{len(results)}", "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+    return reply(request)
+
+
+def test_tools_run_in_the_rollouts_own_sandbox_across_turns(
+    tmp_path: Path, base_image: str
+) -> None:
+    with StubServer(StubConfig(reply_mode=tool_reply)) as server:
+        args = ["eval", "code_exec", "-m", "stub-model", "-b", server.base_url, "-n", "2",
+                "-r", "2", "-a", '{"tools": true}', "-o", str(tmp_path / "out"), "-q"]  # fmt: skip
+        extra = {"OPENAI_API_KEY": SECRET, "VFOPS_SANDBOX_IMAGE": base_image}
+        proc = vfops(args, tmp_path, extra)
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = {path.parent for path in (tmp_path / "out").glob("evals/*/*/results.jsonl")}
+    found = list(iter_records(run_dir))
+    assert len(found) == 4
+    for record in found:
+        said = [m["content"] for m in record.completion if m["role"] == "tool"]
+        assert said == ["0\n", "persisted\n"]  # no key inside; the file kept between turns
+        assert record.reward == EXPECTED[record.info["function"]] and record.error is None
+        assert record.metrics["tool_calls"] == 2 and record.metrics["tool_errors"] == 0
+    metadata = json.loads((run_dir / "metadata.json").read_text())
+    (used,) = metadata["sandboxes"]
+    assert used["engine"] == "podman" and used["image"] == base_image
+    assert used["image_digest"].startswith("sha256:") and used["limits"]["network"] is False
+
+
+def test_a_missing_image_is_each_rollouts_error_never_a_tool_output(tmp_path: Path) -> None:
+    with StubServer(StubConfig(reply_mode=tool_reply)) as server:
+        args = ["eval", "code_exec", "-m", "stub-model", "-b", server.base_url, "-n", "2",
+                "-r", "1", "-a", '{"tools": true}', "-o", str(tmp_path / "out"), "-q"]  # fmt: skip
+        proc = vfops(args, tmp_path, {"VFOPS_SANDBOX_IMAGE": "localhost/vfops-missing:1"})
+    assert proc.returncode != 0
+    found = records(tmp_path / "out")
+    for record in found.values():
+        assert record.reward is None and record.error is not None
+        assert "is not on this host" in record.error.message
+        assert not [m for m in record.completion if m["role"] == "tool"]

@@ -69,6 +69,11 @@ async def opened_registry(opening: asyncio.Task[RegistryCalls]) -> RegistryCalls
 
 
 def add_provenance(metadata: dict[str, Any], plan: Plan) -> None:
+    from vfops.sandbox import sandboxes_used  # light: what this process's sandboxes ran on
+
+    sandboxes = sandboxes_used()
+    if sandboxes:  # the engine, image (and its digest) and limits model-written code met
+        metadata["sandboxes"] = sandboxes
     if plan.provenance is not None:
         metadata.update(
             env_version=plan.provenance.version, env_code_hash=plan.provenance.code_hash

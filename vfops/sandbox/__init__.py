@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         SANDBOX_LABEL,
         owner_id,
         reap_dead_owners,
+        sandboxes_used,
     )
     from vfops.sandbox._pool import SandboxPool
     from vfops.sandbox._sandbox import ExecResult, Sandbox, SandboxInfo, run_in_sandbox
@@ -69,6 +70,7 @@ _EXPORTS = {
     "SANDBOX_LABEL": "vfops.sandbox._owners",
     "owner_id": "vfops.sandbox._owners",
     "reap_dead_owners": "vfops.sandbox._owners",
+    "sandboxes_used": "vfops.sandbox._owners",
     "SandboxPool": "vfops.sandbox._pool",
     "ExecResult": "vfops.sandbox._sandbox",
     "Sandbox": "vfops.sandbox._sandbox",
@@ -102,6 +104,7 @@ __all__ = [
     "owner_id",
     "reap_dead_owners",
     "run_in_sandbox",
+    "sandboxes_used",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from vfops.sandbox._engine import ContainerEngine
@@ -36,6 +36,8 @@ _lock = threading.Lock()
 _live: dict[str, str] = {}
 """This process's live containers: id -> engine name."""
 _marked: set[str] = set()
+_used: dict[tuple[str, str], dict[str, Any]] = {}
+"""(engine, image) -> limits: what this process's sandboxes ran on (a run's provenance)."""
 
 
 def state_dir() -> Path:
@@ -89,6 +91,31 @@ def track(container: str, engine: str) -> None:
             _marked.add(owner)
             if len(_marked) == 1:
                 atexit.register(_remove_live_at_exit)
+
+
+def note_use(engine: str, image: str, limits: dict[str, Any]) -> None:
+    """A container of ``image`` with ``limits`` was started on ``engine``."""
+    with _lock:
+        _used[(engine, image)] = limits
+
+
+def sandboxes_used() -> list[dict[str, Any]]:
+    """Each engine and image this process's sandboxes ran on, with the image's digest
+    and the limits (the last started's): what a run records as its provenance. Empty
+    (and no engine call) for a process that never started one."""
+    from vfops.sandbox._engine import engine_named
+
+    with _lock:
+        used = dict(_used)
+    found = []
+    for (engine, image), limits in sorted(used.items()):
+        try:
+            digest = engine_named(engine).image_digest(image)
+        except Exception:  # recorded without it: the run's end is not the engine's
+            digest = None
+        found.append({"engine": engine, "image": image, "image_digest": digest,
+                      "limits": limits})  # fmt: skip
+    return found
 
 
 def untrack(container: str) -> None:

@@ -73,6 +73,11 @@ class SandboxPool:
         spec = ContainerSpec(self.image, self.limits, labels, lifetime_s(), self.env)
         try:
             container = await start_container(self.engine, spec)
+        except Exception:
+            # a warm start is a head start, no more: the sandbox that would have had it
+            # starts its own and raises the engine's error where a rollout records it
+            slot.release()
+            return
         except BaseException:
             slot.release()
             raise

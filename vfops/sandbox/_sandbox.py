@@ -38,6 +38,7 @@ from vfops.sandbox._owners import (
     ROLLOUT_LABEL,
     RUN_LABEL,
     SANDBOX_LABEL,
+    note_use,
     owner_id,
     track,
     untrack,
@@ -312,6 +313,7 @@ async def start_container(engine: ContainerEngine, spec: ContainerSpec) -> str:
             await engine.remove([await started])
         raise
     track(container, engine.name)
+    note_use(engine.name, spec.image, spec.limits.model_dump())
     return container
 
 

@@ -220,17 +220,7 @@ def make_reward(pool: Callable[[], SandboxPool], per_test_s: float) -> Callable[
     return passed_fraction
 
 
-def load_environment(
-    num_eval_examples: int = 24,
-    num_train_examples: int = 240,
-    tests_per_task: int = 6,
-    per_test_s: float = PER_TEST_S,
-    pool_size: int = 2,
-    memory_mb: int = 512,
-    seed: int = 0,
-) -> vfops.Environment:
-    """Python functions graded by hidden tests in a sandbox (partial credit per test)."""
-    limits = SandboxLimits(memory_mb=memory_mb, wall_s=per_test_s * tests_per_task + 10)
+def _pool_per_loop(size: int, limits: SandboxLimits) -> Callable[[], SandboxPool]:
     pools: dict[Any, SandboxPool] = {}
 
     def pool() -> SandboxPool:
@@ -239,18 +229,68 @@ def load_environment(
 
         loop = asyncio.get_running_loop()
         if loop not in pools:
-            pools[loop] = SandboxPool(pool_size, limits=limits)
+            pools[loop] = SandboxPool(size, limits=limits)
             pools[loop].fill()
         return pools[loop]
 
-    return vfops.SingleTurnEnv(
-        dataset=build_dataset(num_train_examples, seed=seed, split="train",
-                              tests_per_task=tests_per_task),
-        eval_dataset=build_dataset(num_eval_examples, seed=seed, split="eval",
-                                   tests_per_task=tests_per_task),
-        system_prompt=SYSTEM_PROMPT,
-        rubric=vfops.Rubric([make_reward(pool, per_test_s)]),
-    )  # fmt: skip
+    return pool
 
 
-__all__ = ["HARNESS", "KINDS", "build_dataset", "extract_code", "load_environment"]
+def _datasets(
+    num_eval: int, num_train: int, tests_per_task: int, seed: int
+) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "dataset": build_dataset(num_train, seed=seed, split="train",
+                                 tests_per_task=tests_per_task),
+        "eval_dataset": build_dataset(num_eval, seed=seed, split="eval",
+                                      tests_per_task=tests_per_task),
+    }  # fmt: skip
+
+
+TOOLS_PROMPT = (
+    "Write the Python function the user asks for. You may run code first with the python "
+    "and bash tools (a sandbox: no network). When you are done, reply with the complete "
+    "function in one ```python code block and no tool call."
+)
+
+
+def load_environment(
+    num_eval_examples: int = 24,
+    num_train_examples: int = 240,
+    tests_per_task: int = 6,
+    per_test_s: float = PER_TEST_S,
+    tools: bool = False,
+    max_turns: int = 6,
+    pool_size: int = 2,
+    memory_mb: int = 512,
+    seed: int = 0,
+) -> vfops.Environment:
+    """Python functions graded by hidden tests in a sandbox (partial credit per test).
+
+    With ``tools``, the model may first run code with ``python`` and ``bash`` tools in
+    the rollout's own sandbox (files persist across its turns, at most ``max_turns``);
+    it is graded the same way."""
+    limits = SandboxLimits(memory_mb=memory_mb, wall_s=per_test_s * tests_per_task + 10)
+    reward = make_reward(_pool_per_loop(pool_size, limits), per_test_s)
+    data = _datasets(num_eval_examples, num_train_examples, tests_per_task, seed)
+    if not tools:
+        return vfops.SingleTurnEnv(
+            **data, system_prompt=SYSTEM_PROMPT, rubric=vfops.Rubric([reward])
+        )
+    return vfops.SandboxToolEnv(
+        **data,
+        system_prompt=TOOLS_PROMPT,
+        rubric=vfops.Rubric([reward]),
+        limits=SandboxLimits(memory_mb=memory_mb, wall_s=10),
+        pool_size=pool_size,
+        max_turns=max_turns,
+    )
+
+
+__all__ = [
+    "HARNESS",
+    "KINDS",
+    "build_dataset",
+    "extract_code",
+    "load_environment",
+]
