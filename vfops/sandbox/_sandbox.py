@@ -208,17 +208,22 @@ class Sandbox:
         fresh = self._ended_by_limit
         self._ended_by_limit = False
         container = await self.start()
-        if files:
-            await self.put_files(files)
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         wall = self.limits.wall_s if wall_s is None else wall_s
+        # timeout: TERM at the wall time, KILL a second later; its group, not only the
+        # command (a shell's children too)
+        argv = ["timeout", "-k", str(_KILL_GRACE_S), f"{wall:g}", *argv]
         data = stdin.encode() if isinstance(stdin, str) else stdin
+        if files and data is None:
+            # one exec, not two: the files arrive as a tar on stdin, unpacked first
+            data = _archive(files)
+            argv = ["sh", "-c", 'tar -x -f - --no-same-owner && exec "$@"', "sh", *argv]
+        elif files:
+            await self.put_files(files)
         began = time.monotonic()
         outcome = await self.engine.exec(
             container,
-            # timeout: TERM at the wall time, KILL a second later; its group, not only
-            # the command (a shell's children too)
-            ["timeout", "-k", str(_KILL_GRACE_S), f"{wall:g}", *argv],
+            argv,
             stdin=data,
             output_bytes=self.limits.output_bytes,
             deadline_s=wall + _KILL_GRACE_S + _DEADLINE_MARGIN_S,
@@ -258,18 +263,12 @@ class Sandbox:
 
     async def put_files(self, files: Mapping[str, bytes | str]) -> None:
         """Write ``files`` (relative paths -> contents) into the scratch folder."""
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            for name, content in files.items():
-                data = content.encode() if isinstance(content, str) else content
-                member = tarfile.TarInfo(_relative(name))
-                member.size, member.mode, member.mtime = len(data), 0o644, int(time.time())
-                tar.addfile(member, io.BytesIO(data))
+        archive = _archive(files)
         container = await self.start()
         outcome = await self.engine.exec(
             container,
             ["tar", "-x", "-f", "-", "--no-same-owner"],
-            stdin=archive.getvalue(),
+            stdin=archive,
             output_bytes=65536,
             deadline_s=_DEADLINE_MARGIN_S + 30,
         )
@@ -315,6 +314,18 @@ async def start_container(engine: ContainerEngine, spec: ContainerSpec) -> str:
     track(container, engine.name)
     note_use(engine.name, spec.image, spec.limits.model_dump())
     return container
+
+
+def _archive(files: Mapping[str, bytes | str]) -> bytes:
+    """``files`` as an uncompressed tar (names checked: relative, inside the scratch)."""
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, content in files.items():
+            data = content.encode() if isinstance(content, str) else content
+            member = tarfile.TarInfo(_relative(name))
+            member.size, member.mode, member.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(member, io.BytesIO(data))
+    return archive.getvalue()
 
 
 def _relative(name: str) -> str:
