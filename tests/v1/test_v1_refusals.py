@@ -2,8 +2,8 @@
 answers before anything that records a run starts: exit 2, one line naming the problem
 and the fix, no process started (no MLflow tracker, no registry child), nothing written.
 Tracking and the registry are on, as a user has them. ``v1_needs_box``
-(tests/verifiers_v1_envs) is a taskset whose tasks run in a container. Their time is
-measured in bench/refusal_time.py."""
+(tests/verifiers_v1_envs) is a taskset whose tasks run in a container, refused when its
+image is not on the host. Their time is measured in bench/refusal_time.py."""
 
 from __future__ import annotations
 
@@ -20,14 +20,19 @@ VFOPS = str(Path(sys.executable).parent / "vfops")
 CLOSED = "http://127.0.0.1:9/v1"  # never asked: each is refused before the endpoint is
 
 CASES = {
-    "task-image": (
+    "task-image-not-on-host": (
         ["v1_needs_box"],
-        ["task 0 of taskset 'v1_needs_box' needs a container runtime (image "
-         "'localhost/v1-box:latest')", "run it with verifiers' own eval"],
+        ["task 0 of taskset 'v1_needs_box' needs image 'localhost/v1-box:latest', which is "
+         "not on this host (podman)", "--image-map localhost/v1-box:latest=LOCAL"],
     ),
-    "task-needs-container": (
+    "task-needs-container-default-image": (
         ["v1_needs_box", "-a", '{"image": null, "sealed": true}'],
-        ["needs a container runtime (a container)", "--env.agent.runtime.type docker"],
+        ["needs image 'docker.io/library/python:3.11-slim'",
+         "--image-map docker.io/library/python:3.11-slim=LOCAL"],
+    ),
+    "image-map-malformed": (
+        ["v1_needs_box", "--image-map", "no-equals-sign"],
+        ["--image-map takes NAME=LOCAL", "'no-equals-sign'"],
     ),
     "taskset-field-unknown": (
         ["v1_arith", "-a", '{"sizee": 3}'],
@@ -53,7 +58,8 @@ CASES = {
 def test_a_refusal_starts_nothing_and_writes_nothing(case: str, tmp_path: Path) -> None:
     args, phrases = CASES[case]
     refusal = run_refusal(VFOPS, ["eval", *args, "-m", "stub-model", "-b", CLOSED], tmp_path)
-    assert_refused(refusal, *phrases)
+    # is the task's image on the host? the engine's answer is the check
+    assert_refused(refusal, *phrases, queries=("'image', 'inspect'",))
 
 
 def test_verifiers_builtin_tasksets_are_imported_only_when_asked_for(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vfops._errors import InvalidArgumentError, MissingExtraError, VfopsError
@@ -43,6 +43,7 @@ from vfops._rollout import (
     TokenUsage,
     episode_of,
 )
+from vfops._rollout_scope import rollout_scope
 from vfops._tool_counts import FIRST_TOOL_ERROR, TOOL_CALLS, TOOL_ERRORS
 from vfops._types import Messages, SamplingArgs, State
 from vfops.adapters._group import GroupEnvironment
@@ -88,17 +89,20 @@ def load_taskset_environment(module: str, name: str, /, **args: Any) -> TasksetE
     vf = _import_v1()
     from vfops.adapters._v1_config import env_config
 
-    config, notes = env_config(vf, module, name, args)
-    try:
-        env = vf.load_environment(config)
-    except VfopsError:
-        raise
-    except Exception as exc:
-        raise VfopsError(
-            f"taskset '{name}' could not be built: {type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}"
-        ) from exc
-    return TasksetEnvironment(env, name=name, notes=notes)
+    def build(runtime: str) -> tuple[Any, list[str]]:
+        config, notes = env_config(vf, module, name, args, runtime)
+        try:
+            return vf.load_environment(config), notes
+        except VfopsError:
+            raise
+        except Exception as exc:
+            raise VfopsError(
+                f"taskset '{name}' could not be built: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from exc
+
+    env, notes = build("subprocess")
+    return TasksetEnvironment(env, name=name, notes=notes, rebuild=build)
 
 
 class TasksetEnvironment(GroupEnvironment):
@@ -113,10 +117,20 @@ class TasksetEnvironment(GroupEnvironment):
 
     library = "verifiers-v1"
 
-    def __init__(self, vf_env: Any, *, name: str, notes: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        vf_env: Any,
+        *,
+        name: str,
+        notes: Sequence[str] = (),
+        rebuild: Callable[[str], tuple[Any, list[str]]] | None = None,
+    ) -> None:
         from verifiers.v1.envs.single_agent import SingleAgentEnv
 
         self.vf_env = vf_env
+        self._rebuild = rebuild
+        """Builds the ``Env`` again on a container runtime (``podman``, ``docker``) when its
+        tasks need one (known once its tasks are loaded)."""
         self._tasks: dict[int, Any] = {}
         self._built: list[dict[str, Any]] | None = None
         self._limit: int | None = None
@@ -164,17 +178,38 @@ class TasksetEnvironment(GroupEnvironment):
     def _load_rows(self) -> list[dict[str, Any]]:
         import itertools
 
+        from vfops.adapters._v1_containers import (
+            container_engine,
+            install_labelled_runtimes,
+            needs_container,
+            place_in_container,
+        )
         from vfops.adapters._v1_support import check_supported, task_row
 
         taskset = self.vf_env.taskset
         if self.infinite and self._limit is None:
             self.eval_size()  # refuses: an infinite taskset runs with a number of tasks
+        tasks = list(itertools.islice(taskset, self._limit if self.infinite else None))
+        if any(map(needs_container, tasks)) and self._rebuild is not None:
+            # verifiers' own podman/docker runtime for every role, as vf-eval would run it
+            where = f"taskset '{self.name}'"
+            self.vf_env, _ = self._rebuild(container_engine(where))
+            self._rebuild = None
+            install_labelled_runtimes()
+            return self._load_rows()
         rows = []
-        for task in itertools.islice(taskset, self._limit if self.infinite else None):
+        for task in tasks:
             check_supported(self.name, task)
+            container = None
+            if needs_container(task):
+                where = f"task {task.data.idx} of taskset '{self.name}'"
+                container = place_in_container(task, where)
             contain_task_class(type(task))  # its rewards and metrics: in scoring workers
             self._tasks[int(task.data.idx)] = task
-            rows.append(task_row(task))
+            row = task_row(task)
+            if container is not None:
+                row["info"]["container"] = container
+            rows.append(row)
         return rows
 
     async def aclose(self) -> None:
@@ -197,8 +232,10 @@ class TasksetEnvironment(GroupEnvironment):
         ctx = serving.context(client, model, self.merged_sampling_args(sampling_args))
 
         async def one(index: int) -> list[tuple[State, RolloutScore]]:
-            async with limiter or contextlib.nullcontext():
-                return await serving.episode(task, ctx, example, index, self.multi_trace)
+            # a container the episode starts is labelled with its rollout
+            with rollout_scope(example.example_id, index):
+                async with limiter or contextlib.nullcontext():
+                    return await serving.episode(task, ctx, example, index, self.multi_trace)
 
         episodes = await asyncio.gather(*map(one, rollout_indices))
         done = [pair for pairs in episodes for pair in pairs]

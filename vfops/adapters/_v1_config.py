@@ -21,7 +21,9 @@ _IN_PROCESS_HARNESSES = frozenset({"null", HARNESS_ID})
 """The harnesses whose loop vfops runs in-process: ``null`` is the one it replaces."""
 
 
-def env_config(vf: Any, module: str, name: str, args: dict[str, Any]) -> tuple[Any, list[str]]:
+def env_config(
+    vf: Any, module: str, name: str, args: dict[str, Any], runtime: str = "subprocess"
+) -> tuple[Any, list[str]]:
     """The run's ``EnvConfig``, and notes on what vfops runs differently from a plain
     ``vf-eval`` of the taskset (printed with the run's summary, kept in its metadata)."""
     from pydantic import ValidationError
@@ -41,7 +43,8 @@ def env_config(vf: Any, module: str, name: str, args: dict[str, Any]) -> tuple[A
     for role, spec in _roles(config).items():
         if _check_harness(vf, name, module, spec) == _VERIFIERS_DEFAULT:
             notes.append(_default_harness_note(role))
-        raw[role] = {"harness": {"id": HARNESS_ID}, "runtime": {"type": "subprocess"}}
+        # a taskset whose tasks need a container: verifiers' own podman/docker runtime
+        raw[role] = {"harness": {"id": HARNESS_ID}, "runtime": {"type": runtime}}
     return vf.resolve_env_config(raw), notes
 
 

@@ -63,7 +63,7 @@ class InProcessChatHarness(NullHarness):  # type: ignore[misc]
         data: TaskData,
         tool_interception_url: str | None = None,
     ) -> ProgramResult:
-        interception = interception_at(endpoint)
+        interception = interception_at(endpoint) or interception_at(_unproxied(endpoint, runtime))
         if interception is None:
             raise VfopsError(
                 f"the vfops harness runs only under vfops (no in-process interception at "
@@ -84,6 +84,28 @@ class InProcessChatHarness(NullHarness):  # type: ignore[misc]
             # the MCP client's task group wraps what failed (a server it cannot reach):
             # the trace's error names that cause, not "unhandled errors in a TaskGroup"
             raise _leaf(group) from group
+
+
+def _unproxied(endpoint: str, runtime: Runtime) -> str:
+    """The interception's own URL behind the callback a container runtime gave the harness
+    (``http://<proxy>/.vf-host/<token>/v1``: what a program in the container would call).
+    The loop runs here, in the eval's process: it talks to the interception directly."""
+    from urllib.parse import urlsplit
+
+    path = urlsplit(endpoint).path
+    if not path.startswith(_CALLBACK_PREFIX):
+        return endpoint
+    token, _, rest = path.removeprefix(_CALLBACK_PREFIX).partition("/")
+    callbacks = getattr(getattr(runtime, "_proxy", None), "_callbacks", None) or {}
+    callback = callbacks.get(token)
+    if callback is None:
+        return endpoint
+    return f"{callback.scheme}://{callback.authority}/{rest}"
+
+
+_CALLBACK_PREFIX = "/.vf-host/"
+"""verifiers' Docker/Podman runtimes route a container's calls to the host through their
+egress proxy under this path (``verifiers/v1/runtimes/docker/egress.py``)."""
 
 
 def _opening(system_prompt: str | None, prompt: Any) -> list[dict[str, Any]]:

@@ -17,19 +17,13 @@ _TASK_DATA_FIELDS = frozenset(
 
 
 def check_supported(name: str, task: Any) -> None:
-    """Refuse, in one line naming what it needs, a task vfops does not run in-process."""
+    """Refuse, in one line naming what it needs, a task vfops does not run."""
     data = task.data
     where = f"task {data.idx} of taskset '{name}'"
-    if getattr(type(task), "NEEDS_CONTAINER", False) or data.image:
-        need = f"image {data.image!r}" if data.image else "a container"
-        raise VfopsError(
-            f"{where} needs a container runtime ({need}); vfops runs v1 tasks in-process: "
-            "run it with verifiers' own eval and --env.agent.runtime.type docker"
-        )
     if data.agent_user or data.artifacts or data.resources.gpu:
         raise VfopsError(
             f"{where} needs a sandbox (agent_user, artifacts or a GPU); vfops runs v1 tasks "
-            "in-process: run it with verifiers' own eval in a container runtime"
+            "in-process or in a container without them: run it with verifiers' own eval"
         )
 
 

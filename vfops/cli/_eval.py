@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from vfops._errors import VfopsError
+from vfops._image_map import parse_image_map
 from vfops._jsonarg import parse_json_object
 from vfops.cli._eval_display import EvalDisplay, print_summary
 from vfops.cli._exit_codes import result_exit_code
@@ -64,6 +65,15 @@ def eval_command(
             "--env-args",
             "-a",
             help="JSON object passed to load_environment, or @FILE (.json, or .toml).",
+        ),
+    ] = None,
+    image_map: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--image-map",
+            help="NAME=LOCAL: run tasks that name image NAME in local image LOCAL "
+            "(repeatable; v1 tasks that need a container).",
+            show_default=False,
         ),
     ] = None,
     temperature: TemperatureOption = None,
@@ -200,6 +210,7 @@ def eval_command(
         sampling_args=sampling,
         env_args=parse_json_object(env_args, "--env-args"),
         pass_threshold=pass_threshold,
+        image_map=parse_image_map(image_map or []),
     )
     options = ModelOptions(
         base_url=base_url,

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vfops._errors import VfopsError
+from vfops._image_map import image_map_scope
 from vfops._paths import check_writable_folder
 from vfops._redact import public_url
 from vfops._settings import registry_retry_s, scoring_timeout_s
@@ -120,9 +121,12 @@ async def evaluate_async(
         if env is None:
             from vfops.envs import load_environment
 
-            env = load_environment(request.env_name, **request.env_args)  # copied there
+            with image_map_scope(request.image_map):  # what a taskset's tasks run in
+                env = load_environment(request.env_name, **request.env_args)  # copied there
         # recorded as what runs: -1 (all) and an N above the dataset's size are its size
-        request.num_examples = _examples_to_run(env, request)
+        # (its rows loaded here: a task's container image is mapped and checked)
+        with image_map_scope(request.image_map):
+            request.num_examples = _examples_to_run(env, request)
         if client is not None:
             base_url = request.base_url or model_opts.base_url
             request.base_url = base_url and public_url(base_url)  # recorded: no credentials

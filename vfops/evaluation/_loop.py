@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vfops._errors import VfopsError
+from vfops._image_map import image_map_scope
 from vfops._rollout import RolloutRecord
 from vfops._rollout_scope import run_scope
 from vfops.costs import BudgetExhausted
@@ -182,7 +183,7 @@ async def _run_locked(context: RunContext, metadata: dict[str, Any]) -> EvalResu
             opened = OpenedRun(plan.run_id, plan.run_dir, plan.action, context.planned, len(done))
             context.progress.opened(opened)
         # containers a rollout starts are labelled with the run (vfops.sandbox)
-        with run_scope(plan.run_id or plan.run_dir.name):
+        with run_scope(plan.run_id or plan.run_dir.name), image_map_scope(plan.request.image_map):
             await run_rollouts(context.env, context.client, plan.request, done, delivery.handle)
         status = "completed"
     except SinkError as exc:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vfops._errors import VfopsError
+from vfops._image_map import check_image_map
 from vfops._plain_json import check_plain_json
 from vfops._rollout import RolloutRecord
 from vfops._sampling import sampling_problems
@@ -50,9 +51,14 @@ class EvalRequest:
     pass_threshold: float = 1.0
     tags: list[str] = field(default_factory=list)
     """Which schedule made the run (e.g. ``nightly:2026-11-29``); part of its identity."""
+    image_map: dict[str, str] = field(default_factory=dict)
+    """Image a task names -> local image its container runs (``--image-map``); part of
+    the run's identity when set (another image is another run)."""
 
     def identity(self) -> dict[str, Any]:
+        mapped = {"image_map": dict(sorted(self.image_map.items()))} if self.image_map else {}
         return {
+            **mapped,
             "env_name": self.env_name,
             "env_args": self.env_args,
             "model": self.model,
@@ -76,6 +82,7 @@ class EvalRequest:
         # recorded as JSON with the run: an object found here, not after every rollout
         check_plain_json(self.env_args, "env_args", "-a/--env-args")
         check_plain_json(self.sampling_args, "sampling_args", "-S/--sampling-args")
+        check_image_map(self.image_map, "--image-map")
 
 
 def new_run_dir(output_root: Path, env_name: str, model: str, run_id: str | None = None) -> Path:

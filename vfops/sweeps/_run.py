@@ -265,6 +265,7 @@ async def run_cell_async(
         base_url=base_url,
         pass_threshold=cell.pass_threshold,
         tags=tags,
+        image_map=dict(cell.image_map),
     )
     recording = RunOptions(
         output_root=output_root or vfops_home() / "outputs",

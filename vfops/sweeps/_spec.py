@@ -193,6 +193,13 @@ class SweepSpec(ConfigModel):
             "tags make new runs while the same tags resume or reuse the earlier ones."
         ),
     )
+    image_map: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Image a task names -> the local image its container runs in (vfops eval's "
+            "--image-map), for v1 tasks that need a container."
+        ),
+    )
     max_cost: float | None = Field(
         default=None,
         gt=0,
@@ -280,6 +287,7 @@ class Cell(BaseModel):
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_retries: int = Field(default=5, ge=0)
     tags: list[str] = Field(default_factory=list)
+    image_map: dict[str, str] = Field(default_factory=dict)
     cost_caps: dict[str, float | None] = Field(
         default_factory=dict, description="Ledger scopes the cell spends against, and caps."
     )
@@ -362,6 +370,7 @@ def plan_sweep(spec: SweepSpec, pinned: Mapping[str, str] | None = None) -> list
                         request_timeout_s=spec.request_timeout_s,
                         max_retries=spec.max_retries,
                         tags=list(spec.tags),
+                        image_map=dict(spec.image_map),
                         cost_caps=spec.cost_caps(),
                     )
                 )
