@@ -322,7 +322,7 @@ def test_listed_by_library_and_arguments_checked(
     assert unknown.returncode == 2 and "'sizes'" in unknown.stderr, unknown.stderr
 
 
-def test_a_container_task_is_refused_before_any_request(
+def test_a_container_task_whose_image_is_not_here_is_refused_before_any_request(
     stub: StubServer, home: dict[str, str], tmp_path: Path
 ) -> None:
     package = tmp_path / "site" / "boxed_task"
@@ -348,7 +348,9 @@ def test_a_container_task_is_refused_before_any_request(
     done = vfops(["eval", "boxed_task", "-m", "stub-model", "-b", stub.base_url], env, tmp_path)
     assert done.returncode != 0
     (line,) = done.stderr.strip().splitlines()
-    assert "needs a container runtime" in line and "task 0" in line, line
+    # it needs a container of the runtime's default image, which this host does not have
+    assert "task 0" in line and "needs image 'docker.io/library/python:3.11-slim'" in line
+    assert "--image-map docker.io/library/python:3.11-slim=LOCAL" in line, line
     assert stub.stats["requests"] == before
 
 

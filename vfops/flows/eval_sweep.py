@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
 from vfops._errors import VfopsError
-from vfops.orchestration import FanOut, fan_out, flow_run_link
+from vfops.orchestration import SANDBOX_LIMIT, FanOut, PrefectFleetGate, fan_out, flow_run_link
+from vfops.sandbox import fleet_gate_scope
 from vfops.sweeps import (
     Cell,
     SweepSpec,
@@ -98,14 +99,17 @@ async def _evaluate_cell(
                 min(budget.max_concurrent, cell.max_concurrent) if budget.max_concurrent else None
             ),
         )
+    # each sandbox container of the cell holds a slot of the fleet's limit too
+    gate = PrefectFleetGate(SANDBOX_LIMIT, limit=cell.max_sandboxes)
     try:
-        result = await run_cell_async(
-            cell,
-            output_root=Path(output_dir),
-            limiter=limiter,
-            mlflow_parent_run_id=mlflow_parent_run_id,
-            flow_run_id=str(flow_run.get_id() or "") or None,
-        )
+        with fleet_gate_scope(gate):
+            result = await run_cell_async(
+                cell,
+                output_root=Path(output_dir),
+                limiter=limiter,
+                mlflow_parent_run_id=mlflow_parent_run_id,
+                flow_run_id=str(flow_run.get_id() or "") or None,
+            )
     finally:
         if limiter is not None:
             await limiter.aclose()

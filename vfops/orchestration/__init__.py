@@ -75,6 +75,11 @@ if TYPE_CHECKING:
         put_work_pool,
     )
     from vfops.orchestration._runtime import current_flow_run, flow_run_link
+    from vfops.orchestration._sandbox_gate import (
+        DEFAULT_FLEET_CONTAINERS,
+        SANDBOX_LIMIT,
+        PrefectFleetGate,
+    )
     from vfops.orchestration._schedules import check_cron
 
 _MODULES: dict[str, tuple[str, ...]] = {
@@ -112,6 +117,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "gpu_slots",
         "read_rate_limit",
     ),
+    "_sandbox_gate": ("DEFAULT_FLEET_CONTAINERS", "SANDBOX_LIMIT", "PrefectFleetGate"),
     "_pools": (
         "IMAGE_POOL_TYPES",
         "POOL_TYPES",
@@ -132,6 +138,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
 __all__ = [
     "DEFAULT_ACQUIRE_TIMEOUT_S",
     "DEFAULT_CRASHED_GRACE_S",
+    "DEFAULT_FLEET_CONTAINERS",
     "DEFAULT_HEARTBEAT_TIMEOUT_S",
     "DEFAULT_LEASE_DURATION_S",
     "DEFAULT_NIGHTLY_CRON",
@@ -142,6 +149,7 @@ __all__ = [
     "IMAGE_POOL_TYPES",
     "POOL_TYPES",
     "RESCHEDULE_AUTOMATION",
+    "SANDBOX_LIMIT",
     "ZOMBIE_AUTOMATION",
     "DeployOptions",
     "DeploymentSpec",
@@ -150,6 +158,7 @@ __all__ = [
     "LimitsInfo",
     "NightlyDeployment",
     "PoolType",
+    "PrefectFleetGate",
     "PrefectRequestLimiter",
     "cell_automations",
     "check_api",

@@ -11,6 +11,8 @@ on demand). At most ``VFOPS_SANDBOX_MAX_CONTAINERS`` live on a host at once.
 
 - :class:`Sandbox`, :func:`run_in_sandbox`: one container, commands and files.
 - :class:`SandboxPool`: warm containers, one per piece of work.
+- :class:`FleetGate`, :func:`fleet_gate_scope`: a limit across machines (a sweep's
+  Prefect global concurrency limit) on top of the host's.
 - :class:`SandboxLimits`, :class:`ExecResult`, :class:`SandboxInfo`, :class:`SandboxError`.
 - :func:`build_base_image`, :func:`default_image`: the Debian + python3 base image.
 - :func:`collect_garbage`, :func:`reap_dead_owners`: what dead processes left.
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     )
     from vfops.sandbox._pool import SandboxPool
     from vfops.sandbox._sandbox import ExecResult, Sandbox, SandboxInfo, run_in_sandbox
+    from vfops.sandbox._slots import FleetGate, fleet_gate_scope
 
 _EXPORTS = {
     "CliEngine": "vfops.sandbox._engine",
@@ -76,6 +79,8 @@ _EXPORTS = {
     "Sandbox": "vfops.sandbox._sandbox",
     "SandboxInfo": "vfops.sandbox._sandbox",
     "run_in_sandbox": "vfops.sandbox._sandbox",
+    "FleetGate": "vfops.sandbox._slots",
+    "fleet_gate_scope": "vfops.sandbox._slots",
 }
 
 __all__ = [
@@ -88,6 +93,7 @@ __all__ = [
     "ContainerSpec",
     "ExecOutcome",
     "ExecResult",
+    "FleetGate",
     "GcReport",
     "Removed",
     "Sandbox",
@@ -100,6 +106,7 @@ __all__ = [
     "default_image",
     "engine_name",
     "engine_named",
+    "fleet_gate_scope",
     "max_containers",
     "owner_id",
     "reap_dead_owners",

@@ -76,14 +76,14 @@ class SandboxPool:
         except Exception:
             # a warm start is a head start, no more: the sandbox that would have had it
             # starts its own and raises the engine's error where a rollout records it
-            slot.release()
+            await slot.release()
             return
         except BaseException:
-            slot.release()
+            await slot.release()
             raise
         if self._closed:
             await self.engine.remove([container])
-            slot.release()
+            await slot.release()
             return
         self._warm.put_nowait((container, slot))
 
@@ -115,4 +115,4 @@ class SandboxPool:
             await asyncio.shield(self.engine.remove([c for c, _ in warm]))
         finally:
             for _, slot in warm:
-                slot.release()
+                await slot.release()

@@ -172,7 +172,7 @@ class Sandbox:
         try:
             container = await start_container(self.engine, spec)
         except BaseException:
-            slot.release()
+            await slot.release()
             raise
         self._container, self._slot = container, slot
 
@@ -194,7 +194,7 @@ class Sandbox:
                 untrack(container)
         finally:
             if slot is not None:
-                slot.release()
+                await slot.release()
 
     async def run(
         self,

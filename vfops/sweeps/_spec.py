@@ -200,6 +200,15 @@ class SweepSpec(ConfigModel):
             "--image-map), for v1 tasks that need a container."
         ),
     )
+    max_sandboxes: int = Field(
+        default=64,
+        gt=0,
+        description=(
+            "Sandbox containers the sweep's cells may run at once over every worker (the "
+            "Prefect global concurrency limit sandbox-containers, created this size when "
+            "missing); each worker's host keeps its own VFOPS_SANDBOX_MAX_CONTAINERS too."
+        ),
+    )
     max_cost: float | None = Field(
         default=None,
         gt=0,
@@ -288,6 +297,7 @@ class Cell(BaseModel):
     max_retries: int = Field(default=5, ge=0)
     tags: list[str] = Field(default_factory=list)
     image_map: dict[str, str] = Field(default_factory=dict)
+    max_sandboxes: int = Field(default=64, gt=0)
     cost_caps: dict[str, float | None] = Field(
         default_factory=dict, description="Ledger scopes the cell spends against, and caps."
     )
@@ -371,6 +381,7 @@ def plan_sweep(spec: SweepSpec, pinned: Mapping[str, str] | None = None) -> list
                         max_retries=spec.max_retries,
                         tags=list(spec.tags),
                         image_map=dict(spec.image_map),
+                        max_sandboxes=spec.max_sandboxes,
                         cost_caps=spec.cost_caps(),
                     )
                 )
