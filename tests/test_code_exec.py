@@ -25,7 +25,7 @@ import pytest
 from tests.sandbox_fixtures import base_image, containers
 from tests.test_bad_input import vfops
 from vfops.evaluation import iter_records
-from vfops.sandbox import OWNER_LABEL, owner_id
+from vfops.sandbox import OWNER_LABEL, RUN_LABEL, owner_id
 from vfops.testing import StubConfig, StubServer
 
 __all__ = ["base_image"]
@@ -74,13 +74,13 @@ CODE = {
         "    with open('fill', 'wb') as f:\n"
         "        while True: f.write(b'0' * 1048576)"
     ),
-    # prints 64 MiB a call, then answers right: the harness throws the output away, so
+    # prints 16 MiB a call, then answers right: the harness throws the output away, so
     # the honest reward is the tests' (1.0), and the run is unharmed (a gigabyte printed
     # straight to the sandbox's output is tests/test_sandbox.py's)
     "second_largest": (
         "import sys\n"
         "def second_largest(xs):\n"
-        "    for _ in range(64): sys.stdout.write('x' * 1048576)\n"
+        "    for _ in range(16): sys.stdout.write('x' * 1048576)\n"
         "    return sorted(set(xs))[-2] if len(set(xs)) > 1 else None"
     ),
     "dedupe": "def dedupe(xs):\n    while True: pass",
@@ -125,12 +125,13 @@ def test_rewards_are_the_hidden_tests_and_every_attack_is_contained(
     tmp_path: Path, stub: StubServer, base_image: str
 ) -> None:
     extra = {"OPENAI_API_KEY": SECRET, "VFOPS_SANDBOX_IMAGE": base_image}
+    # 5 s a test: a right answer is never cut short on a loaded machine (the hostile
+    # ones that run on are cut at it)
     args = ["eval", "code_exec", "-m", "stub-model", "-b", stub.base_url, "-n", "12",
-            "-r", "1", "-c", "4", "-o", str(tmp_path / "out"), "-q"]  # fmt: skip
-    began = time.monotonic()
+            "-r", "1", "-c", "12", "-a", '{"per_test_s": 5.0}', "-o", str(tmp_path / "out"),
+            "-q"]  # fmt: skip
     proc = vfops(args, tmp_path, extra)
     assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - began < 110  # nothing ran to its 60 s scoring limit
     found = records(tmp_path / "out")
     assert sorted(found) == sorted(CODE)
     rewards = {name: record.reward for name, record in found.items()}
@@ -141,6 +142,9 @@ def test_rewards_are_the_hidden_tests_and_every_attack_is_contained(
     assert all(record.error is None for record in found.values())
     assert SECRET not in proc.stdout + proc.stderr
     assert not Path("/etc/pwned").exists()
+    (metadata,) = (tmp_path / "out").glob("evals/*/*/metadata.json")
+    run = json.loads(metadata.read_text())["run_id"]
+    assert containers(RUN_LABEL, run) == []  # the warm pool's went too, before the exit
 
 
 def _buggy_digits_sum(tests: list[Any]) -> float:
@@ -251,3 +255,26 @@ def test_a_missing_image_is_each_rollouts_error_never_a_tool_output(tmp_path: Pa
         assert record.reward is None and record.error is not None
         assert "is not on this host" in record.error.message
         assert not [m for m in record.completion if m["role"] == "tool"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signalled_eval_removes_its_containers_before_it_exits(
+    tmp_path: Path, base_image: str, signum: int
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    with StubServer(StubConfig(reply_mode=killer_reply)) as server:
+        eval_proc = subprocess.Popen(
+            [sys.executable, "-m", "vfops", "eval", "code_exec", "-m", "stub-model",
+             "-b", server.base_url, "-n", "8", "-r", "1", "-c", "8",
+             "-a", '{"per_test_s": 5.0}', "-o", str(tmp_path / "out"), "-q"],
+            env=_env(home, base_image), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        owner = owner_id(eval_proc.pid)
+        deadline = time.monotonic() + 90
+        while len(containers(OWNER_LABEL, owner)) < 3:  # scoring in running containers
+            assert eval_proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        eval_proc.send_signal(signum)
+        assert eval_proc.wait(timeout=120) != 0  # interrupted: not a result
+    assert containers(OWNER_LABEL, owner) == []  # gone before it exited

@@ -16,10 +16,13 @@ def _exit_now(code: object) -> None:
     import logging
 
     from vfops._descendants import end_descendants
+    from vfops.sandbox import remove_live_containers
 
     # the tracker and the scoring workers have ended: what is left below is what the
     # environment's own code started (setsid daemons included, handed back here)
     end_descendants()
+    # and the containers its sandboxes still hold (a warm pool's): atexit never runs here
+    remove_live_containers()
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         SANDBOX_LABEL,
         owner_id,
         reap_dead_owners,
+        remove_live_containers,
         sandboxes_used,
     )
     from vfops.sandbox._pool import SandboxPool
@@ -74,6 +75,7 @@ _EXPORTS = {
     "owner_id": "vfops.sandbox._owners",
     "reap_dead_owners": "vfops.sandbox._owners",
     "sandboxes_used": "vfops.sandbox._owners",
+    "remove_live_containers": "vfops.sandbox._owners",
     "SandboxPool": "vfops.sandbox._pool",
     "ExecResult": "vfops.sandbox._sandbox",
     "Sandbox": "vfops.sandbox._sandbox",
@@ -110,6 +112,7 @@ __all__ = [
     "max_containers",
     "owner_id",
     "reap_dead_owners",
+    "remove_live_containers",
     "run_in_sandbox",
     "sandboxes_used",
 ]

@@ -90,7 +90,7 @@ def track(container: str, engine: str) -> None:
             (folder / owner).write_text(engine)
             _marked.add(owner)
             if len(_marked) == 1:
-                atexit.register(_remove_live_at_exit)
+                atexit.register(remove_live_containers)
 
 
 def note_use(engine: str, image: str, limits: dict[str, Any]) -> None:
@@ -123,8 +123,11 @@ def untrack(container: str) -> None:
         _live.pop(container, None)
 
 
-def _remove_live_at_exit() -> None:
-    # what a finally did not get to (an exit from a thread, sys.exit mid-rollout)
+def remove_live_containers() -> None:
+    """Remove every container this process still holds (a warm pool's, one a finally did
+    not get to) and its owner marker: at interpreter exit, and before an ``os._exit``
+    (``vfops eval`` skips the interpreter's teardown). Nothing to do, no engine call, for
+    a process that never started one."""
     from vfops.sandbox._engine import engine_named
 
     with _lock:
