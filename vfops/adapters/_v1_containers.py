@@ -93,8 +93,16 @@ def install_labelled_runtimes() -> None:
 
 def _labelled(base: type) -> type:
     from vfops._rollout_scope import current_scope
-    from vfops.sandbox import OWNER_LABEL, ROLLOUT_LABEL, RUN_LABEL, SANDBOX_LABEL, owner_id
-    from vfops.sandbox._owners import note_use, track, untrack
+    from vfops.sandbox import (
+        OWNER_LABEL,
+        ROLLOUT_LABEL,
+        RUN_LABEL,
+        SANDBOX_LABEL,
+        note_sandbox_use,
+        owner_id,
+        track_container,
+        untrack_container,
+    )
 
     class Labelled(base):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -116,15 +124,17 @@ def _labelled(base: type) -> type:
                 await super().start()
             finally:
                 if getattr(self, "_container", None):
-                    track(self._container, self.engine)
-            note_use(self.engine, self.config.image, self.config.model_dump(exclude={"type"}))
+                    track_container(self._container, self.engine)
+            note_sandbox_use(
+                self.engine, self.config.image, self.config.model_dump(exclude={"type"})
+            )
 
         def cleanup(self) -> None:
             try:
                 super().cleanup()
             finally:
                 if getattr(self, "_container", None):
-                    untrack(self._container)
+                    untrack_container(self._container)
 
     Labelled.__name__ = Labelled.__qualname__ = base.__name__
     return Labelled

@@ -15,7 +15,9 @@ on demand). At most ``VFOPS_SANDBOX_MAX_CONTAINERS`` live on a host at once.
   Prefect global concurrency limit) on top of the host's.
 - :class:`SandboxLimits`, :class:`ExecResult`, :class:`SandboxInfo`, :class:`SandboxError`.
 - :func:`build_base_image`, :func:`default_image`: the Debian + python3 base image.
-- :func:`collect_garbage`, :func:`reap_dead_owners`: what dead processes left.
+- :func:`collect_garbage`, :func:`reap_dead_owners`: what dead processes left;
+  :func:`track_container`, :func:`untrack_container`, :func:`note_sandbox_use`: a
+  container another library's runtime starts, handed to the same cleanup and record.
 - :class:`ContainerEngine`, :class:`CliEngine`, :func:`engine_named`: the engine seam.
 
 Importing this package is cheap (the CLI reaps at every start); the rest loads on use.
@@ -38,19 +40,23 @@ if TYPE_CHECKING:
     )
     from vfops.sandbox._gc import GcReport, Removed, collect_garbage
     from vfops.sandbox._image import build_base_image, default_image
-    from vfops.sandbox._limits import SandboxLimits, engine_name, max_containers
+    from vfops.sandbox._limits import SandboxLimits
     from vfops.sandbox._owners import (
         OWNER_LABEL,
         ROLLOUT_LABEL,
         RUN_LABEL,
         SANDBOX_LABEL,
+        note_sandbox_use,
         owner_id,
         reap_dead_owners,
         remove_live_containers,
         sandboxes_used,
+        track_container,
+        untrack_container,
     )
     from vfops.sandbox._pool import SandboxPool
     from vfops.sandbox._sandbox import ExecResult, Sandbox, SandboxInfo, run_in_sandbox
+    from vfops.sandbox._settings import engine_name, max_containers
     from vfops.sandbox._slots import FleetGate, fleet_gate_scope
 
 _EXPORTS = {
@@ -66,13 +72,16 @@ _EXPORTS = {
     "build_base_image": "vfops.sandbox._image",
     "default_image": "vfops.sandbox._image",
     "SandboxLimits": "vfops.sandbox._limits",
-    "engine_name": "vfops.sandbox._limits",
-    "max_containers": "vfops.sandbox._limits",
+    "engine_name": "vfops.sandbox._settings",
+    "max_containers": "vfops.sandbox._settings",
     "OWNER_LABEL": "vfops.sandbox._owners",
     "ROLLOUT_LABEL": "vfops.sandbox._owners",
     "RUN_LABEL": "vfops.sandbox._owners",
     "SANDBOX_LABEL": "vfops.sandbox._owners",
     "owner_id": "vfops.sandbox._owners",
+    "note_sandbox_use": "vfops.sandbox._owners",
+    "track_container": "vfops.sandbox._owners",
+    "untrack_container": "vfops.sandbox._owners",
     "reap_dead_owners": "vfops.sandbox._owners",
     "sandboxes_used": "vfops.sandbox._owners",
     "remove_live_containers": "vfops.sandbox._owners",
@@ -110,11 +119,14 @@ __all__ = [
     "engine_named",
     "fleet_gate_scope",
     "max_containers",
+    "note_sandbox_use",
     "owner_id",
     "reap_dead_owners",
     "remove_live_containers",
     "run_in_sandbox",
     "sandboxes_used",
+    "track_container",
+    "untrack_container",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

@@ -18,10 +18,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 from vfops._errors import SandboxError
-from vfops.sandbox._limits import SandboxLimits
+
+if TYPE_CHECKING:
+    from vfops.sandbox._limits import SandboxLimits
 
 __all__ = [
     "DOCKER",
@@ -335,7 +337,7 @@ def _engine_failure(binary: str, verb: str, stderr: bytes, image: str | None) ->
 def resolve_engine(engine: ContainerEngine | str | None) -> ContainerEngine:
     """``engine`` itself, the one registered under a name, or the configured one."""
     if engine is None or isinstance(engine, str):
-        from vfops.sandbox._limits import engine_name
+        from vfops.sandbox._settings import engine_name
 
         return engine_named(engine or engine_name())
     return engine

@@ -79,7 +79,7 @@ def owner_alive(owner: str) -> bool:
     return _start_tick(int(pid_text)) == tick
 
 
-def track(container: str, engine: str) -> None:
+def track_container(container: str, engine: str) -> None:
     """``container`` (of ``engine``) is live in this process: marked, removed at exit."""
     owner = owner_id()
     with _lock:
@@ -93,7 +93,7 @@ def track(container: str, engine: str) -> None:
                 atexit.register(remove_live_containers)
 
 
-def note_use(engine: str, image: str, limits: dict[str, Any]) -> None:
+def note_sandbox_use(engine: str, image: str, limits: dict[str, Any]) -> None:
     """A container of ``image`` with ``limits`` was started on ``engine``."""
     with _lock:
         _used[(engine, image)] = limits
@@ -118,7 +118,7 @@ def sandboxes_used() -> list[dict[str, Any]]:
     return found
 
 
-def untrack(container: str) -> None:
+def untrack_container(container: str) -> None:
     with _lock:
         _live.pop(container, None)
 

@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator, Mapping
 from vfops._rollout_scope import current_scope
 from vfops.sandbox._engine import ContainerEngine, ContainerSpec, SandboxError, resolve_engine
 from vfops.sandbox._image import default_image
-from vfops.sandbox._limits import DEFAULT_LIMITS, SandboxLimits, lifetime_s
+from vfops.sandbox._limits import DEFAULT_LIMITS, SandboxLimits
 from vfops.sandbox._owners import OWNER_LABEL, RUN_LABEL, SANDBOX_LABEL, owner_id
 from vfops.sandbox._sandbox import Sandbox, start_container
+from vfops.sandbox._settings import lifetime_s
 from vfops.sandbox._slots import Slot, acquire_slot
 
 

@@ -32,17 +32,18 @@ from typing import Any, Final, Self
 from vfops._rollout_scope import current_scope
 from vfops.sandbox._engine import ContainerEngine, ContainerSpec, SandboxError, resolve_engine
 from vfops.sandbox._image import default_image
-from vfops.sandbox._limits import DEFAULT_LIMITS, SandboxLimits, lifetime_s
+from vfops.sandbox._limits import DEFAULT_LIMITS, SandboxLimits
 from vfops.sandbox._owners import (
     OWNER_LABEL,
     ROLLOUT_LABEL,
     RUN_LABEL,
     SANDBOX_LABEL,
-    note_use,
+    note_sandbox_use,
     owner_id,
-    track,
-    untrack,
+    track_container,
+    untrack_container,
 )
+from vfops.sandbox._settings import lifetime_s
 from vfops.sandbox._slots import Slot, acquire_slot
 
 _KILL_GRACE_S: Final = 1
@@ -191,7 +192,7 @@ class Sandbox:
         try:
             if container is not None:
                 await self.engine.remove([container])
-                untrack(container)
+                untrack_container(container)
         finally:
             if slot is not None:
                 await slot.release()
@@ -311,8 +312,8 @@ async def start_container(engine: ContainerEngine, spec: ContainerSpec) -> str:
         with contextlib.suppress(Exception):
             await engine.remove([await started])
         raise
-    track(container, engine.name)
-    note_use(engine.name, spec.image, spec.limits.model_dump())
+    track_container(container, engine.name)
+    note_sandbox_use(engine.name, spec.image, spec.limits.model_dump())
     return container
 
 

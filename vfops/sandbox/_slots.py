@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
 
-from vfops.sandbox._limits import max_containers
 from vfops.sandbox._owners import state_dir
+from vfops.sandbox._settings import max_containers
 
 _POLL_S: Final = 0.05
 """How often a process waiting for a slot looks again (another process's unlock is not
