@@ -90,7 +90,7 @@ def test_loss_variants_normalise_differently() -> None:
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
     norm = LossNorm(sequences=2, all_sequences=2, tokens=5, max_tokens=8)
     assert _loss("grpo", logp, mask, norm) == pytest.approx(-1.0)  # mean of per-seq means
-    assert _loss("bnpo", logp, mask, norm) == pytest.approx(-1.0)  # 5 tokens / 5
+    assert _loss("dapo", logp, mask, norm) == pytest.approx(-1.0)  # 5 tokens / 5
     assert _loss("dr_grpo", logp, mask, norm) == pytest.approx(-5 / 16)  # sum / (2 * 8)
 
 
@@ -99,7 +99,7 @@ def test_clipping_stops_the_gradient_outside_the_trust_region() -> None:
     logp = torch.tensor([[0.5, 0.05]], requires_grad=True)  # ratios e^0.5 (clipped), e^0.05
     loss, sums = policy_loss(
         LossInputs(logp, old, torch.tensor([1.0]), torch.ones(1, 2)),
-        LossConfig(type="bnpo", clip_low=0.2, clip_high=0.2, importance_correction="none"),
+        LossConfig(type="dapo", clip_low=0.2, clip_high=0.2, importance_correction="none"),
         LossNorm(1, 1, 2, 2),
     )
     loss.backward()
@@ -112,7 +112,7 @@ def test_kl_term_is_zero_at_the_reference_and_positive_away_from_it() -> None:
     logp = torch.tensor([[-1.0, -2.0]])
     args: tuple[LossConfig, LossNorm] = (
         LossConfig(
-            type="bnpo", clip_low=0.2, clip_high=0.2, beta=0.1, importance_correction="none"
+            type="dapo", clip_low=0.2, clip_high=0.2, beta=0.1, importance_correction="none"
         ),
         LossNorm(1, 1, 2, 2),
     )
@@ -135,7 +135,7 @@ def _gradient(
     loss, sums = policy_loss(
         LossInputs(logp, behaviour, torch.tensor(advantages), torch.ones(rows, len(ratios))),
         LossConfig(
-            type="bnpo",
+            type="dapo",
             clip_low=0.2,
             clip_high=0.2,
             importance_correction=correction,
@@ -149,7 +149,7 @@ def _gradient(
 
 
 def test_truncated_importance_sampling_changes_the_gradient_exactly_as_its_formula_says() -> None:
-    """TIS: per token ``d loss / d logp = -min(r, cap) * A / tokens`` (bnpo), with ``r =
+    """TIS: per token ``d loss / d logp = -min(r, cap) * A / tokens`` (dapo), with ``r =
     exp(logp_trainer - logp_behaviour)``; uncorrected, the clip zeroes the tokens outside
     the trust region instead and weights the rest by ``r`` itself."""
     ratios, advantages, tokens = [0.5, 1.0, 1.5, 3.0], [1.0, -2.0], 8
@@ -185,7 +185,7 @@ def test_mismatch_is_measured_on_trained_tokens_only() -> None:
     logp = torch.tensor([[-9.0, -1.0, -1.2]])
     _, sums = policy_loss(
         LossInputs(logp, behaviour, torch.tensor([1.0]), torch.tensor([[0.0, 1.0, 1.0]])),
-        LossConfig(type="bnpo", clip_low=0.2, clip_high=0.2, importance_correction="tis"),
+        LossConfig(type="dapo", clip_low=0.2, clip_high=0.2, importance_correction="tis"),
         LossNorm(1, 1, 2, 3),
     )
     assert sums["mismatch_ratio_max"] == pytest.approx(1.0)
@@ -204,7 +204,7 @@ def test_micro_batches_add_up_to_the_full_batch_loss() -> None:
         tokens=int(mask.sum()),
         max_tokens=5,
     )
-    for kind in ("grpo", "dr_grpo", "bnpo"):
+    for kind in ("grpo", "dr_grpo", "dapo"):
         cfg = LossConfig(type=kind, clip_low=0.2, clip_high=0.28, importance_correction="none")
         full, _ = policy_loss(LossInputs(logp, old, adv, mask), cfg, norm)
         parts = sum(

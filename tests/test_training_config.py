@@ -51,7 +51,10 @@ def _write(tmp_path: Path, body: str, header: str = HEADER) -> Path:
 @pytest.mark.parametrize(
     ("body", "line"),
     [
-        ("[loss]\ntype = 'ppo'\n", "[loss].type: must be 'grpo', 'dr_grpo' or 'bnpo', got 'ppo'"),
+        (
+            "[loss]\ntype = 'ppo'\n",
+            "[loss].type: unknown loss type 'ppo'; installed: cispo, dapo, dr_grpo, grpo, gspo",
+        ),
         ("[loss]\ntpye = 'grpo'\n", "[loss].tpye: unknown key; did you mean 'type'?"),
         ("[generaton]\n", "[generaton]: unknown table; did you mean 'generation'?"),
         ("[generation]\ngroup_size = 1\n", "[generation].group_size: must be >= 2, got 1"),

@@ -172,7 +172,7 @@ def test_a_packed_row_restarts_positions_per_sequence_and_masks_across_them() ->
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize(
     ("loss_type", "correction", "beta"),
-    [("grpo", "none", 0.0), ("grpo", "tis", 0.1), ("dr_grpo", "tis", 0.0), ("bnpo", "none", 0.0)],
+    [("grpo", "none", 0.0), ("grpo", "tis", 0.1), ("dr_grpo", "tis", 0.0), ("dapo", "none", 0.0)],
 )
 def test_packed_and_padded_losses_and_gradients_agree(
     tiny_dir: Path, attn: str, loss_type: str, correction: str, beta: float

@@ -34,12 +34,21 @@ if TYPE_CHECKING:
     from vfops.training._config import (
         ConfigError,
         GRPOConfig,
+        LossConfig,
         config_from_dict,
         config_help,
         example_config,
         load_config,
     )
     from vfops.training._generation_hf import HFBackend
+    from vfops.training._loss import LossInputs, LossNorm, policy_loss
+    from vfops.training._losses import (
+        LOSS_GROUP,
+        LossVariant,
+        TokenPPO,
+        loss_names,
+        loss_variant,
+    )
     from vfops.training._progress import Progress
     from vfops.training._recipe import GRPORecipe
     from vfops.training._run import (
@@ -54,13 +63,19 @@ if TYPE_CHECKING:
     from vfops.training._tokens import prefix_breaks, rollout_sequences, suffix_ids
 
 __all__ = [
+    "LOSS_GROUP",
     "TOKENS_KEY",
     "ConfigError",
     "GRPOConfig",
     "GRPORecipe",
     "GenerationBackend",
     "HFBackend",
+    "LossConfig",
+    "LossInputs",
+    "LossNorm",
+    "LossVariant",
     "Progress",
+    "TokenPPO",
     "TrainResult",
     "TrainingProcessError",
     "TurnTokens",
@@ -69,6 +84,9 @@ __all__ = [
     "config_help",
     "example_config",
     "load_config",
+    "loss_names",
+    "loss_variant",
+    "policy_loss",
     "prefix_breaks",
     "preflight",
     "resolve_config",
@@ -89,6 +107,15 @@ _LAZY = {
     "example_config": "vfops.training._config",
     "load_config": "vfops.training._config",
     "HFBackend": "vfops.training._generation_hf",
+    "LossConfig": "vfops.training._config",
+    "LossInputs": "vfops.training._loss",
+    "LossNorm": "vfops.training._loss",
+    "policy_loss": "vfops.training._loss",
+    "LOSS_GROUP": "vfops.training._losses",
+    "LossVariant": "vfops.training._losses",
+    "TokenPPO": "vfops.training._losses",
+    "loss_names": "vfops.training._losses",
+    "loss_variant": "vfops.training._losses",
     "GRPORecipe": "vfops.training._recipe",
     "Progress": "vfops.training._progress",
     "TrainResult": "vfops.training._run",

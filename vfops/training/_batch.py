@@ -48,20 +48,28 @@ class Batch:
     truncated: int
     rollouts: int
     min_policy_version: int
+    groups_without_signal: int = 0
+    """Groups left out because their rewards were all equal (``dynamic_sampling``)."""
 
 
 def to_batch(index: int, groups: Groups, generation_s: float, loss: LossConfig) -> Batch:
     """Step ``index``'s batch: group-relative advantages per prompt and agent (a group
     with fewer than two scored rollouts has no baseline and is skipped), every rollout split into
     token sequences, truncated completions masked out when ``loss.mask_truncated``."""
+    from vfops.training._losses import uses_dynamic_sampling
+
     samples: list[Sample] = []
     rewards: list[float] = []
-    generated = truncated = rollouts = 0
+    generated = truncated = rollouts = without_signal = 0
     min_version = index  # no turn can be newer than the step that trains on it
+    drop_flat = uses_dynamic_sampling(loss)
     for kept in (role for states, scores in groups for role in _role_groups(states, scores)):
         if len(kept) < 2:  # no baseline to compare with
             continue
-        advantages = group_advantages([float(r) for _, r in kept], scale=loss.scale_rewards)
+        group_rewards = [float(r) for _, r in kept]
+        flat = drop_flat and max(group_rewards) == min(group_rewards)
+        without_signal += int(flat)
+        advantages = group_advantages(group_rewards, scale=loss.scale_rewards)
         for (state, reward), advantage in zip(kept, advantages, strict=True):
             turns = _turn_tokens(state)
             rollouts += 1
@@ -69,12 +77,17 @@ def to_batch(index: int, groups: Groups, generation_s: float, loss: LossConfig) 
             generated += sum(len(t["completion_ids"]) for t in turns)
             is_truncated = state.get("stop_reason") == "length"
             truncated += int(is_truncated)
+            if flat:  # counted above (its reward, tokens, truncation), never trained on
+                continue
             for seq in rollout_sequences(turns):
                 if is_truncated and loss.mask_truncated:
                     seq.loss_mask = [0] * len(seq.loss_mask)
                 min_version = min(min_version, seq.policy_version)
                 samples.append(Sample(seq, advantage))
-    return Batch(index, samples, rewards, generation_s, generated, truncated, rollouts, min_version)
+    return Batch(
+        index, samples, rewards, generation_s, generated, truncated, rollouts, min_version,
+        groups_without_signal=without_signal,
+    )  # fmt: skip
 
 
 def _role_groups(

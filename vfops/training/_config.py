@@ -47,14 +47,20 @@ __all__ = [
     "load_config",
 ]
 
-LossType = Literal["grpo", "dr_grpo", "bnpo"]
 BackendName = Literal["hf", "vllm"]
 SyncMode = Literal["filesystem", "nccl"]
 TokenMode = Literal["continue", "retokenize"]
 Precision = Literal["auto", "bf16", "fp32"]
-ImportanceCorrection = Literal["none", "tis"]
+ImportanceCorrection = Literal["none", "tis", "mis"]
 SchedulerName = Literal["constant", "linear", "cosine"]
 AttnImplementation = Literal["auto", "flash_attention_2", "sdpa", "eager"]
+
+
+def _loss_name(name: str) -> str:
+    # an installed variant's name (entry points: no import of torch or of the variant)
+    from vfops.training._losses import check_loss_name
+
+    return check_loss_name(name)
 
 
 SEED_MAX = 2**32 - 1
@@ -329,26 +335,45 @@ class GenerationConfig(VLLMServerSettings):
 
 
 class LossConfig(_Section):
-    type: LossType = Field(
+    type: Annotated[str, AfterValidator(_loss_name)] = Field(
         default="grpo",
         description=(
-            "'grpo': token mean per sequence, then mean over sequences; 'dr_grpo': token "
-            "sum / (sequences * max_tokens) (no length bias); 'bnpo': token mean over the batch."
+            "The loss variant, by name (vfops.losses entry points; each class's docstring "
+            "has its formula): 'grpo': token mean per sequence, then mean over sequences; "
+            "'dr_grpo': token sum / (sequences * max_tokens) (no length bias); 'dapo': token "
+            "mean over the step, clip-higher (0.28), groups without signal left out; 'gspo': "
+            "a sequence-level ratio, clipped per sequence (3e-4 / 4e-4); 'cispo': REINFORCE "
+            "with a clipped, stopped-gradient importance weight, token mean. ('bnpo' is now "
+            "'dapo'.)"
         ),
     )
-    clip_low: float = Field(
-        default=0.2,
+    clip_low: float | None = Field(
+        default=None,
         ge=0,
         lt=1,
         description=(
-            "PPO clip: ratio >= 1 - clip_low (below 1). The ratio is against the old policy: "
-            "with importance_correction = 'tis' the weights being updated (1 at the one "
-            "update a batch gets, so the truncated weight bounds the step instead); with "
-            "'none' the behaviour log-probs."
+            "PPO clip: ratio >= 1 - clip_low (unset: the variant's, 0.2; gspo 3e-4). The "
+            "ratio is against the old policy: with importance_correction 'tis' or 'mis' "
+            "the weights being updated, so with one optimiser step per generated batch it "
+            "is 1 and the clip never binds (the mismatch weight bounds the step instead); "
+            "with 'none' the behaviour log-probs."
         ),
     )
-    clip_high: float = Field(
-        default=0.2, ge=0, description="PPO clip: ratio <= 1 + clip_high (see clip_low)."
+    clip_high: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "PPO clip: ratio <= 1 + clip_high (unset: the variant's, 0.2; dapo and cispo "
+            "0.28, gspo 4e-4); see clip_low."
+        ),
+    )
+    dynamic_sampling: bool | None = Field(
+        default=None,
+        description=(
+            "Leave out of the step every group whose rewards are all equal (no signal; "
+            "DAPO's dynamic sampling, without sampling more). Unset: the variant's (on for "
+            "dapo)."
+        ),
     )
     scale_rewards: bool = Field(
         default=True,
@@ -370,14 +395,18 @@ class LossConfig(_Section):
             "trainer's own log-probs of the weights being updated, and each token's loss is "
             "weighted by min(exp(trainer - behaviour log-prob), importance_cap), correcting "
             "for the sampler's different kernels and precision and for batches generated "
-            "ahead by older weights; 'none': the behaviour log-probs are the old policy, "
-            "uncorrected."
+            "ahead by older weights; 'mis': masked importance sampling, the same weight but "
+            "a token above importance_cap is left out (weight 0) instead of capped; "
+            "'none': the behaviour log-probs are the old policy, uncorrected."
         ),
     )
     importance_cap: float = Field(
         default=2.0,
         ge=1,
-        description="'tis': the cap on each token's importance weight (>= 1; 1 never upweights).",
+        description=(
+            "'tis': the cap on each token's importance weight (>= 1; 1 never upweights); "
+            "'mis': the weight above which a token is left out."
+        ),
     )
 
 

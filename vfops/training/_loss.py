@@ -35,8 +35,8 @@ def group_advantages(rewards: Sequence[float], *, scale: bool, eps: float = 1e-4
 class LossNorm:
     """Global denominators of one optimizer step, so micro-batches add up exactly.
 
-    ``sequences``: sequences with at least one trained token (``grpo``);
-    ``tokens``: trained tokens in the step (``bnpo``); ``dr_grpo`` divides by
+    ``sequences``: sequences with at least one trained token (``grpo``, ``gspo``);
+    ``tokens``: trained tokens in the step (``dapo``, ``cispo``); ``dr_grpo`` divides by
     ``all_sequences * max_tokens`` (a constant, no length bias).
     """
 
@@ -104,73 +104,154 @@ class LossInputs:
 def policy_loss(
     inputs: LossInputs, config: LossConfig, norm: LossNorm
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """This micro-batch's share of the step's loss, and sums for the step's metrics.
+    """This micro-batch's share of the step's loss, and sums for the step's metrics: what
+    the variant ``[loss] type`` names makes of them (:mod:`vfops.training._losses`)."""
+    from vfops.training._losses import loss_variant
 
-    The settings are ``[loss]``'s (:class:`LossConfig`): ``type``, ``clip_low``/``clip_high``,
-    ``beta``, ``importance_correction`` (``correction`` below) and ``importance_cap``.
+    return loss_variant(config.type).loss(inputs, config, norm)
 
-    ``correction = "none"``: the behaviour log-probs (what the sampler reported) are
-    the old policy. Per token ``-min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)``
-    with ``r = exp(logp - logp_behaviour)``.
 
-    ``correction = "tis"`` (truncated importance sampling): the old policy is the
-    trainer's own log-probs of the weights being updated (``logp`` detached: one
-    optimizer step per batch, so every micro-batch sees the pre-step weights), and
-    each token's clipped term is multiplied by the detached weight
-    ``w = min(exp(logp_old - logp_behaviour), importance_cap)``, which corrects for
-    the sampler computing slightly different log-probs (kernels, precision) and,
-    with ``async_steps > 0``, for the batch coming from older weights. The gradient
-    per trained token is then ``-w * A * d logp`` (over the loss type's denominator).
+@dataclass(frozen=True, slots=True)
+class _Importance:
+    """The ratio to the old policy and the sampler-mismatch weight of each token."""
 
-    Plus ``beta * KL`` (the k3 estimator against the reference model), not weighted.
-    ``mask`` is 1 on sampled assistant tokens and 0 on prompt, environment, tool,
-    padding and truncated tokens. The sums include the sampler/trainer mismatch on
-    trained tokens: the k3 estimate of ``KL(behaviour || trainer)``, the extreme
-    ratios ``exp(logp - logp_behaviour)``, and how many weights hit the cap.
+    ratio: torch.Tensor
+    weight: torch.Tensor
+    mismatch: torch.Tensor
+    log_mismatch: torch.Tensor
+    cap: float | None
+
+
+def importance(inputs: LossInputs, config: LossConfig) -> _Importance:
+    """``importance_correction``:
+
+    - ``"none"``: the behaviour log-probs (what the sampler reported) are the old policy,
+      ``r = exp(logp - logp_behaviour)``, ``w = 1``;
+    - ``"tis"`` (truncated importance sampling): the old policy is the trainer's own
+      log-probs of the weights being updated (``logp`` detached: one optimiser step per
+      batch, every micro-batch sees the pre-step weights), so ``r = 1`` in value, and each
+      token is weighted by ``w = min(exp(logp_old - logp_behaviour), importance_cap)``:
+      the sampler's different kernels and precision, and with ``async_steps > 0`` a batch
+      from older weights, are corrected for;
+    - ``"mis"`` (masked importance sampling): the same old policy, ``w = exp(logp_old -
+      logp_behaviour)`` where that is at most ``importance_cap`` and 0 (the token masked
+      out) above it: a token the sampler and the trainer disagree on that much is not
+      trained on rather than down-weighted.
     """
-    logprobs, behaviour_logprobs = inputs.logprobs, inputs.behaviour_logprobs
-    clip_low, clip_high, beta = config.clip_low, config.clip_high, config.beta
-    correction, importance_cap = config.importance_correction, config.importance_cap
-    ref_logprobs = inputs.ref_logprobs
-    mask = inputs.mask.to(logprobs.dtype)
-    trained = mask > 0
+    logprobs, behaviour = inputs.logprobs, inputs.behaviour_logprobs
+    trained = inputs.mask > 0
     with torch.no_grad():
-        log_mismatch = torch.where(trained, logprobs - behaviour_logprobs, 0.0)
+        log_mismatch = torch.where(trained, logprobs - behaviour, 0.0)
         mismatch = torch.exp(log_mismatch)
+    correction, cap = config.importance_correction, config.importance_cap
     if correction == "none":
-        ratio = torch.exp(logprobs - behaviour_logprobs)
-        weight = torch.ones_like(mismatch)
-    elif correction == "tis":
-        ratio = torch.exp(logprobs - logprobs.detach())
-        weight = torch.clamp(mismatch, max=importance_cap)
-    else:
-        raise InvalidArgumentError(f"unknown importance correction {correction!r}; use none or tis")
+        return _Importance(torch.exp(logprobs - behaviour), torch.ones_like(mismatch),
+                           mismatch, log_mismatch, None)  # fmt: skip
+    ratio = torch.exp(logprobs - logprobs.detach())
+    if correction == "tis":
+        return _Importance(ratio, torch.clamp(mismatch, max=cap), mismatch, log_mismatch, cap)
+    if correction == "mis":
+        weight = torch.where(mismatch <= cap, mismatch, torch.zeros_like(mismatch))
+        return _Importance(ratio, weight, mismatch, log_mismatch, cap)
+    raise InvalidArgumentError(
+        f"unknown importance correction {correction!r}; use none, tis or mis"
+    )
+
+
+def _k3(inputs: LossInputs, config: LossConfig) -> torch.Tensor:
+    """``beta``'s KL to the reference model per token, the k3 estimator
+    ``exp(ref - logp) - (ref - logp) - 1`` (0 without a reference)."""
+    if config.beta > 0.0 and inputs.ref_logprobs is not None:
+        delta = inputs.ref_logprobs - inputs.logprobs
+        return torch.exp(delta) - delta - 1.0
+    return torch.zeros_like(inputs.logprobs)
+
+
+def ppo_token_terms(
+    inputs: LossInputs, config: LossConfig, variant: Any
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Per token ``-min(r A, clip(r, 1 - eps_l, 1 + eps_h) A) w + beta k3``, the mask (as
+    the log-probs' dtype) and the step's sums (:mod:`vfops.training._losses`)."""
+    from vfops.training._losses import resolved_clip
+
+    clip_low, clip_high = resolved_clip(config, variant)
+    mask = inputs.mask.to(inputs.logprobs.dtype)
+    imp = importance(inputs, config)
     adv = inputs.advantages.unsqueeze(-1)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    per_token = -torch.min(unclipped, clipped) * weight
-    kl = torch.zeros_like(per_token)
-    if beta > 0.0 and ref_logprobs is not None:
-        delta = ref_logprobs - logprobs
-        kl = torch.exp(delta) - delta - 1.0
-        per_token = per_token + beta * kl
-    loss = _reduce(per_token, mask, config.type, norm)
+    clipped = torch.clamp(imp.ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    per_token = -torch.min(imp.ratio * adv, clipped) * imp.weight
+    kl = _k3(inputs, config)
+    per_token = per_token + config.beta * kl
     with torch.no_grad():
-        was_clipped = ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).to(mask.dtype)
-        sums = {
-            "clipped_tokens": float((was_clipped * mask).sum()),
-            "kl_sum": float((kl * mask).sum()),
-            "ratio_sum": float((ratio * mask).sum()),
-            "tokens": float(mask.sum()),
-            **_mismatch_sums(
-                mismatch,
-                log_mismatch,
-                weight,
-                trained,
-                importance_cap if correction == "tis" else None,
-            ),
-        }
+        out = (imp.ratio < 1.0 - clip_low) | (imp.ratio > 1.0 + clip_high)
+        sums = _sums(imp, kl, mask, out.to(mask.dtype))
+    return per_token, mask, sums
+
+
+def cispo_terms(
+    inputs: LossInputs, config: LossConfig, variant: Any
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Per token ``-sg(min(r, 1 + eps_h) w) A logp + beta k3`` (CISPO), the mask, sums."""
+    from vfops.training._losses import resolved_clip
+
+    _, clip_high = resolved_clip(config, variant)
+    mask = inputs.mask.to(inputs.logprobs.dtype)
+    imp = importance(inputs, config)
+    coefficient = (torch.clamp(imp.ratio, max=1.0 + clip_high) * imp.weight).detach()
+    adv = inputs.advantages.unsqueeze(-1)
+    kl = _k3(inputs, config)
+    per_token = -coefficient * adv * inputs.logprobs + config.beta * kl
+    with torch.no_grad():
+        sums = _sums(imp, kl, mask, (imp.ratio > 1.0 + clip_high).to(mask.dtype))
+    return per_token, mask, sums
+
+
+def gspo_terms(
+    inputs: LossInputs, config: LossConfig, variant: Any, norm: LossNorm
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO's loss for the micro-batch (see :class:`vfops.training._losses.GSPO`)."""
+    from vfops.training._losses import resolved_clip
+
+    clip_low, clip_high = resolved_clip(config, variant)
+    mask = inputs.mask.to(inputs.logprobs.dtype)
+    lengths = mask.sum(-1).clamp(min=1.0)
+    imp = importance(inputs, config)
+    # sequence ratio and weight: the geometric means of the tokens'
+    seq_ratio = torch.exp((torch.log(imp.ratio) * mask).sum(-1) / lengths)
+    with torch.no_grad():
+        seq_log_mismatch = (imp.log_mismatch * mask).sum(-1) / lengths
+        seq_weight = torch.exp(seq_log_mismatch)
+        if config.importance_correction == "tis":
+            seq_weight = torch.clamp(seq_weight, max=config.importance_cap)
+        elif config.importance_correction == "mis":
+            seq_weight = torch.where(seq_weight <= config.importance_cap, seq_weight, 0.0)
+        elif config.importance_correction == "none":
+            seq_weight = torch.ones_like(seq_weight)
+    adv = inputs.advantages
+    clipped = torch.clamp(seq_ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    per_seq = -torch.min(seq_ratio * adv, clipped) * seq_weight
+    kl = _k3(inputs, config)
+    per_seq = per_seq + config.beta * (kl * mask).sum(-1) / lengths
+    has_tokens = (mask.sum(-1) > 0).to(per_seq.dtype)
+    loss = (per_seq * has_tokens).sum() / max(norm.sequences, 1)
+    with torch.no_grad():
+        out = ((seq_ratio < 1.0 - clip_low) | (seq_ratio > 1.0 + clip_high)).to(mask.dtype)
+        # a clipped sequence clips every one of its tokens
+        sums = _sums(imp, kl, mask, out.unsqueeze(-1).expand_as(mask))
     return loss, sums
+
+
+def _sums(
+    imp: _Importance, kl: torch.Tensor, mask: torch.Tensor, out: torch.Tensor
+) -> dict[str, float]:
+    trained = mask > 0
+    return {
+        "clipped_tokens": float((out * mask).sum()),
+        "kl_sum": float((kl * mask).sum()),
+        "ratio_sum": float((imp.ratio.detach() * mask).sum()),
+        "tokens": float(mask.sum()),
+        **_mismatch_sums(imp.mismatch, imp.log_mismatch, imp.weight, trained, imp.cap),
+    }
 
 
 def _mismatch_sums(
@@ -196,15 +277,3 @@ def _mismatch_sums(
         "is_weight_sum": float(weight[trained].sum()),
         "is_capped_tokens": 0.0 if cap is None else float((ratios > cap).sum()),
     }
-
-
-def _reduce(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, norm: LossNorm) -> Any:
-    masked = per_token * mask
-    if loss_type == "grpo":
-        per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
-        return per_seq.sum() / max(norm.sequences, 1)
-    if loss_type == "bnpo":
-        return masked.sum() / max(norm.tokens, 1)
-    if loss_type == "dr_grpo":
-        return masked.sum() / max(norm.all_sequences * norm.max_tokens, 1)
-    raise InvalidArgumentError(f"unknown loss type {loss_type!r}; use grpo, dr_grpo or bnpo")

@@ -177,6 +177,8 @@ def step_metrics(
         "sequences": float(len(batch.samples)),
         "rollouts": float(batch.rollouts),
         "truncated_fraction": batch.truncated / max(batch.rollouts, 1),
+        # groups whose rewards were all equal, left out by dynamic sampling (dapo)
+        "groups_without_signal": float(batch.groups_without_signal),
         "prefix_breaks": float(prefix_breaks),
         # sampler vs trainer on the trained tokens (k3 estimate of KL(behaviour ||
         # trainer); ratio = exp(trainer - behaviour log-prob)); with async_steps > 0
