@@ -76,7 +76,7 @@ demo: setup
 	$(VENV)/bin/vfops demo --dir $(DEMO_DIR)
 
 test: setup test-setup setup-v1 sandbox-setup
-	$(VENV)/bin/ruff check vfops tests environments bench
+	$(VENV)/bin/ruff check vfops tests environments bench examples
 	$(VENV)/bin/mypy
 	bash tests/run_passes.sh $(VENV)  # two pytest passes at once; see tests/conftest.py
 	# verifiers 0.4's venv; two workers, a file each (its tests spend much of their time
@@ -84,5 +84,5 @@ test: setup test-setup setup-v1 sandbox-setup
 	VFOPS_TEST_V1=1 $(V1_VENV)/bin/pytest -p no:cacheprovider -n 2 --dist loadfile tests/v1
 
 lint: setup
-	$(VENV)/bin/ruff check vfops tests environments bench
+	$(VENV)/bin/ruff check vfops tests environments bench examples
 	$(VENV)/bin/mypy

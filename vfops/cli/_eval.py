@@ -67,6 +67,16 @@ def eval_command(
             help="JSON object passed to load_environment, or @FILE (.json, or .toml).",
         ),
     ] = None,
+    sink: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sink",
+            help="A plug-in sink by name (vfops.eval_sinks entry points), also given every "
+            "scored group and opened with the run's id, environment and content hash "
+            "(repeatable).",
+            show_default=False,
+        ),
+    ] = None,
     image_map: Annotated[
         list[str] | None,
         typer.Option(
@@ -236,6 +246,7 @@ def eval_command(
                             registry=registry,
                             tracking=tracking,
                             max_cost=max_cost,
+                            sinks=tuple(sink or ()),
                         ),
                         model_options=options,
                         progress=display,

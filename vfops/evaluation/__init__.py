@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from vfops.evaluation._lock import RunFolderBusyError
     from vfops.evaluation._model import ModelOptions, resolve_model_name
     from vfops.evaluation._open_run import registry_summary
+    from vfops.evaluation._plugin_sinks import SINK_GROUP, RunInfo, sink_names
     from vfops.evaluation._provenance import Provenance, config_fingerprint, resolve_provenance
     from vfops.evaluation._result import (
         DEFAULT_MAX_ERROR_RATE,
@@ -42,6 +43,7 @@ __all__ = [
     "DEFAULT_MAX_ERROR_RATE",
     "DEFAULT_MAX_TOOL_ERROR_RATE",
     "DEFAULT_OUTPUT_ROOT",
+    "SINK_GROUP",
     "DefaultSinks",
     "EvalProgress",
     "EvalRequest",
@@ -54,6 +56,7 @@ __all__ = [
     "RunEnded",
     "RunFinish",
     "RunFolderBusyError",
+    "RunInfo",
     "RunOptions",
     "Sink",
     "SinkError",
@@ -74,9 +77,13 @@ __all__ = [
     "resolve_provenance",
     "rollout_failed",
     "run_metadata",
+    "sink_names",
 ]
 
 _LAZY = {
+    "SINK_GROUP": "vfops.evaluation._plugin_sinks",
+    "RunInfo": "vfops.evaluation._plugin_sinks",
+    "sink_names": "vfops.evaluation._plugin_sinks",
     "compare_runs": "vfops.evaluation._compare",
     "per_example_rewards": "vfops.evaluation._compare",
     "DEFAULT_MAX_ERROR_RATE": "vfops.evaluation._result",

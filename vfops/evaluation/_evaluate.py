@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +51,7 @@ from vfops.evaluation._open_run import (
     registry_summary,
     reused_result,
 )
+from vfops.evaluation._plugin_sinks import PluginSink, RunInfo, check_sink_names
 from vfops.evaluation._result import (
     DEFAULT_OUTPUT_ROOT,
     EvalProgress,
@@ -71,6 +72,7 @@ from vfops.rubrics import ScoringWorkers, start_scoring_workers
 if TYPE_CHECKING:
     from vfops.clients._base import ModelClient
     from vfops.envs._environment import Environment
+    from vfops.evaluation._open_run import Plan
     from vfops.evaluation._registry_calls import RegistryCalls
     from vfops.evaluation._sinks import Sink
     from vfops.tracking import Tracker
@@ -189,6 +191,7 @@ def _check_input(request: EvalRequest, options: RunOptions, model_options: Model
         check_writable_folder(root, what="output folder", fix=fix)
     if options.resume is not None and not options.registry:
         read_metadata(Path(options.resume))  # a clear one-line error on a wrong folder, now
+    check_sink_names(options.sinks)
 
 
 async def _open_and_run(
@@ -228,10 +231,51 @@ async def _open_and_run(
         tracker=tracker,
         mlflow_parent_run_id=options.mlflow_parent_run_id,
         progress=progress,
-        extra_sinks=tuple(sinks),
+        extra_sinks=(
+            *sinks,
+            *(PluginSink(name, _run_info(plan, opening)) for name in options.sinks),
+        ),
     )
     async with client_middleware(client, calls, ledger):
         return await run(context)
+
+
+def _plugin_sinks(
+    names: Sequence[str], plan: Plan, opening: asyncio.Task[RegistryCalls] | None
+) -> list[Sink]:
+    """The named plug-in sinks, after the caller's (``vfops eval --sink``)."""
+    info = _run_info(plan, opening)
+    return [PluginSink(name, info) for name in names]
+
+
+def _run_info(
+    plan: Plan, opening: asyncio.Task[RegistryCalls] | None
+) -> Callable[[], Awaitable[RunInfo]]:
+    """What a plug-in sink is told, once the run is known (recorded, when it is new)."""
+
+    async def info() -> RunInfo:
+        if opening is not None:
+            await asyncio.wait({opening})  # its failure is the registry sink's to report
+        request, provenance = plan.request, plan.provenance
+        if provenance is not None:
+            version, code_hash = provenance.version, provenance.code_hash
+        else:  # a run recorded in its folder only: the installed code's hash
+            from vfops.publishing import inspect_installed
+
+            installed = await asyncio.to_thread(inspect_installed, request.env_name)
+            version, code_hash = installed.local_label, installed.code_hash
+        return RunInfo(
+            run_id=plan.run_id,
+            run_dir=plan.run_dir,
+            env_name=request.env_name,
+            env_version=version,
+            env_code_hash=code_hash,
+            model=request.model,
+            sampling_args=dict(request.sampling_args),
+            env_args=dict(request.env_args),
+        )
+
+    return info
 
 
 def _examples_to_run(env: Environment, request: EvalRequest) -> int:

@@ -200,6 +200,13 @@ class SweepSpec(ConfigModel):
             "--image-map), for v1 tasks that need a container."
         ),
     )
+    sinks: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Plug-in sinks by name (vfops.eval_sinks entry points) every cell's run also "
+            "writes to, as vfops eval --sink does."
+        ),
+    )
     max_sandboxes: int = Field(
         default=64,
         gt=0,
@@ -298,6 +305,7 @@ class Cell(BaseModel):
     tags: list[str] = Field(default_factory=list)
     image_map: dict[str, str] = Field(default_factory=dict)
     max_sandboxes: int = Field(default=64, gt=0)
+    sinks: list[str] = Field(default_factory=list)
     cost_caps: dict[str, float | None] = Field(
         default_factory=dict, description="Ledger scopes the cell spends against, and caps."
     )
@@ -382,6 +390,7 @@ def plan_sweep(spec: SweepSpec, pinned: Mapping[str, str] | None = None) -> list
                         tags=list(spec.tags),
                         image_map=dict(spec.image_map),
                         max_sandboxes=spec.max_sandboxes,
+                        sinks=list(spec.sinks),
                         cost_caps=spec.cost_caps(),
                     )
                 )

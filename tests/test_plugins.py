@@ -1,0 +1,89 @@
+"""A plug-in package of its own (examples/vfops_plugin_example), installed with pip into a
+folder of its own, adds an eval sink and a loss variant that ``vfops eval --sink`` and a
+training config use by name, with no edit to vfops: the sink is opened with the run's id
+and the environment's content hash (the registry's), and gets every rollout.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vfops.testing import StubConfig, StubServer
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / "examples" / "vfops_plugin_example"
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("plugin-site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--target", str(site), str(PLUGIN)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return site
+
+
+def env_with(site: Path, tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "VFOPS_DATABASE_URL"}
+    return {**env, "PYTHONPATH": str(site), "VFOPS_HOME": str(tmp_path / "home"),
+            "VFOPS_TRACKING": "0"}  # fmt: skip
+
+
+def test_a_plugin_sink_gets_the_run_and_every_rollout(plugin_site: Path, tmp_path: Path) -> None:
+    with StubServer(StubConfig(reply_mode="arithmetic")) as stub:
+        done = subprocess.run(
+            [sys.executable, "-m", "vfops", "eval", "arithmetic", "-m", "stub-model",
+             "-b", stub.base_url, "-n", "4", "-r", "2", "--sink", "csv",
+             "-o", str(tmp_path / "out"), "-q"],
+            env=env_with(plugin_site, tmp_path), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (metadata_file,) = (tmp_path / "out").glob("evals/*/*/metadata.json")
+    metadata = json.loads(metadata_file.read_text())
+    with (metadata_file.parent / "rollouts.csv").open(newline="") as handle:
+        rows = list(csv.reader(handle))
+    head, columns, *rollouts, end = rows
+    assert head[1] == metadata["run_id"] and head[2] == "arithmetic"
+    assert head[4] == metadata["env_code_hash"] and len(head[4]) >= 12
+    assert columns == ["example_id", "rollout_index", "reward", "error"]
+    assert len(rollouts) == 8 and end == ["# status", "completed"]
+
+
+def test_an_unknown_sink_is_one_line_before_anything_starts(
+    plugin_site: Path, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "vfops", "eval", "arithmetic", "-m", "stub-model",
+         "-b", "http://127.0.0.1:9/v1", "--sink", "parquet", "-o", str(tmp_path / "out")],
+        env=env_with(plugin_site, tmp_path), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: --sink: no sink named 'parquet'; installed: csv")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_plugin_loss_trains_by_name(plugin_site: Path, tmp_path: Path) -> None:
+    config = (ROOT / "configs" / "train" / "cpu_lucky_digit.toml").read_text()
+    config = config.replace('type = "grpo"', 'type = "half_dapo"')
+    assert 'type = "half_dapo"' in config
+    config = config.replace("../../.vfops-train", str(tmp_path / "work"))
+    (tmp_path / "half.toml").write_text(config)
+    done = subprocess.run(
+        [sys.executable, "-m", "vfops", "train", str(tmp_path / "half.toml"), "--steps", "2",
+         "--no-tracking", "--output-dir", str(tmp_path / "run")],
+        env=env_with(plugin_site, tmp_path), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "step 2/2" in done.stdout + done.stderr
+    saved = (tmp_path / "run" / "final").exists() or any((tmp_path / "run").iterdir())
+    assert saved

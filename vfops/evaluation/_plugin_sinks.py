@@ -1,0 +1,93 @@
+"""Sinks from other packages: the ``vfops.eval_sinks`` entry points, chosen by name.
+
+A package registers a sink factory under ``vfops.eval_sinks`` (``csv =
+my_pkg.sinks:CsvSink``) and users choose it by name: ``vfops eval --sink csv``, a sweep
+or nightly spec's ``sinks``, ``RunOptions(sinks=...)``. The factory is called with the
+run's :class:`RunInfo` once the run is known (before its first group) and returns a
+:class:`~vfops.evaluation.Sink`: it then gets every scored group after the run's own
+sinks and is closed with the outcome before the run's end is recorded, like any sink.
+Names are checked before anything starts (one line listing the installed ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Final
+
+from vfops._errors import InvalidArgumentError
+from vfops._rollout import RolloutRecord
+from vfops.evaluation._sinks import RunFinish, Sink, SinkError, first_line
+
+SINK_GROUP: Final = "vfops.eval_sinks"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a sink is writing for: the run and exactly what ran."""
+
+    run_id: str | None
+    """The registry's id (None for a run recorded only in its folder)."""
+    run_dir: Path
+    env_name: str
+    env_version: str | None
+    """The published version that ran, or ``local+<hash>``."""
+    env_code_hash: str | None
+    """The environment's content hash (the same as the registry's)."""
+    model: str
+    sampling_args: dict[str, Any] = field(default_factory=dict)
+    env_args: dict[str, Any] = field(default_factory=dict)
+
+
+def sink_names() -> list[str]:
+    return sorted({ep.name for ep in entry_points(group=SINK_GROUP)})
+
+
+def check_sink_names(names: Sequence[str], flag: str = "--sink") -> None:
+    """Each of ``names`` is an installed sink; else one line naming the installed ones."""
+    known = sink_names()
+    for name in names:
+        if name not in known:
+            raise InvalidArgumentError(
+                f"{flag}: no sink named {name!r}; installed: {', '.join(known) or 'none'} "
+                f"(a package adds one under the {SINK_GROUP} entry point)"
+            )
+
+
+class PluginSink:
+    """A named plug-in sink, opened with the run's :class:`RunInfo` at its first group."""
+
+    def __init__(self, name: str, info: Callable[[], Awaitable[RunInfo]]) -> None:
+        self.name = f"sink {name}"
+        self._entry = name
+        self._info = info
+        self._sink: Sink | None = None
+        self._lock = asyncio.Lock()
+
+    async def _opened(self) -> Sink:
+        async with self._lock:
+            if self._sink is None:
+                (ep,) = [ep for ep in entry_points(group=SINK_GROUP) if ep.name == self._entry]
+                info = await self._info()
+                try:
+                    sink = ep.load()(info)
+                except Exception as exc:
+                    raise SinkError(
+                        self.name, f"could not open ({first_line(exc)})", "fix the sink's package"
+                    ) from exc
+                if not isinstance(sink, Sink):
+                    raise SinkError(
+                        self.name, f"{ep.value} returned no sink (write_group and close)",
+                        "fix the sink's package",
+                    )  # fmt: skip
+                self._sink = sink
+            return self._sink
+
+    async def write_group(self, records: list[RolloutRecord]) -> None:
+        await (await self._opened()).write_group(records)
+
+    async def close(self, finish: RunFinish) -> None:
+        await (await self._opened()).close(finish)
