@@ -1,11 +1,13 @@
 """A plug-in package of its own (examples/vfops_plugin_example), installed with pip into a
-folder of its own, adds an eval sink and a loss variant that ``vfops eval --sink`` and a
-training config use by name, with no edit to vfops: the sink is opened with the run's id
-and the environment's content hash (the registry's), and gets every rollout.
+folder of its own, adds an eval sink, a request middleware and a loss variant that
+``vfops eval --sink``/``--middleware`` and a training config use by name, with no edit to
+vfops: the sink is opened with the run's id and the environment's content hash (the
+registry's) and gets every rollout; every request carries the middleware's header.
 """
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import os
@@ -14,7 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
+from tests.http_fixtures import loopback_server
 from vfops.testing import StubConfig, StubServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +60,35 @@ def test_a_plugin_sink_gets_the_run_and_every_rollout(plugin_site: Path, tmp_pat
     assert head[4] == metadata["env_code_hash"] and len(head[4]) >= 12
     assert columns == ["example_id", "rollout_index", "reward", "error"]
     assert len(rollouts) == 8 and end == ["# status", "completed"]
+
+
+async def test_a_plugin_middleware_wraps_every_request(plugin_site: Path, tmp_path: Path) -> None:
+    seen: list[str | None] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("X-Experiment"))
+        body = await request.json()
+        reply = {"role": "assistant", "content": "4"}
+        return web.json_response({
+            "id": "c", "object": "chat.completion", "model": body["model"],
+            "choices": [{"index": 0, "message": reply, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        })  # fmt: skip
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    routes = {("POST", "/v1/chat/completions"): chat, ("GET", "/v1/models"): models}
+    async with loopback_server(routes) as base_url:
+        env = {**env_with(plugin_site, tmp_path), "VFOPS_EXPERIMENT": "exp-42"}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "vfops", "eval", "arithmetic", "-m", "m", "-b", base_url,
+            "-n", "3", "-r", "2", "--middleware", "run-header", "-o", str(tmp_path / "out"),
+            "-q", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert len(seen) == 6 and set(seen) == {"exp-42"}
 
 
 def test_an_unknown_sink_is_one_line_before_anything_starts(

@@ -4,6 +4,8 @@
   ``rollouts.csv`` in the run folder, headed by the run it belongs to (its id and the
   environment's content hash, from the :class:`vfops.evaluation.RunInfo` it is opened
   with).
+- ``RunHeader`` (``vfops eval --middleware run-header``): every model request of the run
+  carries an ``X-Experiment`` header (from ``VFOPS_EXPERIMENT``, default ``example``).
 - ``HalfDAPO`` (``[loss] type = "half_dapo"``): DAPO's loss at half the step size,
   built on vfops's own variant (a loss variant is a class with ``loss(inputs, config,
   norm)`` and its clip and dynamic-sampling defaults).
@@ -12,6 +14,8 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
+import os
 from typing import Any
 
 from vfops.evaluation import RunFinish, RunInfo
@@ -38,6 +42,20 @@ class CsvSink:
     async def close(self, finish: RunFinish) -> None:
         self.writer.writerow(["# status", finish.status])
         self.handle.close()
+
+
+class RunHeader:
+    """Adds ``X-Experiment`` to every request (a request middleware wraps the send)."""
+
+    def __init__(self) -> None:
+        self.value = os.environ.get("VFOPS_EXPERIMENT", "example")
+
+    def wrap(self, send: Any) -> Any:
+        async def with_header(request: Any) -> Any:
+            headers = {**(request.headers or {}), "X-Experiment": self.value}
+            return await send(dataclasses.replace(request, headers=headers))
+
+        return with_header
 
 
 class HalfDAPO(TokenPPO):

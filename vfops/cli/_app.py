@@ -53,6 +53,12 @@ def _add_demo(app: typer.Typer) -> None:
     app.command("demo")(_demo.demo_command)
 
 
+def _add_plugins(app: typer.Typer) -> None:
+    from vfops.cli import _plugins
+
+    app.command("plugins")(_plugins.plugins_command)
+
+
 def _group(name: str) -> Callable[[typer.Typer], None]:
     def add(app: typer.Typer) -> None:
         module = importlib.import_module(f"vfops.cli._{name}")
@@ -73,6 +79,7 @@ _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "vllm": _group("vllm"),
     "stack": _group("stack"),
     "sandbox": _group("sandbox"),
+    "plugins": _add_plugins,
     "demo": _add_demo,
 }
 """Every command (group), in help order; each module is imported only when added."""

@@ -77,6 +77,15 @@ def eval_command(
             show_default=False,
         ),
     ] = None,
+    middleware: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--middleware",
+            help="A plug-in request middleware by name (vfops.request_middleware entry "
+            "points), wrapping every model request of the run (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
     image_map: Annotated[
         list[str] | None,
         typer.Option(
@@ -247,6 +256,7 @@ def eval_command(
                             tracking=tracking,
                             max_cost=max_cost,
                             sinks=tuple(sink or ()),
+                            middleware=tuple(middleware or ()),
                         ),
                         model_options=options,
                         progress=display,

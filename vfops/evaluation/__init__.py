@@ -20,7 +20,15 @@ if TYPE_CHECKING:
     from vfops.evaluation._lock import RunFolderBusyError
     from vfops.evaluation._model import ModelOptions, resolve_model_name
     from vfops.evaluation._open_run import registry_summary
-    from vfops.evaluation._plugin_sinks import SINK_GROUP, RunInfo, sink_names
+    from vfops.evaluation._plugins import (
+        MIDDLEWARE_GROUP,
+        SINK_GROUP,
+        RunInfo,
+        check_middleware_names,
+        check_sink_names,
+        middleware_names,
+        sink_names,
+    )
     from vfops.evaluation._provenance import Provenance, config_fingerprint, resolve_provenance
     from vfops.evaluation._result import (
         DEFAULT_MAX_ERROR_RATE,
@@ -43,6 +51,7 @@ __all__ = [
     "DEFAULT_MAX_ERROR_RATE",
     "DEFAULT_MAX_TOOL_ERROR_RATE",
     "DEFAULT_OUTPUT_ROOT",
+    "MIDDLEWARE_GROUP",
     "SINK_GROUP",
     "DefaultSinks",
     "EvalProgress",
@@ -60,6 +69,8 @@ __all__ = [
     "RunOptions",
     "Sink",
     "SinkError",
+    "check_middleware_names",
+    "check_sink_names",
     "compare_runs",
     "config_fingerprint",
     "default_sinks",
@@ -69,6 +80,7 @@ __all__ = [
     "format_transcript",
     "iter_records",
     "load_results",
+    "middleware_names",
     "pass_at_k",
     "per_example_rewards",
     "read_metadata",
@@ -81,9 +93,13 @@ __all__ = [
 ]
 
 _LAZY = {
-    "SINK_GROUP": "vfops.evaluation._plugin_sinks",
-    "RunInfo": "vfops.evaluation._plugin_sinks",
-    "sink_names": "vfops.evaluation._plugin_sinks",
+    "SINK_GROUP": "vfops.evaluation._plugins",
+    "MIDDLEWARE_GROUP": "vfops.evaluation._plugins",
+    "check_middleware_names": "vfops.evaluation._plugins",
+    "check_sink_names": "vfops.evaluation._plugins",
+    "middleware_names": "vfops.evaluation._plugins",
+    "RunInfo": "vfops.evaluation._plugins",
+    "sink_names": "vfops.evaluation._plugins",
     "compare_runs": "vfops.evaluation._compare",
     "per_example_rewards": "vfops.evaluation._compare",
     "DEFAULT_MAX_ERROR_RATE": "vfops.evaluation._result",

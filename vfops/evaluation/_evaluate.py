@@ -51,7 +51,13 @@ from vfops.evaluation._open_run import (
     registry_summary,
     reused_result,
 )
-from vfops.evaluation._plugin_sinks import PluginSink, RunInfo, check_sink_names
+from vfops.evaluation._plugins import (
+    PluginSink,
+    RunInfo,
+    check_middleware_names,
+    check_sink_names,
+    plugin_middleware,
+)
 from vfops.evaluation._result import (
     DEFAULT_OUTPUT_ROOT,
     EvalProgress,
@@ -192,6 +198,7 @@ def _check_input(request: EvalRequest, options: RunOptions, model_options: Model
     if options.resume is not None and not options.registry:
         read_metadata(Path(options.resume))  # a clear one-line error on a wrong folder, now
     check_sink_names(options.sinks)
+    check_middleware_names(options.middleware)
 
 
 async def _open_and_run(
@@ -236,7 +243,7 @@ async def _open_and_run(
             *(PluginSink(name, _run_info(plan, opening)) for name in options.sinks),
         ),
     )
-    async with client_middleware(client, calls, ledger):
+    async with client_middleware(client, calls, ledger, plugin_middleware(options.middleware)):
         return await run(context)
 
 

@@ -58,6 +58,9 @@ class RunOptions:
     cost_caps: Mapping[str, float | None] | None = None
     """Further ledger scopes the run spends against, shared with other runs (``None``:
     recorded without a cap)."""
+    middleware: tuple[str, ...] = ()
+    """Plug-in request middleware by name (``vfops.request_middleware`` entry points;
+    ``vfops eval --middleware``), installed on the run's client for the run."""
     sinks: tuple[str, ...] = ()
     """Plug-in sinks by name (``vfops.eval_sinks`` entry points; ``vfops eval --sink``):
     each opened with the run's :class:`~vfops.evaluation.RunInfo`."""

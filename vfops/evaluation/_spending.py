@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from vfops._errors import VfopsError
@@ -73,14 +73,18 @@ def run_scope(run_id: str) -> str:
 
 @contextlib.asynccontextmanager
 async def client_middleware(
-    client: ModelClient, calls: RegistryCalls | None, ledger: RegistryLedger | None
+    client: ModelClient,
+    calls: RegistryCalls | None,
+    ledger: RegistryLedger | None,
+    plugins: Sequence[RequestMiddleware] = (),
 ) -> AsyncIterator[None]:
     """While the run runs: priced requests (the client's and its judges') reserve on
-    ``ledger``, and the client's adaptive limiter shares pushbacks with other processes
-    through the registry (:class:`vfops.budget.PeerSync`)."""
+    ``ledger``, the client's adaptive limiter shares pushbacks with other processes
+    through the registry (:class:`vfops.budget.PeerSync`), and ``plugins`` (named
+    request middleware from other packages) wrap every request."""
     from vfops.clients import installed_middleware as installed
 
-    middlewares: list[RequestMiddleware] = []
+    middlewares: list[RequestMiddleware] = list(plugins)
     limiter = getattr(client, "limiter", None)
     if calls is not None and isinstance(limiter, AdaptiveLimiter) and limiter.name:
         from vfops.budget import PeerSyncMiddleware

@@ -274,6 +274,7 @@ async def run_cell_async(
         mlflow_parent_run_id=mlflow_parent_run_id,
         cost_caps=cell.cost_caps or None,
         sinks=tuple(cell.sinks),
+        middleware=tuple(cell.middleware),
     )
     result = await evaluate_async(request, recording, model_options=options, client=client)
     if result.status != "budget_exhausted":  # a cap is no fault to retry: the row says it

@@ -207,6 +207,13 @@ class SweepSpec(ConfigModel):
             "writes to, as vfops eval --sink does."
         ),
     )
+    middleware: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Plug-in request middleware by name (vfops.request_middleware entry points) on "
+            "every cell's client, as vfops eval --middleware does."
+        ),
+    )
     max_sandboxes: int = Field(
         default=64,
         gt=0,
@@ -306,6 +313,7 @@ class Cell(BaseModel):
     image_map: dict[str, str] = Field(default_factory=dict)
     max_sandboxes: int = Field(default=64, gt=0)
     sinks: list[str] = Field(default_factory=list)
+    middleware: list[str] = Field(default_factory=list)
     cost_caps: dict[str, float | None] = Field(
         default_factory=dict, description="Ledger scopes the cell spends against, and caps."
     )
@@ -391,6 +399,7 @@ def plan_sweep(spec: SweepSpec, pinned: Mapping[str, str] | None = None) -> list
                         image_map=dict(spec.image_map),
                         max_sandboxes=spec.max_sandboxes,
                         sinks=list(spec.sinks),
+                        middleware=list(spec.middleware),
                         cost_caps=spec.cost_caps(),
                     )
                 )

@@ -29,15 +29,10 @@ def validate_sweep(spec: SweepSpec, *, engine: Engine | None = None) -> list[Cel
     API-key variable. Returns the planned cells.
     """
     spec = spec.checked()
-    from vfops.evaluation import sink_names
+    from vfops.evaluation import check_middleware_names, check_sink_names
 
-    unknown = [name for name in spec.sinks if name not in sink_names()]
-    if unknown:
-        raise VfopsError(
-            f"sinks: no sink named {unknown[0]!r}; installed: "
-            f"{', '.join(sink_names()) or 'none'} (a package adds one under the "
-            "vfops.eval_sinks entry point)"
-        )
+    check_sink_names(spec.sinks, "sinks")
+    check_middleware_names(spec.middleware, "middleware")
     refs = [parse_env_ref(ref) for ref in spec.environments]
     _check_environments(refs, engine)
     _check_endpoints(spec)

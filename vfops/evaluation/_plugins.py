@@ -1,4 +1,4 @@
-"""Sinks from other packages: the ``vfops.eval_sinks`` entry points, chosen by name.
+"""Sinks and request middleware from other packages: entry points, chosen by name.
 
 A package registers a sink factory under ``vfops.eval_sinks`` (``csv =
 my_pkg.sinks:CsvSink``) and users choose it by name: ``vfops eval --sink csv``, a sweep
@@ -7,6 +7,12 @@ run's :class:`RunInfo` once the run is known (before its first group) and return
 :class:`~vfops.evaluation.Sink`: it then gets every scored group after the run's own
 sinks and is closed with the outcome before the run's end is recorded, like any sink.
 Names are checked before anything starts (one line listing the installed ones).
+
+Request middleware the same way: a factory under ``vfops.request_middleware`` (called
+with no arguments) returns a :class:`~vfops.clients.RequestMiddleware`, chosen with
+``vfops eval --middleware NAME`` (``RunOptions(middleware=...)``, a spec's
+``middleware``) and installed on the run's client for the run (every request passes
+through it: a header, a reservation, a log).
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from typing import Any, Final
 
 from vfops._errors import InvalidArgumentError
 from vfops._rollout import RolloutRecord
+from vfops.clients import RequestMiddleware
 from vfops.evaluation._sinks import RunFinish, Sink, SinkError, first_line
 
 SINK_GROUP: Final = "vfops.eval_sinks"
+MIDDLEWARE_GROUP: Final = "vfops.request_middleware"
 
 
 @dataclass(frozen=True)
@@ -46,15 +54,40 @@ def sink_names() -> list[str]:
     return sorted({ep.name for ep in entry_points(group=SINK_GROUP)})
 
 
+def middleware_names() -> list[str]:
+    return sorted({ep.name for ep in entry_points(group=MIDDLEWARE_GROUP)})
+
+
 def check_sink_names(names: Sequence[str], flag: str = "--sink") -> None:
     """Each of ``names`` is an installed sink; else one line naming the installed ones."""
-    known = sink_names()
+    _check_names(names, sink_names(), "sink", flag, SINK_GROUP)
+
+
+def check_middleware_names(names: Sequence[str], flag: str = "--middleware") -> None:
+    _check_names(names, middleware_names(), "request middleware", flag, MIDDLEWARE_GROUP)
+
+
+def _check_names(names: Sequence[str], known: list[str], what: str, flag: str, group: str) -> None:
     for name in names:
         if name not in known:
             raise InvalidArgumentError(
-                f"{flag}: no sink named {name!r}; installed: {', '.join(known) or 'none'} "
-                f"(a package adds one under the {SINK_GROUP} entry point)"
+                f"{flag}: no {what} named {name!r}; installed: {', '.join(known) or 'none'} "
+                f"(a package adds one under the {group} entry point)"
             )
+
+
+def plugin_middleware(names: Sequence[str]) -> list[RequestMiddleware]:
+    """The named request middleware, each made by its factory."""
+    found = {ep.name: ep for ep in entry_points(group=MIDDLEWARE_GROUP)}
+    made = []
+    for name in names:
+        middleware = found[name].load()()
+        if not isinstance(middleware, RequestMiddleware):
+            raise InvalidArgumentError(
+                f"request middleware {name!r} ({found[name].value}) has no wrap(send) method"
+            )
+        made.append(middleware)
+    return made
 
 
 class PluginSink:
