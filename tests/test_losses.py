@@ -28,7 +28,7 @@ from vfops.training import (
     policy_loss,
 )
 from vfops.training._batch import to_batch
-from vfops.training._losses import check_loss_name
+from vfops.training._loss_names import check_loss_name
 
 MASK = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
 ADV = torch.tensor([1.0, -1.0])

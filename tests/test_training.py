@@ -23,9 +23,9 @@ from vfops.training._loss import (
     LossInputs,
     LossNorm,
     group_advantages,
-    policy_loss,
     token_logprobs,
 )
+from vfops.training._losses import policy_loss
 from vfops.training._tokens import Sequence, encode, prompt_ids, render
 
 pytestmark = pytest.mark.train

@@ -41,14 +41,9 @@ if TYPE_CHECKING:
         load_config,
     )
     from vfops.training._generation_hf import HFBackend
-    from vfops.training._loss import LossInputs, LossNorm, policy_loss
-    from vfops.training._losses import (
-        LOSS_GROUP,
-        LossVariant,
-        TokenPPO,
-        loss_names,
-        loss_variant,
-    )
+    from vfops.training._loss import LossInputs, LossNorm
+    from vfops.training._loss_names import LOSS_GROUP, loss_names
+    from vfops.training._losses import LossVariant, TokenPPO, loss_variant, policy_loss
     from vfops.training._progress import Progress
     from vfops.training._recipe import GRPORecipe
     from vfops.training._run import (
@@ -110,11 +105,11 @@ _LAZY = {
     "LossConfig": "vfops.training._config",
     "LossInputs": "vfops.training._loss",
     "LossNorm": "vfops.training._loss",
-    "policy_loss": "vfops.training._loss",
-    "LOSS_GROUP": "vfops.training._losses",
+    "policy_loss": "vfops.training._losses",
+    "LOSS_GROUP": "vfops.training._loss_names",
     "LossVariant": "vfops.training._losses",
     "TokenPPO": "vfops.training._losses",
-    "loss_names": "vfops.training._losses",
+    "loss_names": "vfops.training._loss_names",
     "loss_variant": "vfops.training._losses",
     "GRPORecipe": "vfops.training._recipe",
     "Progress": "vfops.training._progress",

@@ -58,7 +58,7 @@ AttnImplementation = Literal["auto", "flash_attention_2", "sdpa", "eager"]
 
 def _loss_name(name: str) -> str:
     # an installed variant's name (entry points: no import of torch or of the variant)
-    from vfops.training._losses import check_loss_name
+    from vfops.training._loss_names import check_loss_name
 
     return check_loss_name(name)
 

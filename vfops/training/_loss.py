@@ -101,16 +101,6 @@ class LossInputs:
     ref_logprobs: torch.Tensor | None = None
 
 
-def policy_loss(
-    inputs: LossInputs, config: LossConfig, norm: LossNorm
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """This micro-batch's share of the step's loss, and sums for the step's metrics: what
-    the variant ``[loss] type`` names makes of them (:mod:`vfops.training._losses`)."""
-    from vfops.training._losses import loss_variant
-
-    return loss_variant(config.type).loss(inputs, config, norm)
-
-
 @dataclass(frozen=True, slots=True)
 class _Importance:
     """The ratio to the old policy and the sampler-mismatch weight of each token."""
@@ -172,8 +162,6 @@ def ppo_token_terms(
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Per token ``-min(r A, clip(r, 1 - eps_l, 1 + eps_h) A) w + beta k3``, the mask (as
     the log-probs' dtype) and the step's sums (:mod:`vfops.training._losses`)."""
-    from vfops.training._losses import resolved_clip
-
     clip_low, clip_high = resolved_clip(config, variant)
     mask = inputs.mask.to(inputs.logprobs.dtype)
     imp = importance(inputs, config)
@@ -192,8 +180,6 @@ def cispo_terms(
     inputs: LossInputs, config: LossConfig, variant: Any
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Per token ``-sg(min(r, 1 + eps_h) w) A logp + beta k3`` (CISPO), the mask, sums."""
-    from vfops.training._losses import resolved_clip
-
     _, clip_high = resolved_clip(config, variant)
     mask = inputs.mask.to(inputs.logprobs.dtype)
     imp = importance(inputs, config)
@@ -210,8 +196,6 @@ def gspo_terms(
     inputs: LossInputs, config: LossConfig, variant: Any, norm: LossNorm
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO's loss for the micro-batch (see :class:`vfops.training._losses.GSPO`)."""
-    from vfops.training._losses import resolved_clip
-
     clip_low, clip_high = resolved_clip(config, variant)
     mask = inputs.mask.to(inputs.logprobs.dtype)
     lengths = mask.sum(-1).clamp(min=1.0)
@@ -239,6 +223,13 @@ def gspo_terms(
         # a clipped sequence clips every one of its tokens
         sums = _sums(imp, kl, mask, out.unsqueeze(-1).expand_as(mask))
     return loss, sums
+
+
+def resolved_clip(config: LossConfig, variant: Any) -> tuple[float, float]:
+    """``[loss]``'s clip range, each bound the variant's default where it is unset."""
+    low = variant.clip_low if config.clip_low is None else config.clip_low
+    high = variant.clip_high if config.clip_high is None else config.clip_high
+    return float(low), float(high)
 
 
 def _sums(

@@ -24,21 +24,17 @@ corrects.
 from __future__ import annotations
 
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from vfops._errors import InvalidArgumentError
+from vfops.training._loss import cispo_terms, gspo_terms, ppo_token_terms
+from vfops.training._loss_names import LOSS_GROUP, check_loss_name
 
 if TYPE_CHECKING:
     import torch
 
     from vfops.training._config import LossConfig
     from vfops.training._loss import LossInputs, LossNorm
-
-LOSS_GROUP: Final = "vfops.losses"
-RENAMED: Final = {"bnpo": "dapo"}
-"""Old names that now mean another formula, refused with the new name: vfops's ``bnpo``
-was a token mean over the step, which the field calls DAPO's aggregation (TRL's ``bnpo``
-normalises per micro-batch)."""
 
 
 @runtime_checkable
@@ -57,25 +53,12 @@ class LossVariant(Protocol):
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
-def loss_names() -> list[str]:
-    """The installed loss variants' names (no import of torch or of any variant)."""
-    return sorted({ep.name for ep in entry_points(group=LOSS_GROUP)})
-
-
-def check_loss_name(name: str) -> str:
-    """``name`` if a variant is installed under it; else one line naming the fix."""
-    if name in RENAMED:
-        raise InvalidArgumentError(
-            f"loss type {name!r} is now {RENAMED[name]!r} (a token mean over the step's "
-            f"trained tokens); set [loss] type = {RENAMED[name]!r}"
-        )
-    names = loss_names()
-    if name not in names:
-        raise InvalidArgumentError(
-            f"unknown loss type {name!r}; installed: {', '.join(names)} (a package adds one "
-            f"under the {LOSS_GROUP} entry point)"
-        )
-    return name
+def policy_loss(
+    inputs: LossInputs, config: LossConfig, norm: LossNorm
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the step's loss, and sums for the step's metrics: what
+    the variant ``[loss] type`` names makes of them (:mod:`vfops.training._losses`)."""
+    return loss_variant(config.type).loss(inputs, config, norm)
 
 
 def loss_variant(name: str) -> LossVariant:
@@ -104,8 +87,6 @@ class TokenPPO:
     def loss(
         self, inputs: LossInputs, config: LossConfig, norm: LossNorm
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        from vfops.training._loss import ppo_token_terms
-
         per_token, mask, sums = ppo_token_terms(inputs, config, self)
         return self.reduce(per_token * mask, mask, norm), sums
 
@@ -160,8 +141,6 @@ class GSPO:
     def loss(
         self, inputs: LossInputs, config: LossConfig, norm: LossNorm
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        from vfops.training._loss import gspo_terms
-
         return gspo_terms(inputs, config, self, norm)
 
 
@@ -179,17 +158,8 @@ class CISPO:
     def loss(
         self, inputs: LossInputs, config: LossConfig, norm: LossNorm
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        from vfops.training._loss import cispo_terms
-
         per_token, mask, sums = cispo_terms(inputs, config, self)
         return (per_token * mask).sum() / max(norm.tokens, 1), sums
-
-
-def resolved_clip(config: LossConfig, variant: Any) -> tuple[float, float]:
-    """``[loss]``'s clip range, each bound the variant's default where it is unset."""
-    low = variant.clip_low if config.clip_low is None else config.clip_low
-    high = variant.clip_high if config.clip_high is None else config.clip_high
-    return float(low), float(high)
 
 
 def uses_dynamic_sampling(config: LossConfig) -> bool:

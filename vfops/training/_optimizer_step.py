@@ -7,7 +7,7 @@ the recipe (prime-rl's split): it knows nothing of generation, only the
 first trained position on (or, with ``[optim] packing``, packed into one row without
 padding: :mod:`~vfops.training._packing`, the same loss per sequence), and its share
 of the step's loss
-(:func:`~vfops.training._loss.policy_loss`, normalised over the whole step by a
+(:func:`~vfops.training._losses.policy_loss`, normalised over the whole step by a
 :class:`~vfops.training._loss.LossNorm`) back-propagated under
 ``accelerator.accumulate``; one clipped optimizer step and one LR-schedule step follow.
 """
@@ -30,7 +30,8 @@ from vfops.training._batch import (
     split,
 )
 from vfops.training._config import GenerationConfig, LossConfig, OptimConfig
-from vfops.training._loss import LossInputs, LossNorm, policy_loss, token_logprobs
+from vfops.training._loss import LossInputs, LossNorm, token_logprobs
+from vfops.training._losses import policy_loss
 from vfops.training._packing import block_causal_mask, pack, packed_token_logprobs
 from vfops.training._setup import Policy
 from vfops.training._tokens import Sequence
