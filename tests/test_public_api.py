@@ -100,3 +100,17 @@ def test_names_from_another_package_are_ones_it_exports() -> None:
         if name not in exported:
             offenders.append(f"{file}:{line}: {name} from {module} (not in {owner}.__all__)")
     assert not offenders, "internals used across packages:\n" + "\n".join(offenders)
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    """A package's ``__init__`` is its API: another package imports ``from vfops.clients
+    import ChatResponse``, never ``from vfops.clients._base import ...`` (so a package may
+    move its modules around without breaking another)."""
+    offenders = sorted(
+        {
+            f"{file}:{line}: from {module}"
+            for file, line, module, _ in cross_package_imports()
+            if _owner(module) != "vfops" and module != _owner(module)
+        }
+    )
+    assert not offenders, "private modules imported across packages:\n" + "\n".join(offenders)

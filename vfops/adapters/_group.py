@@ -5,9 +5,8 @@ rollout is a group of one."""
 from __future__ import annotations
 
 from vfops._types import SamplingArgs, State
-from vfops.clients._base import ModelClient
-from vfops.envs._dataset import Example
-from vfops.envs._environment import Environment
+from vfops.clients import ModelClient
+from vfops.envs import Environment, Example
 
 
 class GroupEnvironment(Environment):

@@ -49,8 +49,8 @@ from vfops._types import Messages, SamplingArgs, State
 from vfops.adapters._group import GroupEnvironment
 from vfops.adapters._v1_scoring import contain_task_class
 from vfops.adapters._verifiers_line import installed_line
-from vfops.clients._base import ModelClient
-from vfops.envs._dataset import Example
+from vfops.clients import ModelClient
+from vfops.envs import Example
 from vfops.rubrics import RolloutScore
 
 SUPPORTED_VERIFIERS_V1 = ">=0.4.0,<0.5"

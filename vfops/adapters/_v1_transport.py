@@ -44,7 +44,7 @@ from verifiers.v1.interception import InterceptionServer
 from verifiers.v1.types import Response, SamplingConfig
 
 from vfops.adapters._wire import completion_json
-from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
+from vfops.clients import ChatResponse, ModelClient, PromptTooLongError
 from vfops.costs import BudgetExhausted
 
 CHAT = ChatDialect()

@@ -42,9 +42,9 @@ from vfops._types import Message, Messages, SamplingArgs, State
 from vfops.adapters._group import GroupEnvironment
 from vfops.adapters._verifiers_scoring import contain_rewards, contained_error
 from vfops.adapters._wire import completion_json
-from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
+from vfops.clients import ChatResponse, ModelClient, PromptTooLongError
 from vfops.costs import BudgetExhausted
-from vfops.envs._dataset import Example
+from vfops.envs import Example
 from vfops.rubrics import RolloutScore
 
 if TYPE_CHECKING:
@@ -121,8 +121,7 @@ def build_verifiers_environment(
     process's signal handlers kept (see :class:`_HandlersKeptByVfops`); any thread.
     ``factory`` and ``name`` are positional-only: every keyword is an environment argument."""
     vf = _import_verifiers()
-    from vfops.envs._dataset import quiet_datasets
-    from vfops.envs._load_errors import load_failure
+    from vfops.envs import load_failure, quiet_datasets
 
     try:
         with quiet_datasets():
@@ -213,7 +212,7 @@ class VerifiersEnvironment(GroupEnvironment):
     # --- datasets -------------------------------------------------------------
     def _split_rows(self, split: str) -> list[dict[str, Any]]:
         """``verifiers``' formatted rows of ``split``, kept by example id for its rollout."""
-        from vfops.envs._dataset import quiet_datasets
+        from vfops.envs import quiet_datasets
 
         with quiet_datasets():  # verifiers formats its rows with Dataset.map
             data = self.vf_env.get_dataset() if split == "train" else self.vf_env.get_eval_dataset()

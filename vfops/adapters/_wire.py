@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vfops.clients._base import TOKENS_KEY, ChatResponse
+from vfops.clients import TOKENS_KEY, ChatResponse
 
 
 def completion_json(response: ChatResponse, model: str) -> dict[str, Any]:

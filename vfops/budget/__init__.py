@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from vfops.budget._ledger import RegistryLedger, set_caps
     from vfops.budget._limiter import LocalRequestLimiter, LoopLocalLock, Pacer
     from vfops.budget._peer import PEER_SYNC_S, PeerSync, PeerSyncMiddleware, peer_sync
-    from vfops.clients._openai import RequestLimiter
+    from vfops.clients import RequestLimiter
 
 _MODULES = {
     "vfops.budget._adaptive": ("AdaptiveLimiter", "shared_adaptive_limiter"),

@@ -22,7 +22,7 @@ def upgrade_command(
     """Migrate the registry database to this vfops's schema (head)."""
     # imported here: `vfops --help` must not pay for sqlalchemy and alembic
     from vfops._settings import database_url
-    from vfops.registry._db import mask_url, upgrade
+    from vfops.registry import mask_url, upgrade
 
     url = url or database_url()
     before, after = upgrade(url)
@@ -38,7 +38,7 @@ def current_command(
 ) -> None:
     """Print the database URL (password masked), its revision and this vfops's head."""
     from vfops._settings import database_url
-    from vfops.registry._db import (
+    from vfops.registry import (
         current_revision,
         head_revision,
         is_known_revision,

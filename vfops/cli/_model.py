@@ -97,7 +97,7 @@ def build_tiny(
     # Building never uses an accelerator; without this, DeepSpeed (imported by
     # transformers when installed) warns that it found no GPU.
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from vfops.local._tiny import build_tiny_model, parameter_count
+    from vfops.local import build_tiny_model, parameter_count
 
     path = build_tiny_model(directory, seed=seed)
     typer.echo(f"{path.resolve()}")

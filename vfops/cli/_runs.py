@@ -307,7 +307,7 @@ def compare_command(
     baseline: positive means the candidate scored higher. The first line says which run
     is which.
     """
-    from vfops.evaluation._compare import compare_runs
+    from vfops.evaluation import compare_runs
 
     runs = _compared_runs(baseline_arg, candidate_arg, baseline, candidate, latest=latest, env=env)
     engine = _engine()
@@ -390,7 +390,7 @@ def _resolved_pair(
     engine: Engine, runs: tuple[str, str] | None, *, env: str | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The baseline's and the candidate's metadata (full ids), refusing one run twice."""
-    from vfops.evaluation._export import run_metadata
+    from vfops.evaluation import run_metadata
     from vfops.registry import RunFilter, list_runs, session_scope
 
     if runs is None:
@@ -426,7 +426,7 @@ def export_command(
     to: Annotated[str, typer.Option("--to", help="Folder or s3://bucket/prefix.")],
 ) -> None:
     """Export a run as a datasets dataset, a parquet file and metadata.json."""
-    from vfops.evaluation._export import export_run
+    from vfops.evaluation import export_run
 
     print(f"exported to {export_run(_engine(), run_id, to)}")
 

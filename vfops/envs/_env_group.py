@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from vfops._errors import InvalidArgumentError
 from vfops._types import SamplingArgs, State
-from vfops.clients._base import ModelClient
+from vfops.clients import ModelClient
 from vfops.envs._dataset import Example, FormattedSplit, is_dataset, quiet_datasets
 from vfops.envs._environment import Environment, Scorer
 

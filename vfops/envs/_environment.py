@@ -18,7 +18,7 @@ from vfops._rollout import RolloutError, RolloutRecord, Timing, TokenUsage
 from vfops._rollout_scope import rollout_scope
 from vfops._tool_counts import FIRST_TOOL_ERROR, first_tool_error, tool_count_metrics
 from vfops._types import Info, Messages, SamplingArgs, State
-from vfops.clients._base import ModelClient
+from vfops.clients import ModelClient
 from vfops.envs._dataset import (
     DatasetSource,
     Example,

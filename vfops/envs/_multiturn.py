@@ -8,7 +8,7 @@ from typing import Any
 
 from vfops._rollout import RolloutError
 from vfops._types import Messages, SamplingArgs, State
-from vfops.clients._base import ChatResponse, ModelClient, PromptTooLongError
+from vfops.clients import ChatResponse, ModelClient, PromptTooLongError
 from vfops.costs import BudgetExhausted
 from vfops.envs._dataset import Example
 from vfops.envs._environment import Environment, new_state

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from vfops.evaluation._sinks import RunFinish, Sink, SinkError
     from vfops.evaluation._store import iter_records, load_results, read_metadata
     from vfops.evaluation._transcript import format_transcript, rollout_failed
-    from vfops.stats._summary import EvalSummary, pass_at_k
+    from vfops.stats import EvalSummary, pass_at_k
 
 __all__ = [
     "DEFAULT_MAX_ERROR_RATE",

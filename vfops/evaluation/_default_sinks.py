@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from vfops.evaluation._open_run import Plan
     from vfops.evaluation._registry_calls import RegistryCalls
     from vfops.evaluation._store import RolloutWriter
-    from vfops.stats._summary import EvalSummary
+    from vfops.stats import EvalSummary
     from vfops.tracking import Tracker
 
 

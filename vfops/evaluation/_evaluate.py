@@ -76,8 +76,8 @@ from vfops.evaluation._tracking_start import (
 from vfops.rubrics import ScoringWorkers, start_scoring_workers
 
 if TYPE_CHECKING:
-    from vfops.clients._base import ModelClient
-    from vfops.envs._environment import Environment
+    from vfops.clients import ModelClient
+    from vfops.envs import Environment
     from vfops.evaluation._open_run import Plan
     from vfops.evaluation._registry_calls import RegistryCalls
     from vfops.evaluation._sinks import Sink

@@ -12,7 +12,7 @@ import orjson
 from vfops._errors import VfopsError
 from vfops._paths import check_writable_folder
 from vfops._rollout import rollout_features
-from vfops.envs._dataset import quiet_datasets
+from vfops.envs import quiet_datasets
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from vfops.costs import BudgetExhausted
     from vfops.evaluation._open_run import Plan
     from vfops.evaluation._registry_calls import RegistryCalls
-    from vfops.stats._summary import EvalSummary
+    from vfops.stats import EvalSummary
 
 
 async def settled(settle: Coroutine[Any, Any, EvalResult]) -> EvalResult:

@@ -37,15 +37,15 @@ from vfops.evaluation._result import EvalProgress, EvalResult, OpenedRun
 from vfops.evaluation._runner import check_resumable, initial_metadata, run_rollouts
 from vfops.evaluation._sinks import RegistrySink, Sink, SinkError, first_line
 from vfops.evaluation._store import DiskWriteError, RolloutWriter, iter_records, write_metadata
-from vfops.stats._summary import EvalSummary
+from vfops.stats import EvalSummary
 from vfops.tracking import wait_for_tracker
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from vfops._lease import LeaseOwner
-    from vfops.clients._base import ModelClient
-    from vfops.envs._environment import Environment
+    from vfops.clients import ModelClient
+    from vfops.envs import Environment
     from vfops.evaluation._open_run import Plan
     from vfops.evaluation._registry_calls import RegistryCalls
     from vfops.tracking import Tracker

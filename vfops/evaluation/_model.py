@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING
 
 from vfops._errors import EndpointError, VfopsError
 from vfops._redact import public_url
-from vfops.clients import DEFAULT_MAX_RETRIES, DEFAULT_MAX_RETRY_WAIT_S, DEFAULT_MAX_TIMEOUT_RETRIES
-from vfops.clients._base import ModelClient
+from vfops.clients import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_MAX_RETRY_WAIT_S,
+    DEFAULT_MAX_TIMEOUT_RETRIES,
+    ModelClient,
+)
 
 if TYPE_CHECKING:
-    from vfops.clients._endpoints import Endpoint
-    from vfops.clients._openai import OpenAIClient, RequestLimiter
+    from vfops.clients import Endpoint, OpenAIClient, RequestLimiter
 
 log = logging.getLogger("vfops.evaluation")
 
@@ -133,8 +136,7 @@ async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
         return _connect_local(model[len(LOCAL_PREFIX) :], options.seed)
     if model.startswith(MODEL_URI_PREFIX):
         return await _connect_registry(model, options.seed)
-    from vfops.clients import check_reachable, read_api_key, resolve_endpoint
-    from vfops.clients._openai import OpenAIClient
+    from vfops.clients import OpenAIClient, check_reachable, read_api_key, resolve_endpoint
 
     endpoint = resolve_endpoint(
         model,
@@ -147,7 +149,7 @@ async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
     await check_reachable(endpoint.base_url)
     limiter = options.limiter
     if limiter is None and options.adaptive_concurrency:
-        from vfops.budget._adaptive import shared_adaptive_limiter
+        from vfops.budget import shared_adaptive_limiter
 
         limiter = shared_adaptive_limiter(
             f"{public_url(endpoint.base_url).rstrip('/')} {endpoint.model}"
@@ -179,7 +181,7 @@ async def connect_model(model: str, options: ModelOptions) -> ModelConnection:
 async def _check_model_served(client: OpenAIClient, endpoint: Endpoint) -> None:
     """Fail with one line naming the served models when the endpoint lists its models
     and ``endpoint.model`` is not among them; otherwise (no list) do nothing."""
-    from vfops.clients._errors import APIError
+    from vfops.clients import APIError
 
     try:
         served = await client.list_models(timeout_s=MODEL_LIST_TIMEOUT_S)

@@ -26,7 +26,7 @@ from vfops.evaluation._registry_calls import RegistryUnavailable
 from vfops.evaluation._result import Action, EvalResult, Existing
 from vfops.evaluation._runner import EvalRequest, new_run_dir
 from vfops.evaluation._store import read_metadata
-from vfops.stats._summary import EvalSummary
+from vfops.stats import EvalSummary
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from vfops._lease import LeaseOwner
     from vfops.evaluation._provenance import Provenance
     from vfops.evaluation._registry_calls import RegistryCalls
-    from vfops.publishing._provenance import InstalledEnvironment
+    from vfops.publishing import InstalledEnvironment
     from vfops.registry import EvalRunRow
 
 
@@ -352,7 +352,7 @@ def _library_tags(provenance: Provenance) -> list[str]:
 
 
 def _inspect_installed(env_name: str) -> InstalledEnvironment:
-    from vfops.publishing._provenance import inspect_installed
+    from vfops.publishing import inspect_installed
 
     return inspect_installed(env_name)
 

@@ -14,7 +14,7 @@ from vfops.evaluation._runner import EvalRequest
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from vfops.publishing._provenance import InstalledEnvironment
+    from vfops.publishing import InstalledEnvironment
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def resolve_provenance(
     """Match the installed code of ``env_name`` (``installed``: already inspected, by the
     evaluating process, which knows its environments) against the published versions."""
 
-    from vfops.publishing._provenance import inspect_installed
+    from vfops.publishing import inspect_installed
     from vfops.registry import find_version, session_scope
 
     installed = installed or inspect_installed(env_name)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord
-from vfops.stats._summary import EvalSummary
+from vfops.stats import EvalSummary
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

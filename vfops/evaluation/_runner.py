@@ -25,8 +25,8 @@ from vfops._rollout import RolloutRecord
 from vfops._sampling import sampling_problems
 from vfops._types import SamplingArgs
 from vfops._version import __version__
-from vfops.clients._base import ModelClient
-from vfops.envs._environment import Environment
+from vfops.clients import ModelClient
+from vfops.envs import Environment
 from vfops.evaluation._store import read_metadata
 
 _SAMPLING_FLAGS = {"temperature": "--temperature", "max_tokens": "--max-tokens"}

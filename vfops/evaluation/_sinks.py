@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from vfops._lease import LeaseOwner
     from vfops.evaluation._registry_calls import RegistryCalls
-    from vfops.stats._summary import EvalSummary
+    from vfops.stats import EvalSummary
 
 T = TypeVar("T")
 

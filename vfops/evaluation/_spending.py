@@ -23,8 +23,7 @@ from vfops.costs import use_ledger
 
 if TYPE_CHECKING:
     from vfops.budget import RegistryLedger
-    from vfops.clients._base import ModelClient
-    from vfops.clients._middleware import RequestMiddleware
+    from vfops.clients import ModelClient, RequestMiddleware
     from vfops.evaluation._registry_calls import RegistryCalls
 
 

@@ -20,7 +20,7 @@ import orjson
 
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord, dumps_escaped
-from vfops.envs._dataset import quiet_datasets
+from vfops.envs import quiet_datasets
 
 RESULTS_FILE = "results.jsonl"
 METADATA_FILE = "metadata.json"

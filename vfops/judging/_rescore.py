@@ -21,7 +21,7 @@ from sqlalchemy import Engine
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord, TokenUsage
 from vfops.costs import scoring_rollout
-from vfops.parsers._parser import last_user_text
+from vfops.parsers import last_user_text
 from vfops.registry import (
     RegistryJudgeCache,
     add_rollout_cost,
@@ -29,8 +29,7 @@ from vfops.registry import (
     iter_rollouts,
     session_scope,
 )
-from vfops.rubrics import JudgeRubric
-from vfops.rubrics._judge import judge_says_yes
+from vfops.rubrics import JudgeRubric, judge_says_yes
 
 MAX_ERRORS_KEPT = 20
 _CHUNK = 256  # rollouts read per trip to the database thread

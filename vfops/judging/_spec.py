@@ -17,8 +17,7 @@ from sqlalchemy import Engine
 
 from vfops._errors import VfopsError
 from vfops.budget import Budget, budget_for, limit_name
-from vfops.clients import Endpoint, OpenAIClient, read_api_key, resolve_endpoint
-from vfops.clients._openai import RequestLimiter
+from vfops.clients import Endpoint, OpenAIClient, RequestLimiter, read_api_key, resolve_endpoint
 from vfops.costs import format_cost
 from vfops.judging._rescore import RescoreResult, rescore_run, resolve_run_id
 from vfops.rubrics import DEFAULT_JUDGE_PROMPT, JudgeRubric

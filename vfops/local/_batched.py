@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from vfops._types import Message
-from vfops.clients._base import PromptTooLongError
+from vfops.clients import PromptTooLongError
 
 _T = TypeVar("_T")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from vfops._errors import InvalidArgumentError, MissingExtraError, VfopsError
 from vfops._types import Messages, SamplingArgs
-from vfops.clients._base import ChatResponse
+from vfops.clients import ChatResponse
 from vfops.local._batched import (
     BatchedGenerator,
     Sampled,

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vfops.evaluation._compare import per_example_rewards
+from vfops.evaluation import per_example_rewards
 from vfops.registry import RunFilter, get_run, list_runs, session_scope
-from vfops.sweeps._spec import MODEL_REF_TAG
+from vfops.sweeps import MODEL_REF_TAG
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

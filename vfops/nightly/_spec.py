@@ -27,7 +27,7 @@ from pydantic import AfterValidator, Field
 
 from vfops._config import ConfigModel, load_toml
 from vfops.nightly._nightly import nightly_tags
-from vfops.sweeps._spec import EndpointRefs, EnvRefs, SamplingConfig, Samplings, SweepSpec
+from vfops.sweeps import EndpointRefs, EnvRefs, SamplingConfig, Samplings, SweepSpec
 
 DEFAULT_NIGHTLY_CRON = "0 3 * * *"
 

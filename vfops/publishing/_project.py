@@ -136,7 +136,7 @@ def _claimed(package: EnvironmentPackage) -> tuple[str, dict[str, str]]:
 def parse_semver(version: str, *, where: str = "version") -> tuple[int, int, int]:
     """(major, minor, patch) of a MAJOR.MINOR.PATCH version, read as PEP 440 (``0.1.00``
     is 0.1.0: one version, however it is spelled); one line naming ``where`` if not."""
-    from vfops.registry._environments import parse_version  # the registry's own rule
+    from vfops.registry import parse_version  # the registry's own rule
 
     try:
         return parse_version(version, fix='set e.g. version = "0.1.0"')

@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, Unpack, ru
 from vfops._errors import VfopsError
 from vfops._types import Messages, SamplingArgs, State
 from vfops.costs import charge_rollout
-from vfops.parsers import Parser
-from vfops.parsers._parser import last_user_text, message_text
+from vfops.parsers import Parser, last_user_text, message_text
 from vfops.rubrics._limits import not_counted
 from vfops.rubrics._rubric import RewardFunc, Rubric
 
 if TYPE_CHECKING:  # importing vfops.clients at runtime would pull in aiohttp for nothing
-    from vfops.clients._base import ModelClient
+    from vfops.clients import ModelClient
 
 DEFAULT_JUDGE_PROMPT = """Given a ground truth answer and a response, \
 determine if the response is correct.

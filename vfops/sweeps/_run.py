@@ -31,8 +31,7 @@ from vfops.sweeps._spec import MODEL_REF_TAG, Cell
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from vfops.clients import ModelClient
-    from vfops.clients._openai import RequestLimiter
+    from vfops.clients import ModelClient, RequestLimiter
     from vfops.evaluation import EvalResult
 
 Action = Literal["created", "resumed", "reused"]
@@ -236,8 +235,13 @@ async def run_cell_async(
     given, the Prefect ``flow_run_id`` that evaluated it.
     """
     from vfops._settings import vfops_home
-    from vfops.evaluation import EvalRequest, ModelOptions, RunOptions, evaluate_async
-    from vfops.evaluation._model import resolve_model_name
+    from vfops.evaluation import (
+        EvalRequest,
+        ModelOptions,
+        RunOptions,
+        evaluate_async,
+        resolve_model_name,
+    )
     from vfops.registry import get_engine
 
     engine = engine or get_engine()

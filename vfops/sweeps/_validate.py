@@ -101,8 +101,7 @@ def _target_hash(known: dict[str, str], kind: str, version: str | None) -> str:
 
 def _check_endpoints(spec: SweepSpec) -> None:
     from vfops.checkpoints import is_model_uri
-    from vfops.clients import load_endpoints
-    from vfops.clients._endpoints import DEFAULT_API_KEY_VAR, is_loopback
+    from vfops.clients import DEFAULT_API_KEY_VAR, is_loopback, load_endpoints
 
     aliases = [alias for alias in spec.endpoints if not is_model_uri(alias)]
     if not aliases:

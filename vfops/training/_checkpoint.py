@@ -111,7 +111,7 @@ class Checkpointer:
         model = self.policy.accelerator.unwrap_model(self.policy.model)
         if hasattr(model, "merge_and_unload"):
             model = merged_model(model)
-        from vfops.local._tiny import quiet_progress
+        from vfops.local import quiet_progress
 
         with quiet_progress():
             model.save_pretrained(str(path), safe_serialization=True)

@@ -36,8 +36,7 @@ import torch
 
 from vfops._errors import VfopsError
 from vfops._types import SamplingArgs
-from vfops.envs import Environment
-from vfops.envs._dataset import Example
+from vfops.envs import Environment, Example
 from vfops.training._backend import GenerationBackend
 from vfops.training._batch import Batch, Groups, batch_from_dict
 from vfops.training._config import GenerationConfig

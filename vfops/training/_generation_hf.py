@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from vfops._types import Messages, SamplingArgs
-from vfops.clients._base import ChatResponse, ModelClient
-from vfops.local._batched import (
+from vfops.clients import ChatResponse, ModelClient
+from vfops.local import (
     BatchedGenerator,
     ComputeRunner,
     Sampled,

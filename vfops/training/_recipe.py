@@ -45,8 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from vfops._types import SamplingArgs
-from vfops.envs import Environment
-from vfops.envs._dataset import Example
+from vfops.envs import Environment, Example
 from vfops.training._backend import GenerationBackend
 from vfops.training._batch import Batch, Groups, to_batch
 from vfops.training._checkpoint import (
@@ -209,7 +208,7 @@ class GRPORecipe:
 
     @property
     def env_versions(self) -> dict[str, str]:
-        from vfops.envs._loading import environment_version
+        from vfops.envs import environment_version
 
         env_id = self.config.environment.id
         return {env_id: environment_version(env_id) or "unknown"} if env_id else {}

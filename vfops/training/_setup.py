@@ -30,8 +30,7 @@ import torch
 
 from vfops._errors import VfopsError
 from vfops._quiet import name_deepspeed_accelerator
-from vfops.envs import Environment
-from vfops.envs._dataset import Example, iter_examples
+from vfops.envs import Environment, Example, iter_examples
 from vfops.training._attention import resolve_attention
 from vfops.training._backend import GenerationBackend
 from vfops.training._config import GenerationConfig, GRPOConfig, LoraSettings

@@ -33,8 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vfops._types import Message, Messages, SamplingArgs
-from vfops.clients._base import ChatResponse
-from vfops.clients._errors import MalformedResponseError
+from vfops.clients import ChatResponse, MalformedResponseError
 from vfops.training._backend import TOKENS_KEY, SamplingArgsError, TurnTokens
 from vfops.training._continuation import (
     PROMPT_SOURCE_KEY,
@@ -219,7 +218,7 @@ class VLLMClient:
     def _message(
         self, completion_ids: list[int], finish: str | None, tools: list[dict[str, Any]] | None
     ) -> tuple[Message, str | None]:
-        from vfops.local._batched import assistant_message
+        from vfops.local import assistant_message
 
         # Decoded here (not the server's text) so content always matches the ids.
         text = str(self.memory.tokenizer.decode(completion_ids, skip_special_tokens=True))

@@ -20,11 +20,15 @@ import orjson
 from pydantic import ConfigDict, Field
 
 from vfops._errors import VfopsError
-from vfops.clients._base import PromptTooLongError
-from vfops.clients._errors import APIConnectionError, APIStatusError, MalformedResponseError
-from vfops.clients._http import HTTPTransport
-from vfops.clients._openai import is_context_error
-from vfops.clients._retry import RetryPolicy
+from vfops.clients import (
+    APIConnectionError,
+    APIStatusError,
+    HTTPTransport,
+    MalformedResponseError,
+    PromptTooLongError,
+    RetryPolicy,
+    is_context_error,
+)
 from vfops.training._config import VLLMServerSettings
 
 log = logging.getLogger("vfops.training.vllm")

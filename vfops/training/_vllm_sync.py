@@ -46,7 +46,7 @@ def _save_weights(model: torch.nn.Module, target: Path) -> None:
     save_pretrained = getattr(model, "save_pretrained", None)
     if callable(save_pretrained):
         # Hugging Face models: checkpoint names, tied weights dropped, config.json.
-        from vfops.local._tiny import quiet_progress
+        from vfops.local import quiet_progress
 
         with quiet_progress():
             save_pretrained(str(tmp), max_shard_size="1000GB")
