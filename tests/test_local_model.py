@@ -24,7 +24,7 @@ pytest.importorskip("transformers")
 
 from typer.testing import CliRunner
 
-from vfops._errors import VfopsError
+from vfops._errors import InvalidArgumentError, VfopsError
 from vfops._net import free_port
 from vfops.cli._model import app, serve_command, serve_env
 from vfops.clients._base import ModelClient, PromptTooLongError
@@ -572,3 +572,24 @@ def test_build_tiny_prints_only_its_result(tmp_path: Path) -> None:
     assert result.stderr.strip() == "", result.stderr
     assert result.stdout.splitlines()[0].endswith("/m")
     assert result.stdout.splitlines()[1].startswith("parameters: ")
+
+
+async def test_local_client_gives_logprobs_when_asked(client: LocalModelClient) -> None:
+    messages = [{"role": "user", "content": "Say something."}]
+    args = {"temperature": 1.0, "max_tokens": 6, "seed": 7}
+    plain = await client.chat(model="tiny", messages=messages, sampling_args=args)
+    asked = await client.chat(
+        model="tiny", messages=messages, sampling_args={**args, "logprobs": True}
+    )
+    assert plain.raw is not None and "logprobs" not in plain.raw
+    assert asked.raw is not None and asked.raw["completion_ids"] == plain.raw["completion_ids"]
+    content = asked.raw["logprobs"]["content"]
+    assert len(content) == asked.completion_tokens
+    assert all(item["logprob"] <= 0.0 for item in content)
+    # a random model at temperature 1: no token is certain
+    assert all(item["logprob"] < 0.0 for item in content)
+    assert "".join(item["token"] for item in content).strip() in asked.message["content"] + " "
+    with pytest.raises(InvalidArgumentError, match="top_logprobs"):
+        await client.chat(model="tiny", messages=messages, sampling_args={"top_logprobs": 3})
+    with pytest.raises(InvalidArgumentError, match="send n requests"):
+        await client.chat(model="tiny", messages=messages, sampling_args={"n": 2})

@@ -42,7 +42,9 @@ class LocalModelClient:
     Supported sampling args: ``temperature`` (0 = greedy), ``top_p``, ``top_k``,
     ``min_p``, ``repetition_penalty``, ``max_tokens``/``max_completion_tokens``,
     ``seed``, ``stop`` (string or list, cut from the text). ``extra_body`` is merged
-    in. ``n`` > 1 and ``logprobs`` are not supported. The ``model`` name is ignored.
+    in. ``logprobs=true`` puts each sampled token's log-probability in ``raw["logprobs"]``
+    (OpenAI's shape; ``top_logprobs`` is refused); ``n`` > 1 is refused (send n requests:
+    concurrent ones share a batch). The ``model`` name is ignored.
     Unset args are neutral (the model's ``generation_config`` is not consulted).
     """
 
@@ -107,7 +109,11 @@ class LocalModelClient:
         sampling, stop, seeded = self._sampling(sampling_args or {})
         prompt_ids = self._encode(messages, tools)
         sampled = await self.generator.generate(prompt_ids, sampling, solo=seeded)
-        return self._response(model, prompt_ids, sampled, stop, tools)
+        response = self._response(model, prompt_ids, sampled, stop, tools)
+        if _wants_logprobs(sampling_args or {}):
+            assert response.raw is not None
+            response.raw["logprobs"] = self._logprobs(sampled)
+        return response
 
     async def aclose(self) -> None:
         """Stop accepting requests and wait for queued ones on this loop to finish."""
@@ -115,6 +121,16 @@ class LocalModelClient:
         await self.generator.aclose()
 
     # ------------------------------------------------------------------ internals
+
+    def _logprobs(self, sampled: Sampled) -> dict[str, Any]:
+        """OpenAI's ``choices[0].logprobs``: each sampled token and its log-probability
+        (at the sampling temperature, as the sampler drew it and the trainer reads it)."""
+        content = []
+        for token_id, logprob in zip(sampled.token_ids, sampled.logprobs, strict=True):
+            token = str(self.tokenizer.decode([token_id]))
+            content.append({"token": token, "logprob": float(logprob),
+                            "bytes": list(token.encode()), "top_logprobs": []})  # fmt: skip
+        return {"content": content}
 
     def _encode(self, messages: Messages, tools: list[dict[str, Any]] | None) -> list[int]:
         text = self.tokenizer.apply_chat_template(
@@ -134,7 +150,16 @@ class LocalModelClient:
             merged.update(extra)
         n = merged.get("n")
         if n is not None and int(n) != 1:
-            raise InvalidArgumentError("LocalModelClient supports only n=1")
+            raise InvalidArgumentError(
+                "LocalModelClient answers one choice a request (n=1); send n requests "
+                "(concurrent ones are generated in one batch)"
+            )
+        top = merged.get("top_logprobs")
+        if top is not None and int(top) != 0:
+            raise InvalidArgumentError(
+                "LocalModelClient gives each sampled token's logprob (logprobs=true), not "
+                "the top alternatives: drop top_logprobs"
+            )
         cap = merged.get("max_completion_tokens")
         if cap is None:
             cap = merged.get("max_tokens")
@@ -184,6 +209,13 @@ class LocalModelClient:
                 "batch_size": sampled.batch_size,
             },
         )
+
+
+def _wants_logprobs(args: SamplingArgs) -> bool:
+    extra = args.get("extra_body")
+    if isinstance(extra, dict) and extra.get("logprobs"):
+        return True
+    return bool(args.get("logprobs"))
 
 
 def _number(args: dict[str, Any], key: str, default: float) -> float:
