@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from vfops.sandbox import SANDBOX_LABEL, build_base_image, engine_named
+from vfops.sandbox import build_base_image, engine_named
 
 
 @pytest.fixture(scope="session")
@@ -32,10 +32,6 @@ def containers(label: str, value: str | None = None) -> list[str]:
         check=True,
     )
     return done.stdout.split()
-
-
-def vfops_containers() -> list[str]:
-    return containers(SANDBOX_LABEL)
 
 
 async def until(condition: Callable[[], object], deadline_s: float = 60.0) -> None:

@@ -175,18 +175,7 @@ def test_after_kill_9_of_an_eval_the_next_command_leaves_none_of_its_containers(
     home = tmp_path / "home"
     home.mkdir()
     with StubServer(StubConfig(reply_mode=killer_reply)) as server:
-        eval_proc = subprocess.Popen(
-            [sys.executable, "-m", "vfops", "eval", "code_exec", "-m", "stub-model",
-             "-b", server.base_url, "-n", "8", "-r", "1", "-c", "8",
-             "-a", '{"per_test_s": 5.0}', "-o", str(tmp_path / "out"), "-q"],
-            env=_env(home, base_image), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        owner = owner_id(eval_proc.pid)
-        # the state we wait for: the eval's rollouts are scoring in running containers
-        deadline = time.monotonic() + 90
-        while len(containers(OWNER_LABEL, owner)) < 3:
-            assert eval_proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        eval_proc, owner = _scoring_in_containers(server, tmp_path, base_image)
         eval_proc.send_signal(signal.SIGKILL)
         eval_proc.wait()
     assert len(containers(OWNER_LABEL, owner)) >= 3  # nothing removed them yet
@@ -196,6 +185,28 @@ def test_after_kill_9_of_an_eval_the_next_command_leaves_none_of_its_containers(
     )  # fmt: skip
     assert after.returncode == 0, after.stderr
     assert containers(OWNER_LABEL, owner) == []
+
+
+def _scoring_in_containers(
+    server: StubServer, tmp_path: Path, image: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``vfops eval code_exec`` (every answer runs until its tests' time limits) in the
+    background, once at least 3 of its containers are running; it and its owner id."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    eval_proc = subprocess.Popen(
+        [sys.executable, "-m", "vfops", "eval", "code_exec", "-m", "stub-model",
+         "-b", server.base_url, "-n", "8", "-r", "1", "-c", "8",
+         "-a", '{"per_test_s": 5.0}', "-o", str(tmp_path / "out"), "-q"],
+        env=_env(home, image), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    owner = owner_id(eval_proc.pid)
+    # the state we wait for: the eval's rollouts are scoring in running containers
+    deadline = time.monotonic() + 90
+    while len(containers(OWNER_LABEL, owner)) < 3:
+        assert eval_proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    return eval_proc, owner
 
 
 def _env(home: Path, image: str) -> dict[str, str]:
@@ -261,20 +272,8 @@ def test_a_missing_image_is_each_rollouts_error_never_a_tool_output(tmp_path: Pa
 def test_a_signalled_eval_removes_its_containers_before_it_exits(
     tmp_path: Path, base_image: str, signum: int
 ) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
     with StubServer(StubConfig(reply_mode=killer_reply)) as server:
-        eval_proc = subprocess.Popen(
-            [sys.executable, "-m", "vfops", "eval", "code_exec", "-m", "stub-model",
-             "-b", server.base_url, "-n", "8", "-r", "1", "-c", "8",
-             "-a", '{"per_test_s": 5.0}', "-o", str(tmp_path / "out"), "-q"],
-            env=_env(home, base_image), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        owner = owner_id(eval_proc.pid)
-        deadline = time.monotonic() + 90
-        while len(containers(OWNER_LABEL, owner)) < 3:  # scoring in running containers
-            assert eval_proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        eval_proc, owner = _scoring_in_containers(server, tmp_path, base_image)
         eval_proc.send_signal(signum)
         assert eval_proc.wait(timeout=120) != 0  # interrupted: not a result
     assert containers(OWNER_LABEL, owner) == []  # gone before it exited

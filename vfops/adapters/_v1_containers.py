@@ -92,14 +92,9 @@ def install_labelled_runtimes() -> None:
 
 
 def _labelled(base: type) -> type:
-    from vfops._rollout_scope import current_scope
     from vfops.sandbox import (
-        OWNER_LABEL,
-        ROLLOUT_LABEL,
-        RUN_LABEL,
-        SANDBOX_LABEL,
+        container_labels,
         note_sandbox_use,
-        owner_id,
         track_container,
         untrack_container,
     )
@@ -107,13 +102,7 @@ def _labelled(base: type) -> type:
     class Labelled(base):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            scope = current_scope()
-            labels = {SANDBOX_LABEL: "1", OWNER_LABEL: owner_id()}
-            if scope.run is not None:
-                labels[RUN_LABEL] = scope.run
-            if scope.rollout is not None:
-                labels[ROLLOUT_LABEL] = scope.rollout
-            for key, value in labels.items():
+            for key, value in container_labels().items():
                 self._label_args += ["--label", f"{key}={value}"]
             # never a pull at run time; removal without the 10 s stop grace (its main
             # process, sleep, ignores SIGTERM): the runtime removes it synchronously

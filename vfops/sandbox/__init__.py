@@ -13,7 +13,7 @@ on demand). At most ``VFOPS_SANDBOX_MAX_CONTAINERS`` live on a host at once.
 - :class:`SandboxPool`: warm containers, one per piece of work.
 - :class:`FleetGate`, :func:`fleet_gate_scope`: a limit across machines (a sweep's
   Prefect global concurrency limit) on top of the host's.
-- :class:`SandboxLimits`, :class:`ExecResult`, :class:`SandboxInfo`, :class:`SandboxError`.
+- :class:`SandboxLimits`, :class:`ExecResult`, :class:`SandboxError`.
 - :func:`build_base_image`, :func:`default_image`: the Debian + python3 base image.
 - :func:`collect_garbage`, :func:`reap_dead_owners`: what dead processes left;
   :func:`track_container`, :func:`untrack_container`, :func:`note_sandbox_use`: a
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         ROLLOUT_LABEL,
         RUN_LABEL,
         SANDBOX_LABEL,
+        container_labels,
         note_sandbox_use,
         owner_id,
         reap_dead_owners,
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
         untrack_container,
     )
     from vfops.sandbox._pool import SandboxPool
-    from vfops.sandbox._sandbox import ExecResult, Sandbox, SandboxInfo, run_in_sandbox
+    from vfops.sandbox._sandbox import ExecResult, Sandbox, run_in_sandbox
     from vfops.sandbox._settings import engine_name, max_containers
     from vfops.sandbox._slots import FleetGate, fleet_gate_scope
 
@@ -79,6 +80,7 @@ _EXPORTS = {
     "RUN_LABEL": "vfops.sandbox._owners",
     "SANDBOX_LABEL": "vfops.sandbox._owners",
     "owner_id": "vfops.sandbox._owners",
+    "container_labels": "vfops.sandbox._owners",
     "note_sandbox_use": "vfops.sandbox._owners",
     "track_container": "vfops.sandbox._owners",
     "untrack_container": "vfops.sandbox._owners",
@@ -88,7 +90,6 @@ _EXPORTS = {
     "SandboxPool": "vfops.sandbox._pool",
     "ExecResult": "vfops.sandbox._sandbox",
     "Sandbox": "vfops.sandbox._sandbox",
-    "SandboxInfo": "vfops.sandbox._sandbox",
     "run_in_sandbox": "vfops.sandbox._sandbox",
     "FleetGate": "vfops.sandbox._slots",
     "fleet_gate_scope": "vfops.sandbox._slots",
@@ -109,11 +110,11 @@ __all__ = [
     "Removed",
     "Sandbox",
     "SandboxError",
-    "SandboxInfo",
     "SandboxLimits",
     "SandboxPool",
     "build_base_image",
     "collect_garbage",
+    "container_labels",
     "default_image",
     "engine_name",
     "engine_named",

@@ -31,6 +31,7 @@ SANDBOX_LABEL: Final = "vfops.sandbox"
 OWNER_LABEL: Final = "vfops.owner"
 RUN_LABEL: Final = "vfops.run"
 ROLLOUT_LABEL: Final = "vfops.rollout"
+POOL_LABEL: Final = "vfops.pool"
 
 _lock = threading.Lock()
 _live: dict[str, str] = {}
@@ -38,6 +39,7 @@ _live: dict[str, str] = {}
 _marked: set[str] = set()
 _used: dict[tuple[str, str], dict[str, Any]] = {}
 """(engine, image) -> limits: what this process's sandboxes ran on (a run's provenance)."""
+_digests: dict[tuple[str, str], str | None] = {}
 
 
 def state_dir() -> Path:
@@ -69,6 +71,21 @@ def owner_id(pid: int | None = None) -> str:
     """The owner id of ``pid`` (this process by default)."""
     pid = os.getpid() if pid is None else pid
     return f"{_boot_id()}-{pid}-{_start_tick(pid) or 0}"
+
+
+def container_labels(**extra: str) -> dict[str, str]:
+    """The labels of a container this process starts now: vfops's mark, its owner, and
+    the run and rollout of the current context (:mod:`vfops._rollout_scope`); ``extra``
+    (``vfops.pool``...) on top."""
+    from vfops._rollout_scope import current_scope
+
+    scope = current_scope()
+    labels = {SANDBOX_LABEL: "1", OWNER_LABEL: owner_id()}
+    if scope.run is not None:
+        labels[RUN_LABEL] = scope.run
+    if scope.rollout is not None:
+        labels[ROLLOUT_LABEL] = scope.rollout
+    return {**labels, **extra}
 
 
 def owner_alive(owner: str) -> bool:
@@ -109,10 +126,12 @@ def sandboxes_used() -> list[dict[str, Any]]:
         used = dict(_used)
     found = []
     for (engine, image), limits in sorted(used.items()):
-        try:
-            digest = engine_named(engine).image_digest(image)
-        except Exception:  # recorded without it: the run's end is not the engine's
-            digest = None
+        digest = _digests.get((engine, image))
+        if digest is None:  # asked once a process (a run records it at start and end)
+            try:
+                digest = _digests[(engine, image)] = engine_named(engine).image_digest(image)
+            except Exception:  # recorded without it: the run's end is not the engine's
+                digest = None
         found.append({"engine": engine, "image": image, "image_digest": digest,
                       "limits": limits})  # fmt: skip
     return found

@@ -13,11 +13,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 
-from vfops._rollout_scope import current_scope
 from vfops.sandbox._engine import ContainerEngine, ContainerSpec, SandboxError, resolve_engine
 from vfops.sandbox._image import default_image
 from vfops.sandbox._limits import DEFAULT_LIMITS, SandboxLimits
-from vfops.sandbox._owners import OWNER_LABEL, RUN_LABEL, SANDBOX_LABEL, owner_id
+from vfops.sandbox._owners import POOL_LABEL, ROLLOUT_LABEL, container_labels
 from vfops.sandbox._sandbox import Sandbox, start_container
 from vfops.sandbox._settings import lifetime_s
 from vfops.sandbox._slots import Slot, acquire_slot
@@ -67,10 +66,9 @@ class SandboxPool:
 
     async def _start_one(self) -> None:
         slot = await acquire_slot()
-        labels = {SANDBOX_LABEL: "1", OWNER_LABEL: owner_id(), "vfops.pool": "1"}
-        run = current_scope().run
-        if run is not None:
-            labels[RUN_LABEL] = run
+        # no rollout yet: a warm container is handed to one later (its run is known now)
+        labels = container_labels(**{POOL_LABEL: "1"})
+        labels.pop(ROLLOUT_LABEL, None)
         spec = ContainerSpec(self.image, self.limits, labels, lifetime_s(), self.env)
         try:
             container = await start_container(self.engine, spec)

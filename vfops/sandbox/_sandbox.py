@@ -24,22 +24,17 @@ import shlex
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Final, Self
 
-from vfops._rollout_scope import current_scope
 from vfops.sandbox._engine import ContainerEngine, ContainerSpec, SandboxError, resolve_engine
 from vfops.sandbox._image import default_image
 from vfops.sandbox._limits import DEFAULT_LIMITS, SandboxLimits
 from vfops.sandbox._owners import (
-    OWNER_LABEL,
-    ROLLOUT_LABEL,
-    RUN_LABEL,
-    SANDBOX_LABEL,
+    container_labels,
     note_sandbox_use,
-    owner_id,
     track_container,
     untrack_container,
 )
@@ -88,16 +83,6 @@ class ExecResult:
         return f"exit code {self.exit_code}"
 
 
-@dataclass(frozen=True)
-class SandboxInfo:
-    """What a rollout records about its sandbox (its provenance)."""
-
-    engine: str
-    image: str
-    image_digest: str | None
-    limits: dict[str, Any] = field(default_factory=dict)
-
-
 class Sandbox:
     """A container for one piece of work; ``async with Sandbox() as box: await box.run(...)``."""
 
@@ -127,21 +112,7 @@ class Sandbox:
         return self._container
 
     def labels(self) -> dict[str, str]:
-        scope = current_scope()
-        labels = {SANDBOX_LABEL: "1", OWNER_LABEL: owner_id(), **self._labels}
-        if scope.run is not None:
-            labels.setdefault(RUN_LABEL, scope.run)
-        if scope.rollout is not None:
-            labels.setdefault(ROLLOUT_LABEL, scope.rollout)
-        return labels
-
-    def info(self) -> SandboxInfo:
-        return SandboxInfo(
-            engine=self.engine.name,
-            image=self.image,
-            image_digest=self.engine.image_digest(self.image),
-            limits=self.limits.model_dump(),
-        )
+        return container_labels(**self._labels)
 
     async def __aenter__(self) -> Self:
         return self
