@@ -85,7 +85,7 @@ def main() -> int:
     from vfops.local import import_gguf
     from vfops.stats import paired_bootstrap
 
-    config = args.config.resolve()
+    config = args.config.absolute()
     data = tomllib.loads(config.read_text())
     model = (config.parent / data["model"]["path"]).resolve()
     if data["model"].get("gguf") and not model.is_dir():

@@ -288,9 +288,9 @@ async def test_a_pushback_one_process_sees_makes_the_others_back_off(
     decrease of its own; news is heard once, one's own report is not news to it, and a
     process joining later starts from half of A's limit instead of no cap."""
     from vfops.budget import PeerSync
-    from vfops.evaluation._registry_calls import ThreadCalls
+    from vfops.registry import ThreadService
 
-    calls = ThreadCalls(registry_engine)
+    calls = ThreadService(registry_engine)
     endpoint = "http://api.example/v1 big-model"
     a = AdaptiveLimiter(name=endpoint)
     b = AdaptiveLimiter(name=endpoint, initial_limit=12)

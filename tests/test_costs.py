@@ -356,14 +356,14 @@ def test_reserve_waits_for_room_held_in_flight_then_gets_it(tmp_path: Path) -> N
     """A request that does not fit only because others are in flight waits for them."""
     from vfops.budget import RegistryLedger
     from vfops.costs import BudgetExhausted
-    from vfops.evaluation._registry_calls import ThreadCalls
+    from vfops.registry import ThreadService
 
     engine = get_engine(f"sqlite:///{tmp_path / 'registry.db'}")
 
     async def main() -> tuple[list[float], bool]:
         with session_scope(engine) as session:
             set_cost_caps(session, {"s": 1.0})
-        ledger = RegistryLedger(ThreadCalls(engine), ["s"], None)
+        ledger = RegistryLedger(ThreadService(engine), ["s"], None)
         first = await ledger.reserve(0.7)
         waiting = asyncio.ensure_future(ledger.reserve(0.5))
         await asyncio.sleep(0.3)

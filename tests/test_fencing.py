@@ -105,7 +105,9 @@ def test_a_holder_whose_lease_was_taken_over_writes_nothing(engine: Engine) -> N
     """Rows and the run's end, written with a lease another process took over, are
     refused (LeaseLostError naming the new holder) and leave nothing behind; the new
     holder's are stored; once it ended the run, the old one learns that too."""
-    from vfops.evaluation._sinks import _insert_rollouts
+    from vfops.registry import OPERATIONS
+
+    _insert_rollouts = OPERATIONS["run.insert"]
 
     first, second = LeaseOwner.this_process(), LeaseOwner.this_process()
     run_id = _new_run(engine, first)

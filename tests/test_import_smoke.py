@@ -140,20 +140,19 @@ def test_a_piped_eval_imports_neither_rich_nor_pydantic(registry: str, tmp_path:
     assert ("run: " in out) == (registry == "--registry"), out  # recorded where asked
     loaded = set(out.strip().splitlines()[-1].split())
     assert not loaded & {"rich", "pydantic"}
-    # the registry's work runs in its own process (vfops.evaluation._registry_calls):
+    # the registry's work runs in its own process (vfops.registry._service):
     # SQLAlchemy's import and the inserts never take the event loop's GIL
     assert "sqlalchemy" not in loaded
 
 
 def test_the_registry_side_loads_no_http_client() -> None:
-    # The registry calls of `vfops eval` are served in its tracker process, which
-    # unpickles references to these modules' functions: importing them must not load
-    # aiohttp (the whole client stack: ~9 MB of the tracker, bar 3a's process tree).
+    # The registry operations of `vfops eval` run in its tracker process, which
+    # unpickles their arguments (rollouts, leases, a run's opening): the modules that
+    # serves and those values' must not load aiohttp (the whole client stack: ~9 MB of
+    # the tracker, bar 3a's process tree).
     loaded = loaded_after(
-        "import vfops.evaluation._registry_calls, vfops.evaluation._sinks, "
-        "vfops.evaluation._evaluate, vfops.evaluation._open_run, vfops.evaluation._loop, "
-        "vfops.evaluation._finish, vfops.costs._ledger, vfops.budget._ledger, vfops.budget._peer, "
-        "vfops.tracking._eval_runs"
+        "import vfops.registry._service, vfops.registry._run_ops, vfops._rollout, "
+        "vfops._lease, vfops.costs._ledger, vfops.tracking._eval_runs"
     )
     assert "vfops" in loaded
     assert "aiohttp" not in loaded

@@ -279,16 +279,15 @@ def test_a_value_changed_after_the_check_is_named_not_blamed_on_the_database(
     """The registry's own path: a run whose arguments stopped being JSON after they were
     checked fails naming the value and the fix; the database is not mentioned."""
     from vfops.evaluation._open_run import open_in_background
-    from vfops.evaluation._registry_calls import ThreadCalls
     from vfops.evaluation._sinks import RegistrySink, SinkError
-    from vfops.registry import dispose_engines, get_engine
+    from vfops.registry import RunStore, ThreadService, dispose_engines, get_engine
 
     request = EvalRequest(env_name="arithmetic", model="m", env_args={"task": {"judges": []}})
     request.validate()
     request.env_args["task"]["judges"].append(JudgeConfig())
 
     async def record() -> str:
-        calls = ThreadCalls(get_engine(f"sqlite:///{tmp_path / 'registry.db'}"))
+        calls = RunStore(ThreadService(get_engine(f"sqlite:///{tmp_path / 'registry.db'}")))
         plan, opening = open_in_background(request, calls, tmp_path / "out")
         sink = RegistrySink(opening, plan.run_id or "", retry_s=0)
         sink.start()

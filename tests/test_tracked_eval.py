@@ -196,7 +196,7 @@ def test_a_tracked_eval_never_imports_pyarrow_and_its_tracker_writes_the_export(
     process: no registry child); untracked, the evaluation writes it itself and its
     registry calls go to a registry child."""
     from vfops.evaluation import load_results
-    from vfops.evaluation._registry_calls import SERVICE
+    from vfops.registry import SERVICE
 
     db_url = f"sqlite:///{tmp_path / 'home' / 'registry.db'}"  # either dialect would do
     # every Python process of the tree writes its command line here (sys.orig_argv)
@@ -238,7 +238,7 @@ def test_a_tracked_eval_never_imports_pyarrow_and_its_tracker_writes_the_export(
                 assert f"--side-service {SERVICE} " in tracker
             else:
                 (child,) = children
-                assert child.endswith("-m vfops.evaluation._registry_child")
+                assert child.endswith("-m vfops.registry._service_child")
     with get_engine(db_url).connect() as connection:
         rows = connection.execute(
             text(

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
         rate_limit_batch,
         rate_limit_name,
     )
-    from vfops.budget._ledger import RegistryLedger, set_caps
+    from vfops.budget._ledger import RegistryLedger
     from vfops.budget._limiter import LocalRequestLimiter, LoopLocalLock, Pacer
     from vfops.budget._peer import PEER_SYNC_S, PeerSync, PeerSyncMiddleware, peer_sync
     from vfops.clients import RequestLimiter
@@ -45,7 +45,7 @@ _MODULES = {
         "rate_limit_batch",
         "rate_limit_name",
     ),
-    "vfops.budget._ledger": ("RegistryLedger", "set_caps"),
+    "vfops.budget._ledger": ("RegistryLedger",),
     "vfops.budget._limiter": ("LocalRequestLimiter", "LoopLocalLock", "Pacer"),
     "vfops.budget._peer": ("PEER_SYNC_S", "PeerSync", "PeerSyncMiddleware", "peer_sync"),
     "vfops.clients._openai": ("RequestLimiter",),
@@ -86,6 +86,5 @@ __all__ = [
     "peer_sync",
     "rate_limit_batch",
     "rate_limit_name",
-    "set_caps",
     "shared_adaptive_limiter",
 ]

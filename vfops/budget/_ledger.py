@@ -12,35 +12,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from vfops.costs import CAP_TOLERANCE_USD, BudgetExhausted
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
+    from vfops.registry import RegistryService
 
-    from vfops.registry import CostBudget
-
-T = TypeVar("T")
 
 RESERVE_POLL_S = 0.2
 """How often a reservation waiting for room looks again (settlements by other
 processes are seen no later than this)."""
 
 
-class RegistryCalls(Protocol):
-    """What runs a registry function ``fn(engine, *args)`` for the ledger (an
-    evaluation's registry calls: a worker thread or the registry child process)."""
-
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
-
-
 class RegistryLedger:
     """The evaluation's caps in the registry: each reservation is one transaction on
     every scope at once (e.g. the run's own cap and its sweep's)."""
 
-    def __init__(self, calls: RegistryCalls, scopes: Sequence[str], run_id: str | None) -> None:
+    def __init__(self, calls: RegistryService, scopes: Sequence[str], run_id: str | None) -> None:
         self.calls, self.scopes, self.run_id = calls, tuple(scopes), run_id
         self.reserved = 0
         """How many reservations were made (requests sent under the caps)."""
@@ -53,7 +43,7 @@ class RegistryLedger:
         while True:
             reservation = uuid.uuid4().hex
             settled = self._settled()
-            full = await self.calls.call(_reserve, reservation, self.scopes, usd, self.run_id)
+            full = await self.calls.call("cost.reserve", reservation, self.scopes, usd, self.run_id)
             if full is None:
                 self.reserved += 1
                 return reservation
@@ -64,7 +54,7 @@ class RegistryLedger:
                 await asyncio.wait_for(settled.wait(), RESERVE_POLL_S)
 
     async def settle(self, reservation: str, actual_usd: float) -> None:
-        await self.calls.call(_settle, reservation, self.scopes, actual_usd)
+        await self.calls.call("cost.settle", reservation, self.scopes, actual_usd)
         self._settled().set()
 
     def _settled(self) -> asyncio.Event:
@@ -73,41 +63,3 @@ class RegistryLedger:
         if event is None or event.is_set():
             event = self._event = asyncio.Event()
         return event
-
-
-def _reserve(
-    engine: Engine, reservation: str, scopes: Sequence[str], usd: float, run_id: str | None
-) -> CostBudget | None:
-    from vfops.registry import reserve_cost, session_scope
-
-    try:
-        with session_scope(engine) as session:
-            full = reserve_cost(session, reservation, scopes, usd, run_id=run_id)
-            if full is not None:
-                raise _Refused(full)  # rolls back what other scopes took
-    except _Refused as refused:
-        return refused.budget
-    return None
-
-
-class _Refused(Exception):
-    def __init__(self, budget: CostBudget) -> None:
-        self.budget = budget
-
-
-def _settle(engine: Engine, reservation: str, scopes: Sequence[str], actual_usd: float) -> None:
-    from vfops.registry import session_scope, settle_cost
-
-    with session_scope(engine) as session:
-        settle_cost(session, reservation, scopes, actual_usd)
-
-
-def set_caps(engine: Engine, caps: dict[str, float | None], run_id: str | None) -> None:
-    """Create or update the caps and release ``run_id``'s stale reservations (its
-    earlier process's: this one holds the run's lease now); one transaction."""
-    from vfops.registry import release_run_reservations, session_scope, set_cost_caps
-
-    with session_scope(engine) as session:
-        set_cost_caps(session, caps)
-        if run_id is not None:
-            release_run_reservations(session, run_id)

@@ -20,15 +20,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from vfops._settings import DEFAULT_PEER_SYNC_S, peer_sync_s
 from vfops.budget._adaptive import AdaptiveLimiter
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
+    from vfops.registry import RegistryService
 
-T = TypeVar("T")
 log = logging.getLogger("vfops.budget")
 
 HINT_TTL_S = 600.0
@@ -39,17 +38,11 @@ PEER_SYNC_S = DEFAULT_PEER_SYNC_S
 (``VFOPS_PEER_SYNC_S`` for evaluations)."""
 
 
-class RegistryCalls(Protocol):
-    """Runs ``fn(engine, *args)`` on the registry (an evaluation's registry calls)."""
-
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
-
-
 class PeerSync:
     """Shares ``limiter``'s pushbacks on endpoint ``limiter.name`` with other processes."""
 
     def __init__(
-        self, limiter: AdaptiveLimiter, calls: RegistryCalls, *, interval_s: float = PEER_SYNC_S
+        self, limiter: AdaptiveLimiter, calls: RegistryService, *, interval_s: float = PEER_SYNC_S
     ) -> None:
         if not limiter.name:
             raise ValueError("PeerSync needs a limiter named after its endpoint")
@@ -69,7 +62,7 @@ class PeerSync:
         """Take the endpoint's current epoch as the baseline (earlier pushbacks are old
         news) and, when a peer was pushed back lately (:data:`HINT_TTL_S`), start from its
         limit; then look every ``interval_s``."""
-        epoch, hint, updated_at = await self.calls.call(_state, self.endpoint)
+        epoch, hint, updated_at = await self.calls.call("pushback.state", self.endpoint)
         self._seen = epoch
         recent = updated_at is not None and time.time() - updated_at < HINT_TTL_S
         if hint is not None and recent:
@@ -83,10 +76,10 @@ class PeerSync:
         own = self.limiter.own_decreases
         if own > self._told:
             self._told = own
-            self._seen = await self.calls.call(_bump, self.endpoint, self.limiter.limit)
+            self._seen = await self.calls.call("pushback.bump", self.endpoint, self.limiter.limit)
             self.told += 1
             return
-        epoch, _, _ = await self.calls.call(_state, self.endpoint)
+        epoch, _, _ = await self.calls.call("pushback.state", self.endpoint)
         if epoch > self._seen:
             self._seen = epoch
             self.heard += 1
@@ -108,13 +101,13 @@ class PeerSync:
             self._task = None
 
 
-_RUNNING: dict[tuple[int, int], tuple[PeerSync, list[RegistryCalls]]] = {}
+_RUNNING: dict[tuple[int, int], tuple[PeerSync, list[RegistryService]]] = {}
 """(limiter, event loop) -> its sync and the registry calls of the evaluations inside."""
 
 
 @contextlib.asynccontextmanager
 async def peer_sync(
-    limiter: AdaptiveLimiter, calls: RegistryCalls
+    limiter: AdaptiveLimiter, calls: RegistryService
 ) -> AsyncIterator[PeerSync | None]:
     """The :class:`PeerSync` of ``limiter`` on this event loop while inside (evaluations
     that share a limiter on one loop, e.g. cells gathered together, share its sync: one
@@ -156,7 +149,7 @@ class PeerSyncMiddleware:
     sync runs while it is installed on the client; it does nothing per request (the
     limiter, entered around each attempt, already counts the pushbacks it tells)."""
 
-    def __init__(self, limiter: AdaptiveLimiter, calls: RegistryCalls) -> None:
+    def __init__(self, limiter: AdaptiveLimiter, calls: RegistryService) -> None:
         self.limiter, self.calls = limiter, calls
         self.sync: PeerSync | None = None
         self._scope: contextlib.AbstractAsyncContextManager[PeerSync | None] | None = None
@@ -173,21 +166,3 @@ class PeerSyncMiddleware:
         scope, self._scope = self._scope, None
         if scope is not None:
             await scope.__aexit__(*exc)
-
-
-def _bump(engine: Engine, endpoint: str, limit: float | None) -> int:
-    from vfops.registry import bump_pushback, session_scope
-
-    with session_scope(engine) as session:
-        return bump_pushback(session, endpoint, limit)
-
-
-def _state(engine: Engine, endpoint: str) -> tuple[int, float | None, float | None]:
-    """(epoch, limit hint, POSIX time of the last pushback): plain values, so the
-    evaluating process never imports the registry to read them (ChildCalls)."""
-    from vfops.registry import read_pushback, session_scope
-
-    with session_scope(engine, write=False) as session:
-        state = read_pushback(session, endpoint)
-    updated = None if state.updated_at is None else state.updated_at.timestamp()
-    return state.epoch, state.limit_hint, updated

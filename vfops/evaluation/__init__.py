@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 from vfops._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from vfops._folder_lock import RunFolderBusyError
     from vfops.evaluation._compare import compare_runs, per_example_rewards
     from vfops.evaluation._default_sinks import DefaultSinks, default_sinks
     from vfops.evaluation._evaluate import evaluate, evaluate_async
     from vfops.evaluation._export import export_run, run_metadata
-    from vfops.evaluation._lock import RunFolderBusyError
     from vfops.evaluation._model import ModelOptions, resolve_model_name
     from vfops.evaluation._open_run import registry_summary
     from vfops.evaluation._plugins import (
@@ -118,7 +118,7 @@ _LAZY = {
     "registry_summary": "vfops.evaluation._open_run",
     "export_run": "vfops.evaluation._export",
     "run_metadata": "vfops.evaluation._export",
-    "RunFolderBusyError": "vfops.evaluation._lock",
+    "RunFolderBusyError": "vfops._folder_lock",
     "ModelOptions": "vfops.evaluation._model",
     "resolve_model_name": "vfops.evaluation._model",
     "Provenance": "vfops.evaluation._provenance",

@@ -26,8 +26,8 @@ from vfops.evaluation._store import ARROW_FILE
 
 if TYPE_CHECKING:
     from vfops.evaluation._open_run import Plan
-    from vfops.evaluation._registry_calls import RegistryCalls
     from vfops.evaluation._store import RolloutWriter
+    from vfops.registry import RunStore
     from vfops.stats import EvalSummary
     from vfops.tracking import Tracker
 
@@ -44,7 +44,7 @@ class DefaultSinks:
 
 def default_sinks(
     plan: Plan,
-    registry: RegistryCalls | asyncio.Future[RegistryCalls] | None,
+    registry: RunStore | asyncio.Future[RunStore] | None,
     tracker: Tracker | None,
     writer: RolloutWriter,
     summary: EvalSummary,

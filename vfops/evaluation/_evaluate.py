@@ -10,7 +10,7 @@ the same places with the same provenance:
    line, before anything is started or written);
 2. only then the recorders start: the tracker (MLflow, in its own process, so its
    start-up overlaps the rollouts and a model loaded in-process) and the registry
-   calls; then an in-process model loads;
+   store; then an in-process model loads;
 3. the run is opened: created, resumed (``resume=`` a run id, id prefix or run
    folder; or ``existing="resume"``: the newest unfinished run with the same
    configuration fingerprint) or reused (``existing="reuse"``: a completed run
@@ -69,7 +69,7 @@ from vfops.evaluation._spending import check_caps, check_priced, client_middlewa
 from vfops.evaluation._store import read_metadata
 from vfops.evaluation._tracking_start import (
     check_tracking_server,
-    registry_calls,
+    run_store,
     start_tracker,
     tracking_on,
 )
@@ -79,8 +79,8 @@ if TYPE_CHECKING:
     from vfops.clients import ModelClient
     from vfops.envs import Environment
     from vfops.evaluation._open_run import Plan
-    from vfops.evaluation._registry_calls import RegistryCalls
     from vfops.evaluation._sinks import Sink
+    from vfops.registry import RunStore
     from vfops.tracking import Tracker
 
 __all__ = ["evaluate", "evaluate_async", "registry_summary"]
@@ -123,7 +123,7 @@ async def evaluate_async(
     env = environment
     tracker: Tracker | None = None
     connection_client: ModelClient | None = None
-    calls: RegistryCalls | None = None
+    store: RunStore | None = None
     workers: ScoringWorkers | None = None
     try:
         if env is None:
@@ -157,10 +157,10 @@ async def evaluate_async(
         if track:
             tracker = start_tracker(request.env_name, serve_registry=opts.engine is None)
         if opts.registry:
-            calls = await registry_calls(opts.engine, tracker)
+            store = await run_store(opts.engine, tracker)
         if client is None:
             client = connection_client = await _connect(request, model_opts)
-        return await _open_and_run(request, opts, env, client, calls, tracker, progress, sinks)
+        return await _open_and_run(request, opts, env, client, store, tracker, progress, sinks)
     finally:
         if workers is not None:
             await workers.aclose()
@@ -168,10 +168,10 @@ async def evaluate_async(
             await connection_client.aclose()
         if environment is None and env is not None:
             await env.aclose()
-        # the calls first: served by the tracker process (vfops eval), they end before
+        # the store first: served by the tracker process (vfops eval), they end before
         # it can exit
-        if calls is not None:
-            await calls.aclose()
+        if store is not None:
+            await store.aclose()
         if tracker is not None:
             await tracker.aclose()
 
@@ -206,34 +206,34 @@ async def _open_and_run(
     options: RunOptions,
     env: Environment,
     client: ModelClient,
-    calls: RegistryCalls | None,
+    store: RunStore | None,
     tracker: Tracker | None,
     progress: EvalProgress | None,
     sinks: Sequence[Sink],
 ) -> EvalResult:
     """Open the run (reusing one returns at once), set up the client's middleware, run it."""
     output_root = options.output_root or DEFAULT_OUTPUT_ROOT
-    opening: asyncio.Task[RegistryCalls] | None = None
+    opening: asyncio.Task[RunStore] | None = None
     # A new run is opened in the registry while its first rollouts run (importing the
     # registry and opening the run would otherwise come first); resuming or reusing
     # needs the registry's answer before anything is generated.
-    if calls is not None and options.resume is None and options.existing == "new":
-        plan, opening = open_in_background(request, calls, output_root)
+    if store is not None and options.resume is None and options.existing == "new":
+        plan, opening = open_in_background(request, store, output_root)
     else:
-        plan = await open_run(request, calls, output_root, options.resume, options.existing)
+        plan = await open_run(request, store, output_root, options.resume, options.existing)
     if plan.action == "reused":
-        assert calls is not None and plan.run_id is not None
-        return await reused_result(calls, plan)
+        assert store is not None and plan.run_id is not None
+        return await reused_result(store, plan)
     ledger = None
     if options.capped:
-        assert calls is not None and plan.run_id is not None
-        ledger = await open_ledger(calls, plan.run_id, options.max_cost, options.cost_caps or {})
+        assert store is not None and plan.run_id is not None
+        ledger = await open_ledger(store, plan.run_id, options.max_cost, options.cost_caps or {})
     context = RunContext(
         env,
         client,
         plan,
         planned=request.num_examples * request.rollouts_per_example,
-        registry=None if opening is not None else calls,
+        registry=None if opening is not None else store,
         opening=opening,
         tracker=tracker,
         mlflow_parent_run_id=options.mlflow_parent_run_id,
@@ -243,12 +243,12 @@ async def _open_and_run(
             *(PluginSink(name, _run_info(plan, opening)) for name in options.sinks),
         ),
     )
-    async with client_middleware(client, calls, ledger, plugin_middleware(options.middleware)):
+    async with client_middleware(client, store, ledger, plugin_middleware(options.middleware)):
         return await run(context)
 
 
 def _plugin_sinks(
-    names: Sequence[str], plan: Plan, opening: asyncio.Task[RegistryCalls] | None
+    names: Sequence[str], plan: Plan, opening: asyncio.Task[RunStore] | None
 ) -> list[Sink]:
     """The named plug-in sinks, after the caller's (``vfops eval --sink``)."""
     info = _run_info(plan, opening)
@@ -256,7 +256,7 @@ def _plugin_sinks(
 
 
 def _run_info(
-    plan: Plan, opening: asyncio.Task[RegistryCalls] | None
+    plan: Plan, opening: asyncio.Task[RunStore] | None
 ) -> Callable[[], Awaitable[RunInfo]]:
     """What a plug-in sink is told, once the run is known (recorded, when it is new)."""
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Coroutine, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from vfops.evaluation._registry_calls import RegistryUnavailable
 from vfops.evaluation._result import EvalResult
 from vfops.evaluation._runner import now_iso
 from vfops.evaluation._sinks import (
@@ -27,14 +27,13 @@ from vfops.evaluation._sinks import (
     first_line,
 )
 from vfops.evaluation._store import ARROW_FILE, DiskWriteError, write_metadata
+from vfops.registry import RegistryUnavailable
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-
     from vfops._lease import LeaseOwner
     from vfops.costs import BudgetExhausted
     from vfops.evaluation._open_run import Plan
-    from vfops.evaluation._registry_calls import RegistryCalls
+    from vfops.registry import RunStore
     from vfops.stats import EvalSummary
 
 
@@ -61,7 +60,7 @@ async def settled(settle: Coroutine[Any, Any, EvalResult]) -> EvalResult:
     return result
 
 
-async def opened_registry(opening: asyncio.Task[RegistryCalls]) -> RegistryCalls | None:
+async def opened_registry(opening: asyncio.Task[RunStore]) -> RunStore | None:
     """The registry of a run opened in the background, or None when opening it failed
     (the registry sink, which waited for the same task, reports why)."""
     await asyncio.wait({opening})
@@ -104,7 +103,7 @@ async def finish_run(
     status: str,
     error: str | None,
     *,
-    registry: RegistryCalls | None,
+    registry: RunStore | None,
 ) -> EvalResult:
     """Close every sink (each failure recorded, none swallowed), then record the end: in
     the registry, in MLflow (waiting until it has everything), in ``metadata.json``.
@@ -149,7 +148,7 @@ async def _record(
     tracking_sink: TrackingSink | None,
     metadata: dict[str, Any],
     finish: RunFinish,
-    registry: RegistryCalls | None,
+    registry: RunStore | None,
 ) -> str | None:
     """Record ``finish`` in the folder, the registry and MLflow; the MLflow run's id."""
     registry_sink = next((s for s in sinks if isinstance(s, RegistrySink)), None)
@@ -193,24 +192,24 @@ async def _record(
     return mlflow_run_id
 
 
-async def _still_held(registry: RegistryCalls, run_id: str, lease: LeaseOwner) -> None:
+async def _still_held(registry: RunStore, run_id: str, lease: LeaseOwner) -> None:
     """Raise :class:`~vfops._lease.LeaseLostError` when another process took the run
     over. Any other failure is met again, and reported, by the end's (fenced) write."""
     from vfops._lease import LeaseLostError
 
     try:
-        await registry.call(_hold, run_id, lease)
+        await registry.hold_lease(run_id, lease)
     except LeaseLostError:
         raise
     except Exception:
         return
 
 
-async def _release(registry: RegistryCalls, run_id: str, lease: LeaseOwner) -> None:
+async def _release(registry: RunStore, run_id: str, lease: LeaseOwner) -> None:
     """The run free for the next process at once. Best effort: the end is recorded
     already, and a lease that is not released expires (LEASE_TTL_S)."""
     with contextlib.suppress(Exception):
-        await registry.call(_write_release, run_id, lease)
+        await registry.release_lease(run_id, lease)
 
 
 def _registry_down(run_id: str, exc: RegistryUnavailable) -> str:
@@ -239,7 +238,7 @@ def _end_metadata(plan: Plan, metadata: dict[str, Any], finish: RunFinish) -> No
 
 
 async def _record_end(
-    registry: RegistryCalls,
+    registry: RunStore,
     run_id: str,
     finish: RunFinish,
     lease: LeaseOwner | None,
@@ -253,12 +252,12 @@ async def _record_end(
     stored = finish.summary.to_dict()
     if finish.error:
         stored["error"] = finish.error
-    args = (run_id, finish.status, stored, lease)
+    write = partial(registry.record_end, run_id, finish.status, stored, lease)
     try:
         if registry_sink is not None and not registry_sink.gave_up:
-            await registry_sink.retrying(registry, _write_end, *args)
+            await registry_sink.retrying(write)
         else:
-            await registry.call(_write_end, *args)
+            await write()
     except LeaseLostError:
         raise
     except Exception as exc:
@@ -272,28 +271,3 @@ async def _record_end(
         )
         return False
     return True
-
-
-def _write_end(
-    engine: Engine, run_id: str, status: str, stored: dict[str, Any], lease: LeaseOwner | None
-) -> None:
-    """The run's end, only while ``lease`` is held (the lease stays held: released
-    after the end's last write, :func:`_write_release`)."""
-    from vfops.registry import finish_run, session_scope
-
-    with session_scope(engine) as session:
-        finish_run(session, run_id, status, stored, lease=lease)
-
-
-def _hold(engine: Engine, run_id: str, lease: LeaseOwner) -> None:
-    from vfops.registry import hold_run_lease, session_scope
-
-    with session_scope(engine) as session:
-        hold_run_lease(session, run_id, lease)
-
-
-def _write_release(engine: Engine, run_id: str, lease: LeaseOwner) -> None:
-    from vfops.registry import release_run_lease, session_scope
-
-    with session_scope(engine) as session:
-        release_run_lease(session, run_id, lease)

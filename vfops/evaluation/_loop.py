@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vfops._errors import VfopsError
+from vfops._folder_lock import RunFolderLock
 from vfops._image_map import image_map_scope
 from vfops._rollout import RolloutRecord
 from vfops._rollout_scope import run_scope
@@ -32,7 +33,6 @@ from vfops.evaluation._finish import (
     resume_hint,
     settled,
 )
-from vfops.evaluation._lock import RunFolderLock
 from vfops.evaluation._result import EvalProgress, EvalResult, OpenedRun
 from vfops.evaluation._runner import check_resumable, initial_metadata, run_rollouts
 from vfops.evaluation._sinks import RegistrySink, Sink, SinkError, first_line
@@ -41,13 +41,10 @@ from vfops.stats import EvalSummary
 from vfops.tracking import wait_for_tracker
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-
-    from vfops._lease import LeaseOwner
     from vfops.clients import ModelClient
     from vfops.envs import Environment
     from vfops.evaluation._open_run import Plan
-    from vfops.evaluation._registry_calls import RegistryCalls
+    from vfops.registry import RunStore
     from vfops.tracking import Tracker
 
 _CATCH_UP_BATCH = 512
@@ -63,9 +60,9 @@ class RunContext:
     plan: Plan
     planned: int
     """Rollouts the run will hold when complete."""
-    registry: RegistryCalls | None
+    registry: RunStore | None
     """The registry, when the run was opened before running (else ``opening``)."""
-    opening: asyncio.Task[RegistryCalls] | None
+    opening: asyncio.Task[RunStore] | None
     """A new run being recorded in the registry while its first rollouts run."""
     tracker: Tracker | None = None
     mlflow_parent_run_id: str | None = None
@@ -98,19 +95,12 @@ async def run(context: RunContext) -> EvalResult:
         if registry is not None and plan.run_id is not None and plan.lease is not None:
             # best effort: an unreleased lease expires anyway; the refusal is the news
             with contextlib.suppress(Exception):
-                await registry.call(_release_lease, plan.run_id, plan.lease)
+                await registry.release_lease(plan.run_id, plan.lease)
         raise
     try:
         return await _run_locked(context, metadata)
     finally:
         folder_lock.release()
-
-
-def _release_lease(engine: Engine, run_id: str, lease: LeaseOwner) -> None:
-    from vfops.registry import release_run_lease, session_scope
-
-    with session_scope(engine) as session:
-        release_run_lease(session, run_id, lease)
 
 
 class _Delivery:
@@ -268,15 +258,15 @@ async def _copy_from_registry(
     sinks: Sequence[Sink],
     summary: EvalSummary,
     done: set[tuple[int, int]],
-    registry: RegistryCalls | asyncio.Future[RegistryCalls] | None,
+    registry: RunStore | asyncio.Future[RunStore] | None,
 ) -> None:
     """Resume: write the rollouts the registry holds and this folder lacks into the
     folder (and the export), so that nothing completed is regenerated and the folder
     holds the whole run."""
     assert registry is not None and plan.run_id is not None
-    calls = registry if not isinstance(registry, asyncio.Future) else await registry
+    store = registry if not isinstance(registry, asyncio.Future) else await registry
     # one pass over the run's rows in the registry (each call would stream them all)
-    found = await calls.call(_registry_records, plan.run_id, plan.done_in_registry - done)
+    found = await store.rollouts(plan.run_id, plan.done_in_registry - done)
     for start in range(0, len(found), _CATCH_UP_BATCH):
         records = found[start : start + _CATCH_UP_BATCH]
         to_folder(plan, writer.write_group, records)
@@ -301,12 +291,3 @@ def to_folder(plan: Plan, write: Callable[..., None], *args: Any) -> None:
             f"free space there and finish the run with vfops eval ... --resume {label} "
             f"(or move the folder {plan.run_dir} elsewhere and pass its new path to --resume)",
         ) from exc
-
-
-def _registry_records(
-    engine: Engine, run_id: str, keys: set[tuple[int, int]]
-) -> list[RolloutRecord]:
-    from vfops.registry import iter_rollouts, session_scope
-
-    with session_scope(engine, write=False) as session:
-        return [record for record in iter_rollouts(session, run_id) if record.key in keys]

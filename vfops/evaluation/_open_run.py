@@ -4,9 +4,10 @@ A run is opened before anything is generated (resuming or reusing needs the
 registry's answer first) or, for a new run, while its first rollouts run
 (:func:`open_in_background`: its id is generated here, the registry records it
 meanwhile). Whoever opens a run takes its lease (one process per run, on any
-machine: :func:`vfops.registry.take_run_lease`). The registry work runs through
-:class:`~vfops.evaluation._registry_calls.RegistryCalls`, possibly in another
-process: the functions it is handed are module-level, and return plain data.
+machine: :func:`vfops.registry.take_run_lease`). The registry's part is one call of
+:meth:`vfops.registry.RunStore.open` (possibly in another process): this module turns
+the request into a :class:`~vfops.registry.RunOpening` and the answer into a
+:class:`Plan`.
 """
 
 from __future__ import annotations
@@ -22,21 +23,19 @@ from typing import TYPE_CHECKING
 
 from vfops._errors import VfopsError
 from vfops._plain_json import PLAIN_JSON, UnrecordableValueError, check_plain_json
-from vfops.evaluation._registry_calls import RegistryUnavailable
 from vfops.evaluation._result import Action, EvalResult, Existing
 from vfops.evaluation._runner import EvalRequest, new_run_dir
 from vfops.evaluation._store import read_metadata
+from vfops.registry import RegistryUnavailable
 from vfops.stats import EvalSummary
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
-    from sqlalchemy.orm import Session
 
     from vfops._lease import LeaseOwner
     from vfops.evaluation._provenance import Provenance
-    from vfops.evaluation._registry_calls import RegistryCalls
     from vfops.publishing import InstalledEnvironment
-    from vfops.registry import EvalRunRow
+    from vfops.registry import RunOpened, RunOpening, RunStore
 
 
 @dataclass
@@ -54,22 +53,9 @@ class Plan:
     """This evaluation's lease on the registry run (set once the run is open)."""
 
 
-@dataclass(frozen=True)
-class _Opening:
-    """What opening a run in the registry works from (one call, maybe in another process)."""
-
-    request: EvalRequest
-    output_root: Path
-    resume: str | None
-    existing: Existing
-    provenance: Provenance
-    lease: LeaseOwner
-    fingerprint: str
-
-
 async def open_run(
     request: EvalRequest,
-    registry: RegistryCalls | None,
+    registry: RunStore | None,
     output_root: Path,
     resume: str | None,
     existing: Existing,
@@ -80,52 +66,96 @@ async def open_run(
             run_dir = Path(resume)
             return Plan(request, run_dir, "resumed", resume_folder=True)
         return Plan(request, new_run_dir(output_root, request.env_name, request.model), "created")
-    installed = await asyncio.to_thread(_inspect_installed, request.env_name)
+    run_id = uuid.uuid4().hex
+    opening = await _opening(request, output_root, run_id, existing, resume)
     try:
         with _named_unrecordable(request):
-            return await registry.call(
-                open_registry_run,
-                request,
-                output_root,
-                resume,
-                existing,
-                pid=os.getpid(),
-                installed=installed,
-            )
+            opened = await registry.open(opening)
     except RegistryUnavailable as exc:  # nothing was generated or changed yet
         again = f"vfops eval ... --resume {resume}" if resume is not None else "the evaluation"
         fix = f"bring it back (VFOPS_DATABASE_URL), then run {again} again"
         raise exc.with_fix(fix) from exc
+    plan = Plan(request, Path(opened.run_dir), opened.action, run_id=opened.run_id)
+    _take(plan, opening, opened)
+    return plan
 
 
 def open_in_background(
-    request: EvalRequest, registry: RegistryCalls, output_root: Path
-) -> tuple[Plan, asyncio.Task[RegistryCalls]]:
+    request: EvalRequest, registry: RunStore, output_root: Path
+) -> tuple[Plan, asyncio.Task[RunStore]]:
     """A new run's identity now (its id is generated here), and a task that records
     the run in the registry meanwhile."""
     run_id = uuid.uuid4().hex
     run_dir = new_run_dir(output_root, request.env_name, request.model, run_id)
     plan = Plan(request, run_dir, "created", run_id=run_id)
 
-    async def open_run() -> RegistryCalls:
-        installed = await asyncio.to_thread(_inspect_installed, request.env_name)
+    async def open_run() -> RunStore:
+        opening = await _opening(request, output_root, run_id, "new", None, run_dir)
         with _named_unrecordable(request):
-            opened = await registry.call(
-                open_registry_run,
-                request,
-                output_root,
-                None,
-                "new",
-                new_run=(run_id, run_dir),
-                pid=os.getpid(),
-                installed=installed,
-            )
-        # the registry may have worked on a copy (another process): take what it found
-        plan.provenance, plan.lease = opened.provenance, opened.lease
-        request.env_version = opened.request.env_version
+            _take(plan, opening, await registry.open(opening))
         return registry
 
     return plan, asyncio.create_task(open_run())
+
+
+async def _opening(
+    request: EvalRequest,
+    output_root: Path,
+    run_id: str,
+    existing: Existing,
+    resume: str | None,
+    run_dir: Path | None = None,
+) -> RunOpening:
+    """What the registry opens ``request``'s run from. The installed code is inspected
+    here: an environment this process registered at run time is not visible to the
+    registry's process."""
+    from vfops.registry import InstalledCode, RunOpening
+
+    installed = await asyncio.to_thread(_inspect_installed, request.env_name)
+    return RunOpening(
+        code=InstalledCode(
+            installed.env_name,
+            installed.code_hash,
+            installed.local_label,
+            installed.library,
+            installed.library_version,
+        ),
+        identity={**request.identity(), "base_url": request.base_url},
+        model=request.model,
+        base_url=request.base_url,
+        sampling_args=request.sampling_args,
+        env_args=request.env_args,
+        num_examples=request.num_examples,
+        rollouts_per_example=request.rollouts_per_example,
+        tags=list(request.tags),
+        run_id=run_id,
+        run_dir=str(run_dir or new_run_dir(output_root, request.env_name, request.model, run_id)),
+        output_root=str(output_root),
+        pid=os.getpid(),
+        existing=existing,
+        resume=resume,
+        resume_run_id=None if resume is None else _run_id_of(resume),
+    )
+
+
+def _take(plan: Plan, opening: RunOpening, opened: RunOpened) -> None:
+    """``plan`` as the registry opened it: which code version ran, the lease, what the
+    run holds already."""
+    from vfops.evaluation._provenance import Provenance
+
+    code = opening.code
+    plan.provenance = Provenance(
+        code.env_name,
+        opened.version,
+        code.code_hash,
+        opened.version_id,
+        library=code.library,
+        library_version=code.library_version,
+    )
+    plan.request.env_version = opened.version
+    plan.lease = opened.lease
+    plan.done_in_registry = set(opened.done)
+    plan.resume_folder = opened.resume_folder
 
 
 @contextlib.contextmanager
@@ -166,191 +196,6 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
-def open_registry_run(
-    engine: Engine,
-    request: EvalRequest,
-    output_root: Path,
-    resume: str | None,
-    existing: Existing,
-    *,
-    new_run: tuple[str, Path] | None = None,
-    pid: int | None = None,
-    installed: InstalledEnvironment | None = None,
-) -> Plan:
-    """Open ``request``'s run in the registry; ``new_run``: the id and folder of a run
-    to create (generated by the caller); ``pid``: the evaluating process, whose lease
-    this is (default: this process); ``installed``: the environment's installed code,
-    inspected by the evaluating process (an environment it registered at run time is
-    not visible to the registry's process)."""
-    from vfops.evaluation._provenance import config_fingerprint, resolve_provenance
-    from vfops.registry import LeaseOwner, completed_keys, session_scope
-
-    provenance = resolve_provenance(engine, request.env_name, installed)
-    request.env_version = provenance.version
-    opening = _Opening(
-        request,
-        output_root,
-        resume,
-        existing,
-        provenance,
-        # this evaluation's, on whichever run it works
-        LeaseOwner.for_process(os.getpid() if pid is None else pid),
-        config_fingerprint(request, provenance),
-    )
-    with session_scope(engine) as session:
-        found = None
-        if resume is not None:
-            found, new_run = _resumed(session, opening, new_run)
-        elif existing != "new":
-            found = _existing(session, opening)
-            if found is not None and found.status == "completed":
-                return Plan(
-                    request,
-                    Path(found.output_dir or output_root),
-                    "reused",
-                    run_id=found.id,
-                    provenance=provenance,
-                )
-        if found is None:
-            return _create(session, opening, new_run)
-        run_dir = _take_over(session, opening, found)
-        run_id = found.id
-        done_in_registry = completed_keys(session, run_id)
-    return Plan(
-        request,
-        run_dir,
-        "resumed",
-        run_id=run_id,
-        provenance=provenance,
-        done_in_registry=done_in_registry,
-        resume_folder=(run_dir / "metadata.json").exists(),
-        lease=opening.lease,
-    )
-
-
-def _resumed(
-    session: Session, opening: _Opening, new_run: tuple[str, Path] | None
-) -> tuple[EvalRunRow | None, tuple[str, Path] | None]:
-    """The run ``--resume`` names (and, for one never recorded, the run to create)."""
-    from vfops.registry import get_run
-
-    resume = opening.resume
-    assert resume is not None
-    run_id = _run_id_of(resume)
-    found = get_run(session, run_id)
-    if found is None and Path(resume).is_dir():
-        # killed before the run was recorded (it is opened while the first
-        # rollouts run): record it now, its folder holds what was done
-        return None, (run_id, Path(resume))
-    if found is None:
-        raise VfopsError(
-            f"no eval run {resume!r} in the registry; see: vfops runs list (a run "
-            "stopped before it was recorded resumes from its folder: --resume RUN_DIR)"
-        )
-    if found.config_fingerprint != opening.fingerprint:
-        raise VfopsError(
-            f"cannot resume run {found.id}: its environment version, model or settings "
-            f"differ from this command ({found.environment_name}@"
-            f"{found.environment_version}, model {found.model}); rerun with the same ones"
-        )
-    return found, new_run
-
-
-def _existing(session: Session, opening: _Opening) -> EvalRunRow | None:
-    """``existing="resume"``: the newest unfinished run with this fingerprint;
-    ``"reuse"``: that, else the newest completed one."""
-    from vfops.registry import find_completed_run, find_resumable_run
-
-    found = find_resumable_run(session, opening.fingerprint)
-    if found is None and opening.existing == "reuse":
-        found = find_completed_run(session, opening.fingerprint)
-    return found
-
-
-def _create(session: Session, opening: _Opening, new_run: tuple[str, Path] | None) -> Plan:
-    from vfops.registry import NewRun, create_run
-
-    request, provenance = opening.request, opening.provenance
-    run = create_run(
-        session,
-        NewRun(
-            environment_name=request.env_name,
-            environment_version=provenance.version,
-            environment_content_hash=provenance.code_hash,
-            environment_version_id=provenance.version_id,
-            model=request.model,
-            base_url=request.base_url,
-            sampling_args=request.sampling_args,
-            env_args=request.env_args,
-            num_examples=request.num_examples,
-            rollouts_per_example=request.rollouts_per_example,
-            config_fingerprint=opening.fingerprint,
-            tags=[*request.tags, *_library_tags(provenance)],
-            run_id=new_run[0] if new_run else None,
-            lease_owner=opening.lease,
-        ),
-    )
-    if new_run:
-        run_dir = new_run[1]
-    else:
-        run_dir = new_run_dir(opening.output_root, request.env_name, request.model, run.id)
-    run.output_dir = str(run_dir)
-    action: Action = "created" if opening.resume is None else "resumed"
-    return Plan(
-        request,
-        run_dir,
-        action,
-        run_id=run.id,
-        provenance=provenance,
-        resume_folder=opening.resume is not None,  # recorded late: resumed from its folder
-        lease=opening.lease,
-    )
-
-
-def _take_over(session: Session, opening: _Opening, found: EvalRunRow) -> Path:
-    """Take the lease of a run to resume (refused, naming the holder, before anything
-    changes: one process per run); the folder it continues in."""
-    from vfops.registry import set_run_status, take_run_lease
-
-    resume = opening.resume
-    moved = resume is not None and Path(resume).is_dir()
-    if moved:
-        run_dir = Path(str(resume))
-    elif found.output_dir:
-        run_dir = Path(found.output_dir)
-    else:
-        run_dir = Path(resume or opening.output_root)
-    take_run_lease(session, found.id, opening.lease)  # a live holder's: refused, named
-    # in the same transaction: a refusal here rolls the takeover back
-    _check_folder_free(run_dir)
-    set_run_status(session, found.id, "running")
-    if moved:
-        # the folder given, wherever it is now (moved off a full disk, another host's
-        # copy): the run's files are there from now on
-        found.output_dir = str(run_dir)
-    return run_dir
-
-
-def _check_folder_free(run_dir: Path) -> None:
-    """Refuse (:class:`RunFolderBusyError`, naming it) a run whose folder a live process
-    still works in, within the transaction that takes its lease over (the refusal rolls
-    it back): one paused past its lease (Ctrl-Z, SIGSTOP) keeps its folder's lock, and
-    would otherwise lose the run to a resume that can only be refused."""
-    from vfops.evaluation._lock import LOCK_FILE, RunFolderLock
-
-    if (run_dir / LOCK_FILE).exists():
-        probe = RunFolderLock(run_dir)
-        probe.acquire()
-        probe.release()
-
-
-def _library_tags(provenance: Provenance) -> list[str]:
-    """A run of an environment written for another library carries that library's
-    version among its tags (``verifiers==0.3.1``)."""
-    label = provenance.library_label
-    return [label] if label is not None else []
-
-
 def _inspect_installed(env_name: str) -> InstalledEnvironment:
     from vfops.publishing import inspect_installed
 
@@ -367,9 +212,10 @@ def _run_id_of(resume: str) -> str:
     return resume
 
 
-async def reused_result(registry: RegistryCalls, plan: Plan) -> EvalResult:
+async def reused_result(registry: RunStore, plan: Plan) -> EvalResult:
     assert plan.run_id is not None
-    summary = await registry.call(registry_summary, plan.run_id, plan.request.pass_threshold)
+    summary = await registry.summary(plan.run_id, plan.request.pass_threshold)
+    record = await registry.record(plan.run_id)
     return EvalResult(
         run_dir=plan.run_dir,
         summary=summary,
@@ -377,24 +223,12 @@ async def reused_result(registry: RegistryCalls, plan: Plan) -> EvalResult:
         metadata={**plan.request.identity(), "run_id": plan.run_id, "status": "completed"},
         run_id=plan.run_id,
         action="reused",
-        mlflow_run_id=await registry.call(_mlflow_run_id_of, plan.run_id),
+        mlflow_run_id=record["mlflow_run_id"],
     )
-
-
-def _mlflow_run_id_of(engine: Engine, run_id: str) -> str | None:
-    from vfops.registry import get_run, session_scope
-
-    with session_scope(engine, write=False) as session:
-        row = get_run(session, run_id)
-        return None if row is None else row.mlflow_run_id
 
 
 def registry_summary(engine: Engine, run_id: str, pass_threshold: float = 1.0) -> EvalSummary:
     """Statistics of every rollout of a run stored in the registry."""
-    from vfops.registry import iter_rollouts, session_scope
+    from vfops.registry import run_summary
 
-    summary = EvalSummary(pass_threshold=pass_threshold)
-    with session_scope(engine, write=False) as session:
-        for record in iter_rollouts(session, run_id):
-            summary.add(record, new=False)
-    return summary
+    return run_summary(engine, run_id, pass_threshold)

@@ -3,11 +3,8 @@ configuration fingerprint (what makes two runs the same run)."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import orjson
 
 from vfops.evaluation._runner import EvalRequest
 
@@ -66,13 +63,16 @@ def resolve_provenance(
 
 
 def config_fingerprint(request: EvalRequest, provenance: Provenance) -> str:
-    """Hash of everything that changes what a run produces."""
-    identity = {
-        **request.identity(),
-        "base_url": request.base_url,
-        "env_version": provenance.version,
-        "code_hash": provenance.code_hash,
-    }
-    if provenance.library_label is not None:  # absent for vfops environments: ids unchanged
-        identity["library"] = provenance.library_label
-    return hashlib.sha256(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    """Hash of everything that changes what a run produces (the registry's
+    :func:`vfops.registry.run_fingerprint`, which opening a run computes)."""
+    from vfops.registry import InstalledCode, run_fingerprint
+
+    code = InstalledCode(
+        provenance.env_name,
+        provenance.code_hash,
+        f"local+{provenance.code_hash[:12]}",
+        provenance.library,
+        provenance.library_version,
+    )
+    identity = {**request.identity(), "base_url": request.base_url}
+    return run_fingerprint(identity, provenance.version, code)

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, runtime_checkable
 
@@ -29,10 +30,10 @@ from vfops._rollout import RolloutRecord
 from vfops.evaluation._store import ARROW_FILE
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
+    from collections.abc import Awaitable
 
     from vfops._lease import LeaseOwner
-    from vfops.evaluation._registry_calls import RegistryCalls
+    from vfops.registry import RunStore
     from vfops.stats import EvalSummary
 
 T = TypeVar("T")
@@ -178,7 +179,7 @@ class RegistrySink:
 
     def __init__(
         self,
-        registry: RegistryCalls | asyncio.Future[RegistryCalls],
+        registry: RunStore | asyncio.Future[RunStore],
         run_id: str,
         *,
         batch_rows: int = 512,
@@ -276,7 +277,7 @@ class RegistrySink:
         batch, self._buffer = self._buffer, []
         return batch
 
-    async def _opened_registry(self) -> RegistryCalls:
+    async def _opened_registry(self) -> RunStore:
         if not isinstance(self._registry, asyncio.Future):
             return self._registry
         try:
@@ -303,30 +304,30 @@ class RegistrySink:
             if batch:
                 lease = self._lease() if self._lease is not None else None
                 self.inserted += await self.retrying(
-                    registry, _insert_rollouts, self._run_id, batch, lease
+                    partial(registry.insert, self._run_id, batch, lease)
                 )
             if time.monotonic() >= next_renewal:
                 await self._renew(registry)
                 next_renewal = time.monotonic() + renew_every
 
-    async def _renew(self, registry: RegistryCalls) -> None:
+    async def _renew(self, registry: RunStore) -> None:
         lease = self._lease() if self._lease is not None else None
         if lease is not None and not await self.retrying(
-            registry, _renew_run_lease, self._run_id, lease
+            partial(registry.renew_lease, self._run_id, lease)
         ):
             raise _LeaseLost("its lease lapsed while the registry did not answer")
 
-    async def retrying(self, registry: RegistryCalls, write: Callable[..., T], *args: Any) -> T:
-        """``write(engine, *args)`` through ``registry``; retried with backoff while the
+    async def retrying(self, write: Callable[[], Awaitable[T]]) -> T:
+        """``await write()`` (a registry write); tried again with backoff while the
         database does not answer (connection errors only: a refused row is not
         retried), for ``retry_s``."""
-        from vfops.evaluation._registry_calls import RegistryUnavailable
+        from vfops.registry import RegistryUnavailable
 
         down_since: float | None = None
         delay = 0.25
         while True:
             try:
-                result = await registry.call(write, *args)
+                result = await write()
             except RegistryUnavailable as exc:
                 now = time.monotonic()
                 if down_since is None:
@@ -370,32 +371,6 @@ class RegistrySink:
             self._raise_failure(writer)
 
 
-# The registry functions the sinks call, named here so that a call to the registry's
-# process (vfops.evaluation._registry_calls) pickles a reference to this light module:
-# the evaluating process never imports the registry (SQLAlchemy) to name them.
-
-
-def _insert_rollouts(
-    engine: Engine, run_id: str, records: list[RolloutRecord], lease: LeaseOwner | None = None
-) -> int:
-    """The rows, fenced by the run's ``lease`` (none stored once another process took
-    the run over: :class:`vfops._lease.LeaseLostError`)."""
-    from vfops.registry import hold_run_lease, insert_rollouts, session_scope
-
-    with session_scope(engine) as session:
-        inserted = insert_rollouts(session, run_id, records)
-        if lease is not None:  # last: the run's row is locked only until the commit
-            hold_run_lease(session, run_id, lease)
-        return inserted
-
-
-def _renew_run_lease(engine: Engine, run_id: str, lease: LeaseOwner) -> bool:
-    from vfops.registry import renew_run_lease, session_scope
-
-    with session_scope(engine) as session:
-        return renew_run_lease(session, run_id, lease)
-
-
 _MAX_RETRY_DELAY_S: Final = 5.0
 """The longest pause between two tries of an unanswered registry write."""
 
@@ -419,7 +394,7 @@ class TrackingSink:
     def __init__(
         self,
         tracker: Any,
-        registry: RegistryCalls | asyncio.Future[RegistryCalls],
+        registry: RunStore | asyncio.Future[RunStore],
         run_id: str,
         *,
         results: Callable[[], int],
@@ -454,7 +429,9 @@ class TrackingSink:
         registry = await _registry_of(self._registry)
         if registry is None:
             return None  # the registry sink reports why
-        info = await registry.call(_prepare_run_info, self._run_id)
+        from vfops.tracking import run_info_json
+
+        info = run_info_json(await registry.record(self._run_id))
         lease = self._lease() if self._lease is not None else None
         self._tracker.open(
             info,
@@ -549,7 +526,7 @@ class TrackingSink:
             raise self._fail(str(exc)) from exc
         registry = await _registry_of(self._registry)
         assert registry is not None
-        await registry.call(_link_mlflow_run, self._run_id, self.mlflow_run_id)
+        await registry.link_mlflow(self._run_id, self.mlflow_run_id)
 
 
 class TrackerExportSink:
@@ -571,23 +548,11 @@ class TrackerExportSink:
 
 
 async def _registry_of(
-    registry: RegistryCalls | asyncio.Future[RegistryCalls],
-) -> RegistryCalls | None:
+    registry: RunStore | asyncio.Future[RunStore],
+) -> RunStore | None:
     if not isinstance(registry, asyncio.Future):
         return registry
     await asyncio.wait({registry})
     if registry.cancelled() or registry.exception() is not None:
         return None
     return registry.result()
-
-
-def _prepare_run_info(engine: Engine, run_id: str) -> dict[str, Any]:
-    from vfops.tracking import prepare_run_info
-
-    return prepare_run_info(engine, run_id)
-
-
-def _link_mlflow_run(engine: Engine, run_id: str, mlflow_run_id: str) -> None:
-    from vfops.tracking import link_mlflow_run
-
-    link_mlflow_run(engine, run_id, mlflow_run_id)

@@ -24,7 +24,7 @@ from vfops.costs import use_ledger
 if TYPE_CHECKING:
     from vfops.budget import RegistryLedger
     from vfops.clients import ModelClient, RequestMiddleware
-    from vfops.evaluation._registry_calls import RegistryCalls
+    from vfops.registry import RunStore
 
 
 def check_caps(
@@ -53,16 +53,16 @@ def check_priced(client: ModelClient | None, model: str) -> None:
 
 
 async def open_ledger(
-    calls: RegistryCalls,
+    store: RunStore,
     run_id: str,
     max_cost: float | None,
     cost_caps: Mapping[str, float | None],
 ) -> RegistryLedger:
-    from vfops.budget import RegistryLedger, set_caps
+    from vfops.budget import RegistryLedger
 
     caps = {**cost_caps, run_scope(run_id): max_cost}
-    await calls.call(set_caps, caps, run_id)
-    return RegistryLedger(calls, list(caps), run_id)
+    await store.service.call("cost.set_caps", caps, run_id)
+    return RegistryLedger(store.service, list(caps), run_id)
 
 
 def run_scope(run_id: str) -> str:
@@ -73,7 +73,7 @@ def run_scope(run_id: str) -> str:
 @contextlib.asynccontextmanager
 async def client_middleware(
     client: ModelClient,
-    calls: RegistryCalls | None,
+    store: RunStore | None,
     ledger: RegistryLedger | None,
     plugins: Sequence[RequestMiddleware] = (),
 ) -> AsyncIterator[None]:
@@ -85,10 +85,10 @@ async def client_middleware(
 
     middlewares: list[RequestMiddleware] = list(plugins)
     limiter = getattr(client, "limiter", None)
-    if calls is not None and isinstance(limiter, AdaptiveLimiter) and limiter.name:
+    if store is not None and isinstance(limiter, AdaptiveLimiter) and limiter.name:
         from vfops.budget import PeerSyncMiddleware
 
-        middlewares.append(PeerSyncMiddleware(limiter, calls))
+        middlewares.append(PeerSyncMiddleware(limiter, store.service))
     with use_ledger(ledger):
         async with installed(client, *middlewares):
             yield

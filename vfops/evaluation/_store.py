@@ -210,7 +210,7 @@ def rebuild_export(run_dir: Path, problem: str) -> None:
     """Write ``rollouts.arrow`` again from ``results.jsonl``, under the run folder's lock
     (a run being worked on is refused: its own writer seals the file)."""
     from vfops._arrow import ResultsExport
-    from vfops.evaluation._lock import RunFolderBusyError, RunFolderLock
+    from vfops._folder_lock import RunFolderBusyError, RunFolderLock
     from vfops.tracking import wait_for_tracker
 
     lock = RunFolderLock(run_dir)

@@ -1,10 +1,10 @@
-"""Starting what records an evaluation: the MLflow tracker and the registry calls.
+"""Starting what records an evaluation: the MLflow tracker and the registry service.
 
 Both start once the environment is loaded and its rows are checked, never before: a
 refused environment or argument starts neither (nor writes a store). The tracker
 (MLflow, in a process of its own) then starts first, so its imports and the opening
 of the tracking store overlap the model and the first rollouts; on the default
-registry the registry calls go through it (its side service), so one recorder
+registry the registry's operations run in it (its side service), so one recorder
 process, not two, holds SQLAlchemy. A tracking server that does not answer fails
 here, before a run is recorded.
 """
@@ -16,20 +16,23 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from vfops.evaluation._registry_calls import RegistryCalls
+    from vfops.registry import RunStore
     from vfops.tracking import Tracker
 
 
-async def registry_calls(engine: Engine | None, tracker: Tracker | None) -> RegistryCalls:
-    """The caller's engine in a worker thread, else the default registry in the tracker
-    process when it serves it (:func:`start_tracker` with ``serve_registry``), else in a
-    child process of its own (see :mod:`vfops.evaluation._registry_calls`)."""
-    from vfops.evaluation._registry_calls import ChildCalls, ThreadCalls
+async def run_store(engine: Engine | None, tracker: Tracker | None) -> RunStore:
+    """The run store on the caller's engine in a worker thread, else on the default
+    registry in the tracker process when it serves it (:func:`start_tracker` with
+    ``serve_registry``), else in a child process of its own (see
+    :mod:`vfops.registry._service`)."""
+    from vfops.registry import ProcessService, RunStore, ThreadService
 
     if engine is not None:
-        return ThreadCalls(engine)
+        return RunStore(ThreadService(engine))
     channel = tracker.take_side_channel() if tracker is not None else None
-    return await ChildCalls.over(channel) if channel is not None else await ChildCalls.start()
+    if channel is not None:
+        return RunStore(await ProcessService.over(channel))
+    return RunStore(await ProcessService.start())
 
 
 def tracking_on(tracking: bool | None) -> bool:
@@ -41,8 +44,8 @@ def tracking_on(tracking: bool | None) -> bool:
 def start_tracker(env_name: str, *, serve_registry: bool) -> Tracker:
     """The tracker of an evaluation of ``env_name``; ``serve_registry``: it also serves
     the evaluation's calls to the default registry
-    (:data:`vfops.evaluation._registry_calls.SERVICE`)."""
-    from vfops.evaluation._registry_calls import SERVICE
+    (:data:`vfops.registry.SERVICE`)."""
+    from vfops.registry import SERVICE
     from vfops.tracking import Tracker
 
     return Tracker.spawn(env_name=env_name, side_service=SERVICE if serve_registry else None)

@@ -14,9 +14,7 @@ import math
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
-
-from sqlalchemy import Engine
+from typing import TYPE_CHECKING, Any
 
 from vfops._errors import VfopsError
 from vfops._rollout import RolloutRecord, TokenUsage
@@ -30,6 +28,9 @@ from vfops.registry import (
     session_scope,
 )
 from vfops.rubrics import JudgeRubric, judge_says_yes
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 MAX_ERRORS_KEPT = 20
 _CHUNK = 256  # rollouts read per trip to the database thread

@@ -10,10 +10,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Engine
 
 from vfops._errors import VfopsError
 from vfops.budget import Budget, budget_for, limit_name
@@ -21,6 +20,9 @@ from vfops.clients import Endpoint, OpenAIClient, RequestLimiter, read_api_key, 
 from vfops.costs import format_cost
 from vfops.judging._rescore import RescoreResult, rescore_run, resolve_run_id
 from vfops.rubrics import DEFAULT_JUDGE_PROMPT, JudgeRubric
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 ENDPOINTS_ENV_VAR = "VFOPS_ENDPOINTS"
 DEFAULT_ENDPOINTS_FILE = "endpoints.toml"

@@ -16,9 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.orm import Session
-
 from vfops._errors import VfopsError
 from vfops.publishing._build import build_distributions, snapshot_datasets
 from vfops.publishing._hashing import content_hash, wheel_code_hash
@@ -35,6 +32,7 @@ from vfops.registry import EnvironmentVersionRow, list_versions, parse_version
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
+    from sqlalchemy.orm import Session
 
     from vfops.artifacts import ArtifactRef, ArtifactStore
 
@@ -244,59 +242,26 @@ def _register(
     Two concurrent publishes of one version: one row wins. The other gets the winner's
     row back when the content is the same (a no-op), else a one-line error.
     """
-    from vfops.registry import (
-        NewEnvironmentVersion,
-        add_environment_version,
-        find_version,
-        get_or_create_environment,
-        session_scope,
-    )
+    from vfops.registry import NewEnvironmentVersion, VersionTaken, register_version
 
+    new = NewEnvironmentVersion(
+        name=project.env_name,
+        version=project.version,
+        content_hash=digest,
+        code_hash=code,
+        wheel_sha256=wheel_ref.sha256,
+        sdist_sha256=sdist_ref.sha256,
+        wheel_uri=wheel_ref.uri,
+        sdist_uri=sdist_ref.uri,
+        datasets=datasets,
+        dependencies=project.dependencies,
+        description=project.description,
+        readme=project.readme,
+    )
     try:
-        with session_scope(engine) as session:
-            # First the environment row: on PostgreSQL a concurrent first publish of the
-            # name blocks here until the other one commits, so the version lookup below
-            # then sees the winner's row.
-            get_or_create_environment(session, project.env_name)
-            existing = find_version(session, project.env_name, project.version)
-            if existing is not None and existing.content_hash == digest:
-                _ = existing.environment
-                return existing, False  # a retried or concurrent publish of this content
-            if existing is not None:  # registered since this publish checked: it lost
-                raise _lost(project, existing.content_hash)
-            new = NewEnvironmentVersion(
-                name=project.env_name,
-                version=project.version,
-                content_hash=digest,
-                code_hash=code,
-                wheel_sha256=wheel_ref.sha256,
-                sdist_sha256=sdist_ref.sha256,
-                wheel_uri=wheel_ref.uri,
-                sdist_uri=sdist_ref.uri,
-                datasets=datasets,
-                dependencies=project.dependencies,
-                description=project.description,
-                readme=project.readme,
-            )
-            row = add_environment_version(session, new)
-            _ = row.environment  # loaded while the session is open
-            if (row.wheel_uri, row.sdist_uri) != (wheel_ref.uri, sdist_ref.uri):
-                return row, False  # committed between the lookup and the insert: theirs
-    except (IntegrityError, OperationalError, VfopsError) as exc:
-        # PostgreSQL: the loser's insert waits for the winner's commit, then sees its row
-        # (VfopsError from add_environment_version) or hits the unique index.
-        if isinstance(exc, OperationalError) and "locked" not in str(exc).lower():
-            raise
-        with session_scope(engine, write=False) as session:
-            winner = find_version(session, project.env_name, project.version)
-            if winner is not None:
-                _ = winner.environment
-        if winner is not None and winner.content_hash == digest:
-            return winner, False
-        if isinstance(exc, VfopsError) and winner is None:
-            raise
-        raise _lost(project, winner.content_hash if winner is not None else None) from exc
-    return row, True
+        return register_version(engine, new)
+    except VersionTaken as lost:
+        raise _lost(project, lost.winner_content_hash) from lost
 
 
 def _lost(project: EnvironmentProject, winner_content: str | None) -> VfopsError:

@@ -75,6 +75,55 @@ def mask_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+def url_backend(url: str) -> tuple[str, bool] | None:
+    """``url``'s backend (``postgresql``, ``sqlite``) and whether it holds a password;
+    None when it is not a database URL."""
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    return parsed.get_backend_name(), parsed.password is not None
+
+
+def url_with(url: str, *, driver: str | None = None, database: str | None = None) -> str:
+    """``url`` with another driver (``postgresql+psycopg``; ``postgresql`` alone for the
+    backend's default) and/or database, password kept."""
+    parsed = make_url(url)
+    if driver is not None:
+        parsed = parsed.set(drivername=driver)
+    if database is not None:
+        parsed = parsed.set(database=database)
+    return parsed.render_as_string(hide_password=False)
+
+
+@contextmanager
+def unsynced_sqlite_engine(path: Path) -> Iterator[Engine]:
+    """An engine on SQLite file ``path`` whose commits never sync the disk and whose
+    rollback journal stays in memory, disposed on exit: for building a file nobody reads
+    yet, synced once, whole, by whoever publishes it (neither setting is stored in the
+    file). Not the registry's engine: it is how another store's schema (MLflow's) is
+    created fast."""
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+    event.listen(engine, "connect", _unsynced)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _unsynced(connection: sqlite3.Connection, record: object) -> None:
+    cursor = connection.cursor()
+    try:
+        cursor.execute("PRAGMA synchronous = OFF")
+        cursor.execute("PRAGMA journal_mode = MEMORY")
+    finally:
+        cursor.close()
+
+
 def get_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
     """The process-wide engine for ``url`` (default: :func:`vfops._settings.database_url`).
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
-from sqlalchemy import Select, select
+from sqlalchemy import Engine, Select, select
 from sqlalchemy.orm import Session
 
 from vfops._errors import VfopsError
@@ -77,6 +77,62 @@ class NewEnvironmentVersion:
     dependencies: Sequence[Any] | None = None
     description: str | None = None
     readme: str | None = None
+
+
+class VersionTaken(VfopsError):
+    """A concurrent publish registered this version first: ``winner_content_hash`` is
+    its content hash (None when its row could not be read)."""
+
+    def __init__(self, winner_content_hash: str | None) -> None:
+        super().__init__("the version was registered concurrently")
+        self.winner_content_hash = winner_content_hash
+
+
+def register_version(
+    engine: Engine, new: NewEnvironmentVersion
+) -> tuple[EnvironmentVersionRow, bool]:
+    """Record ``new`` in one transaction, under concurrent publishes of the same version;
+    the row and whether this call wrote it. The winner's row comes back (not written by
+    this call) when its content is ``new``'s; another content raises
+    :class:`VersionTaken`."""
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    from vfops.registry._db import session_scope
+
+    try:
+        with session_scope(engine) as session:
+            # First the environment row: on PostgreSQL a concurrent first publish of the
+            # name blocks here until the other one commits, so the version lookup below
+            # then sees the winner's row.
+            get_or_create_environment(session, new.name)
+            existing = find_version(session, new.name, new.version)
+            if existing is not None and existing.content_hash == new.content_hash:
+                _ = existing.environment
+                return existing, False  # a retried or concurrent publish of this content
+            if existing is not None:  # registered since this publish checked: it lost
+                raise VersionTaken(existing.content_hash)
+            row = add_environment_version(session, new)
+            _ = row.environment  # loaded while the session is open
+            if (row.wheel_uri, row.sdist_uri) != (new.wheel_uri, new.sdist_uri):
+                return row, False  # committed between the lookup and the insert: theirs
+    except VersionTaken:
+        raise
+    except (IntegrityError, OperationalError, VfopsError) as exc:
+        # PostgreSQL: the loser's insert waits for the winner's commit, then sees its row
+        # (VfopsError from add_environment_version) or hits the unique index; SQLite: the
+        # loser's write finds the database locked.
+        if isinstance(exc, OperationalError) and "locked" not in str(exc).lower():
+            raise
+        with session_scope(engine, write=False) as session:
+            winner = find_version(session, new.name, new.version)
+            if winner is not None:
+                _ = winner.environment
+        if winner is not None and winner.content_hash == new.content_hash:
+            return winner, False
+        if isinstance(exc, VfopsError) and winner is None:
+            raise
+        raise VersionTaken(winner.content_hash if winner is not None else None) from exc
+    return row, True
 
 
 def add_environment_version(session: Session, new: NewEnvironmentVersion) -> EnvironmentVersionRow:

@@ -196,34 +196,32 @@ def check_name(name: str) -> str:
 
 def admin_url(raw: str | None) -> str:
     """The PostgreSQL server's URL (any database; the stack creates its own), checked."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    from vfops.registry import url_backend, url_with
 
     text = raw or os.environ.get(POSTGRES_URL_VAR) or DEFAULT_POSTGRES_URL
-    try:
-        url = make_url(text)
-    except ArgumentError:
+    parts = url_backend(text)
+    if parts is None:
         raise VfopsError(  # not echoed: it may hold a password
             "--postgres-url is not a database URL; use postgresql://USER@HOST:PORT/postgres"
-        ) from None
-    if url.get_backend_name() != "postgresql":
+        )
+    backend, has_password = parts
+    if backend != "postgresql":
         raise VfopsError(
-            f"--postgres-url must be a PostgreSQL URL, not {url.get_backend_name()!r}; "
+            f"--postgres-url must be a PostgreSQL URL, not {backend!r}; "
             "use postgresql://USER@HOST:PORT/postgres"
         )
-    if url.password is not None:
+    if has_password:
         raise VfopsError(
             "--postgres-url must not contain a password (it is written to the stack's "
             "state file and printed); put the password in PGPASSWORD instead"
         )
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return url_with(text, driver="postgresql")
 
 
 def database_url(admin: str, database: str, driver: str) -> str:
-    from sqlalchemy.engine import make_url
+    from vfops.registry import url_with
 
-    url = make_url(admin).set(drivername=f"postgresql+{driver}", database=database)
-    return url.render_as_string(hide_password=False)
+    return url_with(admin, driver=f"postgresql+{driver}", database=database)
 
 
 def check_service_env(pairs: Mapping[str, Mapping[str, str]] | None) -> dict[str, dict[str, str]]:

@@ -47,7 +47,7 @@ from vfops.tracking._links import (
     prefect_run_tags,
 )
 from vfops.tracking._params import flatten_params
-from vfops.tracking._run_info import link_mlflow_run, prepare_run_info, prepare_run_log
+from vfops.tracking._run_info import link_mlflow_run, prepare_run_log, run_info_json
 from vfops.tracking._tracker import ExportError, SideChannel, Tracker
 
 __all__ = [
@@ -82,8 +82,8 @@ __all__ = [
     "prefect_flow_run",
     "prefect_run_tags",
     "prepare_experiment",
-    "prepare_run_info",
     "prepare_run_log",
+    "run_info_json",
     "start_sweep_runs",
     "tracking_enabled",
     "tracking_uri",

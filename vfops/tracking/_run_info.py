@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vfops._errors import VfopsError
 from vfops.tracking._links import prefect_run_tags
 from vfops.tracking._params import flatten_params
 from vfops.tracking._parquet import ARTIFACT_NAME, write_rollouts_parquet
@@ -79,49 +78,30 @@ class RunInfo:
         return params
 
 
-def read_run(engine: Engine, run_id: str) -> RunInfo:
-    from vfops.registry import get_run, session_scope
-
-    with session_scope(engine, write=False) as session:
-        row = get_run(session, run_id)
-        if row is None:
-            raise VfopsError(f"no eval run {run_id!r} in the registry; see: vfops runs list")
-        dataset = _published_snapshot(session, row)
-        return RunInfo(
-            id=row.id,
-            env_name=row.environment_name,
-            env_version=row.environment_version,
-            code_hash=row.environment_content_hash,
-            published=row.environment_version_id is not None,
-            model=row.model,
-            sampling_args=dict(row.sampling_args or {}),
-            env_args=dict(row.env_args or {}),
-            num_examples=row.num_examples,
-            rollouts_per_example=row.rollouts_per_example,
-            status=row.status,
-            started_at=row.started_at,
-            finished_at=row.finished_at,
-            summary=dict(row.summary or {}),
-            vfops_version=row.vfops_version,
-            tags=list(row.tags or []),
-            mlflow_run_id=row.mlflow_run_id,
-            prefect_tags=prefect_run_tags(),
-            dataset=dataset,
-        )
-
-
-def _published_snapshot(session: Any, row: Any) -> dict[str, Any] | None:
-    """The snapshot of the published version ``row`` (an eval run) evaluated with its
-    default arguments: the rows publishing snapshotted are then the rows it read."""
-    from vfops.registry import find_version
+def run_info_of(record: dict[str, Any]) -> RunInfo:
+    """The :class:`RunInfo` of a registry run's record (:func:`vfops.registry.run_record`),
+    with the Prefect flow run of this process and the published snapshot it read."""
     from vfops.tracking._inputs import snapshot_dataset
 
-    if row.environment_version_id is None or row.env_args:
-        return None
-    version = find_version(session, row.environment_name, row.environment_version)
-    if version is None or version.id != row.environment_version_id:
-        return None
-    return snapshot_dataset(row.environment_name, version.version, dict(version.datasets or {}))
+    fields = {k: v for k, v in record.items() if k != "published_datasets"}
+    datasets = record.get("published_datasets")
+    dataset = (
+        None
+        if datasets is None
+        else snapshot_dataset(record["env_name"], record["env_version"], datasets)
+    )
+    return RunInfo(**fields, prefect_tags=prefect_run_tags(), dataset=dataset)
+
+
+def run_info_json(record: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`open_mlflow_run` needs of a registry run's record (JSON values, no keys)."""
+    return run_info_of(record).to_json()
+
+
+def read_run(engine: Engine, run_id: str) -> RunInfo:
+    from vfops.registry import run_record
+
+    return run_info_of(run_record(engine, run_id))
 
 
 def prepare_run_log(
@@ -141,11 +121,6 @@ def prepare_run_log(
         k: info.summary[k] for k in ("wall_s", "rollouts_per_s") if k in info.summary
     }
     return dataclasses.replace(info, summary={**counted, **timings}).to_json(), path
-
-
-def prepare_run_info(engine: Engine, run_id: str) -> dict[str, Any]:
-    """What :func:`open_mlflow_run` needs of registry run ``run_id`` (JSON values, no keys)."""
-    return read_run(engine, run_id).to_json()
 
 
 def link_mlflow_run(engine: Engine, run_id: str, mlflow_run_id: str) -> None:

@@ -158,19 +158,20 @@ def _move_aside(path: Path) -> Path:
 
 def _create(path: Path) -> None:
     """The schema in a temporary file beside ``path``, then renamed into place (synced)."""
-    import sqlalchemy
     from mlflow.store.db.utils import _initialize_tables
 
     from vfops._atomic import publish, temp_beside
+    from vfops.registry import unsynced_sqlite_engine
 
     temp = temp_beside(path)
     try:
-        engine = sqlalchemy.create_engine(f"sqlite:///{temp}", poolclass=sqlalchemy.pool.NullPool)
-        sqlalchemy.event.listen(engine, "connect", _unsynced)
-        try:
+        # MLflow's migrations commit some 120 times; on the store's own file each commit
+        # syncs the disk twice (its journal, then the file): ~6 s of a fresh home's first
+        # eval on a busy disk. The temporary file has no reader and is synced once,
+        # whole, by publish() before it gets the store's name, so its commits need no
+        # sync (the published store is opened with SQLite's defaults).
+        with unsynced_sqlite_engine(temp) as engine:
             _initialize_tables(engine)  # type: ignore[no-untyped-call]
-        finally:
-            engine.dispose()
         for suffix in _SIDE_FILES:  # none after a clean close; never carried along
             with contextlib.suppress(FileNotFoundError):
                 temp.with_name(temp.name + suffix).unlink()
@@ -179,18 +180,3 @@ def _create(path: Path) -> None:
         with contextlib.suppress(OSError):
             temp.unlink()
         raise
-
-
-def _unsynced(connection: sqlite3.Connection, record: object) -> None:
-    """MLflow's migrations commit some 120 times; on the store's own file each commit
-    syncs the disk twice (its journal, then the file): ~6 s of a fresh home's first
-    eval on a busy disk. The temporary file has no reader and is synced once, whole,
-    by :func:`vfops._atomic.publish` before it gets the store's name, so its commits
-    need no sync and its rollback journal can stay in memory (neither setting is
-    stored in the file: the published store is opened with SQLite's defaults)."""
-    cursor = connection.cursor()
-    try:
-        cursor.execute("PRAGMA synchronous = OFF")
-        cursor.execute("PRAGMA journal_mode = MEMORY")
-    finally:
-        cursor.close()

@@ -203,7 +203,7 @@ class Tracker:
         export: Path | None = None,
         holder: str | None = None,
     ) -> None:
-        """Open the MLflow run of ``info`` (:func:`vfops.tracking.prepare_run_info`), whose
+        """Open the MLflow run of ``info`` (:func:`vfops.tracking.run_info_json`), whose
         rollouts are appended to ``results`` (None: no traces; a rollout passes at
         ``pass_threshold``); ``export``: the ``rollouts.arrow`` the tracker writes from
         them (:meth:`seal` completes it); ``holder``: this evaluation's lease owner

@@ -1,25 +1,31 @@
-"""Where an evaluation's registry work runs: a worker thread, or a child process.
+"""The registry service: an evaluation's registry work, by operation name, in a worker
+thread or another process.
 
-Every registry call of an evaluation (opening the run, the batched rollout inserts,
-the lease renewals, recording the end, reading the run for MLflow) goes through
-:class:`RegistryCalls`: ``await calls.call(fn, *args)`` runs ``fn(engine, *args)``.
+Every registry read and write of an evaluation (opening the run, the batched rollout
+inserts, the lease renewals, recording the end, linking MLflow, the cost ledger and
+shared pushbacks) is a named operation of :data:`vfops.registry._run_ops.OPERATIONS`,
+called through a :class:`RegistryService`: ``await service.call("run.insert", ...)``
+runs that operation with the registry's engine. :class:`vfops.registry.RunStore` gives
+the run's operations typed names; nothing outside :mod:`vfops.registry` names a
+registry function, an engine or a database error.
 
-* :class:`ThreadCalls` runs it in a worker thread of this process, on an engine the
-  caller already has (sweeps, promotion, tests that pass ``engine=``).
-* :class:`ChildCalls` runs it in another process that opens the default registry
-  itself (``vfops eval``): the evaluating process never imports SQLAlchemy, and its
-  GIL stays with the event loop. On a 2-core machine the registry's import alone
-  (~0.5 s of CPU) and each batch's row building otherwise took turns with the
-  rollouts; there they run on the other core. A tracked evaluation on the default
-  registry (``vfops eval``'s) has them served by a thread of its tracker process
-  (:data:`SERVICE`, the tracker's side
-  service: :meth:`ChildCalls.over`), which loads SQLAlchemy for MLflow's store
-  anyway: one recorder process, not two (~45 MB less for the run's process tree);
-  an untracked one starts a registry child (:meth:`ChildCalls.start`).
+* :class:`ThreadService` runs the operation in a worker thread of this process, on an
+  engine the caller already has (sweeps, promotion, tests that pass ``engine=``).
+* :class:`ProcessService` runs it in another process that opens the default registry
+  itself (``vfops eval``): the evaluating process never imports SQLAlchemy, and its GIL
+  stays with the event loop. On a 2-core machine the registry's import alone (~0.5 s of
+  CPU) and each batch's row building otherwise took turns with the rollouts; there they
+  run on the other core. A tracked evaluation on the default registry (``vfops eval``'s)
+  has them served by a thread of its tracker process (:data:`SERVICE`, the tracker's
+  side service: :meth:`ProcessService.over`), which loads SQLAlchemy for MLflow's store
+  anyway: one recorder process, not two (~45 MB less for the run's process tree); an
+  untracked one starts a registry child (:meth:`ProcessService.start`). Only an
+  operation's name and its plain arguments cross the pipe, never a function: the other
+  process runs only what :data:`OPERATIONS` names.
 
-Either way a connection failure is raised as :class:`RegistryUnavailable` (the
-caller retries it; it names the registry, its URL's password masked, and the reason
-in a few words, never the driver's whole message), anything else as the error ``fn``
+Either way a connection failure is raised as :class:`RegistryUnavailable` (the caller
+retries it; it names the registry, its URL's password masked, and the reason in a few
+words, never the driver's whole message), anything else as the error the operation
 raised.
 """
 
@@ -32,7 +38,7 @@ import pickle
 import struct
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from vfops._errors import VfopsError
 
@@ -41,12 +47,10 @@ if TYPE_CHECKING:
 
     from vfops.tracking import SideChannel
 
-T = TypeVar("T")
-
 _HEADER: Final = struct.Struct(">I")  # each frame: its length, then a pickle
 _PROTOCOL: Final = pickle.HIGHEST_PROTOCOL
 
-SERVICE: Final = "vfops.evaluation._registry_calls:serve"
+SERVICE: Final = "vfops.registry._service:serve"
 """:func:`serve` as the tracker process's side service (a tracked evaluation on the
 default registry starts it so)."""
 
@@ -75,7 +79,7 @@ class RegistryUnavailable(VfopsError):
 def unavailable(url: str, exc: BaseException) -> RegistryUnavailable:
     """``exc`` (a connection error of the database at ``url``) as one short line: the
     URL with its password masked, the driver's reason in its own last words."""
-    from vfops.registry import mask_url
+    from vfops.registry._db import mask_url
 
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip()
@@ -91,14 +95,14 @@ def unavailable(url: str, exc: BaseException) -> RegistryUnavailable:
     return RegistryUnavailable(where, line)
 
 
-class RegistryCalls(Protocol):
-    """Runs registry functions ``fn(engine, *args)`` for an evaluation."""
+class RegistryService(Protocol):
+    """Runs the registry's named operations (:data:`vfops.registry._run_ops.OPERATIONS`)."""
 
     database_url: str
     """The registry's URL, password included (handed to the tracker process only)."""
 
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(engine, *args, **kwargs)``; :class:`RegistryUnavailable` on a connection error."""
+    async def call(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        """The operation's result; :class:`RegistryUnavailable` on a connection error."""
         ...
 
     async def aclose(self) -> None:
@@ -118,16 +122,17 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
-class ThreadCalls:
-    """Registry calls on ``engine``, each in a worker thread of this process."""
+class ThreadService:
+    """The operations on ``engine``, each in a worker thread of this process."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.database_url = engine.url.render_as_string(hide_password=False)
 
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def call(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        run = operation_named(operation)
         try:
-            return await asyncio.to_thread(fn, self.engine, *args, **kwargs)
+            return await asyncio.to_thread(run, self.engine, *args, **kwargs)
         except Exception as exc:
             if connection_error(exc):
                 raise unavailable(self.database_url, exc) from exc
@@ -137,15 +142,15 @@ class ThreadCalls:
         return None
 
 
-class ChildCalls:
-    """Registry calls in a child process (``python -m vfops.evaluation._registry_child``)
+class ProcessService:
+    """The operations in a child process (``python -m vfops.registry._service_child``)
     holding the default registry's engine (``VFOPS_DATABASE_URL`` or ``$VFOPS_HOME``'s
     SQLite, read from this process's environment).
 
-    Calls are pickled to the child over its stdin and run there one at a time, in the
-    order they were made; their results come back over its stdout. The child exits
-    when its stdin closes (:meth:`aclose`, or this process dying), so it never
-    outlives the evaluation. Functions must be importable (module level).
+    Each call (an operation's name and its arguments) is pickled to the child over its
+    stdin and run there one at a time, in the order they were made; the results come
+    back over its stdout. The child exits when its stdin closes (:meth:`aclose`, or this
+    process dying), so it never outlives the evaluation.
     """
 
     def __init__(
@@ -167,13 +172,13 @@ class ChildCalls:
         self._reader = asyncio.create_task(self._read_replies())
 
     @classmethod
-    async def start(cls) -> ChildCalls:
+    async def start(cls) -> ProcessService:
         from vfops._settings import database_url
 
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "vfops.evaluation._registry_child",
+            "vfops.registry._service_child",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
@@ -181,7 +186,7 @@ class ChildCalls:
         return cls(process.stdin, process.stdout, database_url(), process=process)
 
     @classmethod
-    async def over(cls, channel: SideChannel) -> ChildCalls:
+    async def over(cls, channel: SideChannel) -> ProcessService:
         """Calls served by :func:`serve` in the tracker process (``SERVICE``, its side
         service: :meth:`vfops.tracking.Tracker.spawn`), over ``channel``'s pipes; they
         are this object's from now on."""
@@ -198,11 +203,11 @@ class ChildCalls:
         writer = asyncio.StreamWriter(transport, protocol, None, loop)
         return cls(writer, reader, database_url())
 
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def call(self, operation: str, *args: Any, **kwargs: Any) -> Any:
         if self._gone is not None:
             raise VfopsError(self._gone)
         call_id, self._next_id = self._next_id, self._next_id + 1
-        frame = pickle.dumps((call_id, fn, args, kwargs), protocol=_PROTOCOL)
+        frame = pickle.dumps((call_id, operation, args, kwargs), protocol=_PROTOCOL)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[call_id] = reply
         try:
@@ -213,7 +218,7 @@ class ChildCalls:
             self._replies.pop(call_id, None)
             await asyncio.wait({self._reader})  # it says why the child is gone
             raise VfopsError(self._gone or "the registry process is gone") from None
-        return await reply  # type: ignore[no-any-return]
+        return await reply
 
     async def _read_replies(self) -> None:
         stdout = self._stdout
@@ -278,7 +283,8 @@ def _error_of(outcome: str, value: Any) -> BaseException:
 
 
 def serve(stdin: Any, stdout: Any) -> None:
-    """The child's loop: read a call, run it on the default engine, write its outcome."""
+    """The server's loop: read a call, run the operation it names on the default engine,
+    write its outcome."""
     engine: Engine | None = None
     # at once, while the evaluation loads its environment: the imports, the connection
     # and the schema check; a failure here is met again (and reported) by the first call
@@ -289,11 +295,12 @@ def serve(stdin: Any, stdout: Any) -> None:
         if len(header) < _HEADER.size:
             return  # the evaluation closed the pipe (or is gone)
         (size,) = _HEADER.unpack(header)
-        call_id, fn, args, kwargs = pickle.loads(stdin.read(size))
+        call_id, operation, args, kwargs = pickle.loads(stdin.read(size))
         try:
+            run = operation_named(operation)
             if engine is None:
                 engine = _default_engine()
-            reply = (call_id, "ok", fn(engine, *args, **kwargs))
+            reply = (call_id, "ok", run(engine, *args, **kwargs))
         except Exception as exc:
             if connection_error(exc):
                 down = unavailable(_url_of(engine), exc)
@@ -303,6 +310,17 @@ def serve(stdin: Any, stdout: Any) -> None:
         frame = pickle.dumps(reply, protocol=_PROTOCOL)
         stdout.write(_HEADER.pack(len(frame)) + frame)
         stdout.flush()
+
+
+def operation_named(name: str) -> Callable[..., Any]:
+    """The registry operation called ``name`` (a :class:`VfopsError` for any other)."""
+    from vfops.registry._run_ops import OPERATIONS
+
+    try:
+        return OPERATIONS[name]
+    except KeyError:
+        known = ", ".join(sorted(OPERATIONS))
+        raise VfopsError(f"no registry operation {name!r}; use one of {known}") from None
 
 
 def _url_of(engine: Engine | None) -> str:

@@ -1,6 +1,6 @@
-"""``python -m vfops.evaluation._registry_child``: an evaluation's registry process.
+"""``python -m vfops.registry._service_child``: an evaluation's registry process.
 
-Started by :class:`vfops.evaluation._registry_calls.ChildCalls`; serves its calls on
+Started by :class:`vfops.registry.ProcessService`; serves its calls on
 stdin/stdout until stdin closes. Logs and warnings go to stderr (the terminal of the
 evaluation that started it).
 """
@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from vfops.evaluation._registry_calls import serve
+from vfops.registry._service import serve
 
 
 def main() -> None:
