@@ -120,3 +120,86 @@ def test_a_plugin_loss_trains_by_name(plugin_site: Path, tmp_path: Path) -> None
     assert "step 2/2" in done.stdout + done.stderr
     saved = (tmp_path / "run" / "final").exists() or any((tmp_path / "run").iterdir())
     assert saved
+
+
+def test_vfops_own_sinks_are_entry_points_listed_like_any_other() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "vfops", "plugins"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    sinks = done.stdout.split("vfops.eval_sinks:")[1].split("vfops.request_middleware")[0]
+    for name in ("arrow", "registry", "mlflow"):
+        assert f"  {name} " in sinks and "vfops.evaluation._default_sinks:" in sinks
+
+
+def test_a_built_in_sink_named_again_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "vfops", "eval", "arithmetic", "-m", "stub-model",
+         "-b", "http://127.0.0.1:9/v1", "--sink", "registry", "-o", str(tmp_path), "-q"],
+        env={**os.environ, "VFOPS_HOME": str(tmp_path / "home")},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "'registry' is one of vfops's own sinks" in line
+    assert not (tmp_path / "evals").exists() and not (tmp_path / "home").exists()
+
+
+_MADE: list[object] = []
+
+
+def replaced_arrow(info: object) -> object:
+    """A stand-in for vfops's own ``arrow`` entry point (the test below)."""
+    from vfops.evaluation import RunFinish
+
+    _MADE.append(info)
+
+    class Counting:
+        name = "counting"
+        groups = 0
+
+        async def write_group(self, records: list[object]) -> None:
+            Counting.groups += 1
+
+        async def close(self, finish: RunFinish) -> None:
+            _MADE.append(("closed", finish.status, Counting.groups))
+
+    return Counting()
+
+
+replaced_arrow.opens_at_start = True  # type: ignore[attr-defined]
+
+
+def test_the_built_in_sinks_are_found_through_their_entry_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Point the ``arrow`` entry point elsewhere: the run builds that sink instead, with
+    the run's info, and no rollouts.arrow is written (no other path makes it)."""
+    from importlib.metadata import EntryPoint
+
+    import vfops.evaluation._default_sinks as default_sinks
+    from vfops.evaluation import EvalRequest, ModelOptions, RunInfo, RunOptions, evaluate
+
+    real = default_sinks.entry_points
+
+    def patched(*, group: str) -> list[EntryPoint]:
+        found = [ep for ep in real(group=group) if ep.name != "arrow"]
+        return [*found, EntryPoint("arrow", f"{__name__}:replaced_arrow", group)]
+
+    monkeypatch.setattr(default_sinks, "entry_points", patched)
+    _MADE.clear()
+    with StubServer(StubConfig(reply_mode="arithmetic")) as stub:
+        request = EvalRequest(
+            env_name="arithmetic", model="stub-model", num_examples=3, rollouts_per_example=2
+        )
+        result = evaluate(
+            request,
+            RunOptions(registry=False, tracking=False, output_root=tmp_path),
+            model_options=ModelOptions(base_url=stub.base_url),
+        )
+    assert result.status == "completed"
+    info, closed = _MADE
+    assert isinstance(info, RunInfo) and info.run_dir == result.run_dir
+    assert info.env_name == "arithmetic" and info.model == "stub-model"
+    assert closed == ("closed", "completed", 3)
+    assert not (result.run_dir / "rollouts.arrow").exists()

@@ -6,7 +6,10 @@ import typer
 
 GROUPS = {
     "vfops.environment_libraries": "environment libraries (vfops env list: their environments)",
-    "vfops.eval_sinks": "eval sinks (vfops eval --sink NAME; specs' sinks)",
+    "vfops.eval_sinks": (
+        "eval sinks (arrow, registry, mlflow: every run's own; others: vfops eval --sink "
+        "NAME, specs' sinks)"
+    ),
     "vfops.request_middleware": "request middleware (vfops eval --middleware NAME)",
     "vfops.losses": "loss variants ([loss] type = NAME)",
     "vfops.container_engines": "sandbox container engines (VFOPS_SANDBOX_ENGINE=NAME)",

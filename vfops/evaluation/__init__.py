@@ -3,7 +3,7 @@
 :func:`evaluate_async` / :func:`evaluate` is the one entry point; the CLI, sweep
 and nightly cells, promotion gates and tests all call it, with :class:`RunOptions`
 for where the run is recorded and, optionally, ``sinks=`` of their own (a
-:class:`Sink` gets every scored group, after the run's :func:`default_sinks`).
+:class:`Sink` gets every scored group, after the run's own sinks: :func:`open_sinks`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from vfops._lazy import lazy_exports
 if TYPE_CHECKING:
     from vfops._folder_lock import RunFolderBusyError
     from vfops.evaluation._compare import compare_runs, per_example_rewards
-    from vfops.evaluation._default_sinks import DefaultSinks, default_sinks
+    from vfops.evaluation._default_sinks import DefaultSinks, Recording, open_sinks, opens_at_start
     from vfops.evaluation._evaluate import evaluate, evaluate_async
     from vfops.evaluation._export import export_run, run_metadata
     from vfops.evaluation._model import ModelOptions, resolve_model_name
     from vfops.evaluation._open_run import registry_summary
     from vfops.evaluation._plugins import (
+        BUILT_IN_SINKS,
         MIDDLEWARE_GROUP,
         SINK_GROUP,
         RunInfo,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from vfops.stats import EvalSummary, pass_at_k
 
 __all__ = [
+    "BUILT_IN_SINKS",
     "DEFAULT_MAX_ERROR_RATE",
     "DEFAULT_MAX_TOOL_ERROR_RATE",
     "DEFAULT_OUTPUT_ROOT",
@@ -62,6 +64,7 @@ __all__ = [
     "OpenedRun",
     "Outcome",
     "Provenance",
+    "Recording",
     "RunEnded",
     "RunFinish",
     "RunFolderBusyError",
@@ -73,7 +76,6 @@ __all__ = [
     "check_sink_names",
     "compare_runs",
     "config_fingerprint",
-    "default_sinks",
     "evaluate",
     "evaluate_async",
     "export_run",
@@ -81,6 +83,8 @@ __all__ = [
     "iter_records",
     "load_results",
     "middleware_names",
+    "open_sinks",
+    "opens_at_start",
     "pass_at_k",
     "per_example_rewards",
     "read_metadata",
@@ -94,6 +98,7 @@ __all__ = [
 
 _LAZY = {
     "SINK_GROUP": "vfops.evaluation._plugins",
+    "BUILT_IN_SINKS": "vfops.evaluation._plugins",
     "MIDDLEWARE_GROUP": "vfops.evaluation._plugins",
     "check_middleware_names": "vfops.evaluation._plugins",
     "check_sink_names": "vfops.evaluation._plugins",
@@ -112,7 +117,9 @@ _LAZY = {
     "RunEnded": "vfops.evaluation._result",
     "RunOptions": "vfops.evaluation._result",
     "DefaultSinks": "vfops.evaluation._default_sinks",
-    "default_sinks": "vfops.evaluation._default_sinks",
+    "open_sinks": "vfops.evaluation._default_sinks",
+    "opens_at_start": "vfops.evaluation._default_sinks",
+    "Recording": "vfops.evaluation._default_sinks",
     "evaluate": "vfops.evaluation._evaluate",
     "evaluate_async": "vfops.evaluation._evaluate",
     "registry_summary": "vfops.evaluation._open_run",

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,8 +52,6 @@ from vfops.evaluation._open_run import (
     reused_result,
 )
 from vfops.evaluation._plugins import (
-    PluginSink,
-    RunInfo,
     check_middleware_names,
     check_sink_names,
     plugin_middleware,
@@ -78,7 +76,6 @@ from vfops.rubrics import ScoringWorkers, start_scoring_workers
 if TYPE_CHECKING:
     from vfops.clients import ModelClient
     from vfops.envs import Environment
-    from vfops.evaluation._open_run import Plan
     from vfops.evaluation._sinks import Sink
     from vfops.registry import RunStore
     from vfops.tracking import Tracker
@@ -238,51 +235,11 @@ async def _open_and_run(
         tracker=tracker,
         mlflow_parent_run_id=options.mlflow_parent_run_id,
         progress=progress,
-        extra_sinks=(
-            *sinks,
-            *(PluginSink(name, _run_info(plan, opening)) for name in options.sinks),
-        ),
+        extra_sinks=sinks,
+        plugin_sinks=options.sinks,
     )
     async with client_middleware(client, store, ledger, plugin_middleware(options.middleware)):
         return await run(context)
-
-
-def _plugin_sinks(
-    names: Sequence[str], plan: Plan, opening: asyncio.Task[RunStore] | None
-) -> list[Sink]:
-    """The named plug-in sinks, after the caller's (``vfops eval --sink``)."""
-    info = _run_info(plan, opening)
-    return [PluginSink(name, info) for name in names]
-
-
-def _run_info(
-    plan: Plan, opening: asyncio.Task[RunStore] | None
-) -> Callable[[], Awaitable[RunInfo]]:
-    """What a plug-in sink is told, once the run is known (recorded, when it is new)."""
-
-    async def info() -> RunInfo:
-        if opening is not None:
-            await asyncio.wait({opening})  # its failure is the registry sink's to report
-        request, provenance = plan.request, plan.provenance
-        if provenance is not None:
-            version, code_hash = provenance.version, provenance.code_hash
-        else:  # a run recorded in its folder only: the installed code's hash
-            from vfops.publishing import inspect_installed
-
-            installed = await asyncio.to_thread(inspect_installed, request.env_name)
-            version, code_hash = installed.local_label, installed.code_hash
-        return RunInfo(
-            run_id=plan.run_id,
-            run_dir=plan.run_dir,
-            env_name=request.env_name,
-            env_version=version,
-            env_code_hash=code_hash,
-            model=request.model,
-            sampling_args=dict(request.sampling_args),
-            env_args=dict(request.env_args),
-        )
-
-    return info
 
 
 def _examples_to_run(env: Environment, request: EvalRequest) -> int:

@@ -2,7 +2,8 @@
 
 Each scored group goes to the run folder first (what is on disk survives a crash;
 ``--resume`` rebuilds every other sink from it), then to every sink, the run's own
-(:func:`~vfops.evaluation._default_sinks.default_sinks`) and the caller's. On
+(:func:`~vfops.evaluation._default_sinks.open_sinks`: vfops's own, the caller's, the
+named ones). On
 resume the records on disk, and those only the registry holds, are sent on first
 (:func:`_catch_up`, :func:`_copy_from_registry`), so nothing completed is
 regenerated. However the rollouts end, the run is finished
@@ -24,7 +25,7 @@ from vfops._image_map import image_map_scope
 from vfops._rollout import RolloutRecord
 from vfops._rollout_scope import run_scope
 from vfops.costs import BudgetExhausted
-from vfops.evaluation._default_sinks import DefaultSinks, default_sinks
+from vfops.evaluation._default_sinks import DefaultSinks, Recording, open_sinks
 from vfops.evaluation._finish import (
     add_provenance,
     budget_hint,
@@ -69,6 +70,8 @@ class RunContext:
     progress: EvalProgress | None = None
     extra_sinks: Sequence[Sink] = ()
     """The caller's sinks, after the run's own (``evaluate_async(..., sinks=...)``)."""
+    plugin_sinks: Sequence[str] = ()
+    """Sinks named by the caller (``vfops.eval_sinks`` entry points), after those."""
 
 
 async def run(context: RunContext) -> EvalResult:
@@ -114,7 +117,7 @@ class _Delivery:
         summary: EvalSummary,
     ) -> None:
         self.context, self.writer, self.summary = context, writer, summary
-        self.sinks: list[Sink] = [*own.sinks, *context.extra_sinks]
+        self.sinks: list[Sink] = list(own.sinks)
         self.tracking = own.tracking
         self.in_delivery: set[asyncio.Future[None]] = set()
 
@@ -155,9 +158,10 @@ async def _run_locked(context: RunContext, metadata: dict[str, Any]) -> EvalResu
     writer = RolloutWriter(plan.run_dir)
     summary = EvalSummary(pass_threshold=plan.request.pass_threshold)
     registry_source = context.opening or context.registry
-    own = default_sinks(
+    recording = Recording(
         plan, registry_source, context.tracker, writer, summary, context.mlflow_parent_run_id
     )
+    own = open_sinks(recording, context.extra_sinks, context.plugin_sinks)
     delivery = _Delivery(context, writer, own, summary)
     done: set[tuple[int, int]] = set()
     status, error = "interrupted", None

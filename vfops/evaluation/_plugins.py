@@ -1,4 +1,4 @@
-"""Sinks and request middleware from other packages: entry points, chosen by name.
+"""Sinks and request middleware by name: entry points.
 
 A package registers a sink factory under ``vfops.eval_sinks`` (``csv =
 my_pkg.sinks:CsvSink``) and users choose it by name: ``vfops eval --sink csv``, a sweep
@@ -6,7 +6,9 @@ or nightly spec's ``sinks``, ``RunOptions(sinks=...)``. The factory is called wi
 run's :class:`RunInfo` once the run is known (before its first group) and returns a
 :class:`~vfops.evaluation.Sink`: it then gets every scored group after the run's own
 sinks and is closed with the outcome before the run's end is recorded, like any sink.
-Names are checked before anything starts (one line listing the installed ones).
+vfops's own sinks (:data:`BUILT_IN_SINKS`) are entry points of the same group, built the
+same way for every run (:func:`vfops.evaluation._default_sinks.open_sinks`). Names are
+checked before anything starts (one line listing the installed ones).
 
 Request middleware the same way: a factory under ``vfops.request_middleware`` (called
 with no arguments) returns a :class:`~vfops.clients.RequestMiddleware`, chosen with
@@ -30,6 +32,9 @@ from vfops.clients import RequestMiddleware
 from vfops.evaluation._sinks import RunFinish, Sink, SinkError, first_line
 
 SINK_GROUP: Final = "vfops.eval_sinks"
+BUILT_IN_SINKS: Final = ("arrow", "registry", "mlflow")
+"""vfops's own sinks (entry points of :data:`SINK_GROUP`): every run gets them, in this
+order, each making its sink only when the run records there."""
 MIDDLEWARE_GROUP: Final = "vfops.request_middleware"
 
 
@@ -48,10 +53,15 @@ class RunInfo:
     model: str
     sampling_args: dict[str, Any] = field(default_factory=dict)
     env_args: dict[str, Any] = field(default_factory=dict)
+    recording: Any = field(default=None, repr=False, compare=False)
+    """How vfops's own sinks reach the run's recorders (registry, tracker, run folder);
+    not an API for plug-ins, which need none of it."""
 
 
 def sink_names() -> list[str]:
-    return sorted({ep.name for ep in entry_points(group=SINK_GROUP)})
+    """The installed sinks a run can name (vfops's own are not among them: every run
+    has those)."""
+    return sorted({ep.name for ep in entry_points(group=SINK_GROUP)} - set(BUILT_IN_SINKS))
 
 
 def middleware_names() -> list[str]:
@@ -60,6 +70,12 @@ def middleware_names() -> list[str]:
 
 def check_sink_names(names: Sequence[str], flag: str = "--sink") -> None:
     """Each of ``names`` is an installed sink; else one line naming the installed ones."""
+    for name in names:
+        if name in BUILT_IN_SINKS:
+            raise InvalidArgumentError(
+                f"{flag}: {name!r} is one of vfops's own sinks ({', '.join(BUILT_IN_SINKS)}), "
+                "which every run has; name only other sinks"
+            )
     _check_names(names, sink_names(), "sink", flag, SINK_GROUP)
 
 
@@ -91,11 +107,16 @@ def plugin_middleware(names: Sequence[str]) -> list[RequestMiddleware]:
 
 
 class PluginSink:
-    """A named plug-in sink, opened with the run's :class:`RunInfo` at its first group."""
+    """A named sink, made by ``factory`` with the run's :class:`RunInfo` at its first group."""
 
-    def __init__(self, name: str, info: Callable[[], Awaitable[RunInfo]]) -> None:
+    def __init__(
+        self,
+        name: str,
+        factory: Callable[[RunInfo], Any],
+        info: Callable[[], Awaitable[RunInfo]],
+    ) -> None:
         self.name = f"sink {name}"
-        self._entry = name
+        self._factory = factory
         self._info = info
         self._sink: Sink | None = None
         self._lock = asyncio.Lock()
@@ -103,17 +124,16 @@ class PluginSink:
     async def _opened(self) -> Sink:
         async with self._lock:
             if self._sink is None:
-                (ep,) = [ep for ep in entry_points(group=SINK_GROUP) if ep.name == self._entry]
                 info = await self._info()
                 try:
-                    sink = ep.load()(info)
+                    sink = self._factory(info)
                 except Exception as exc:
                     raise SinkError(
                         self.name, f"could not open ({first_line(exc)})", "fix the sink's package"
                     ) from exc
                 if not isinstance(sink, Sink):
                     raise SinkError(
-                        self.name, f"{ep.value} returned no sink (write_group and close)",
+                        self.name, "its factory returned no sink (write_group and close)",
                         "fix the sink's package",
                     )  # fmt: skip
                 self._sink = sink
