@@ -23,6 +23,7 @@ goes back to a file they read before).
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import tempfile
 import threading
@@ -111,9 +112,8 @@ def main() -> int:
             threading.setprofile(None)  # type: ignore[arg-type]
         print(f"run {result.run_id}: {result.status}")
 
-    with tempfile.TemporaryDirectory() as tmp, StubServer(StubConfig(reply_mode="arithmetic")) as stub:
-        import os
-
+    stub_config = StubConfig(reply_mode="arithmetic")
+    with tempfile.TemporaryDirectory() as tmp, StubServer(stub_config) as stub:
         os.environ["VFOPS_HOME"] = str(Path(tmp) / "home")
         os.environ.pop("VFOPS_DATABASE_URL", None)
         asyncio.run(run(stub.base_url, Path(tmp) / "out"))

@@ -87,7 +87,7 @@ async def _life(store: RunStore, tmp_path: Path) -> None:
     reused = await store.open(_opening(tmp_path, "b" * 32, existing="reuse"))
     assert (reused.action, reused.run_id, reused.lease) == ("reused", "a" * 32, None)
     # resumed by id: a different configuration is refused, naming the run
-    with pytest.raises(VfopsError, match="cannot resume run a{32}"):
+    with pytest.raises(VfopsError, match=r"cannot resume run a{32}"):
         await store.open(
             _opening(
                 tmp_path,
@@ -144,7 +144,7 @@ def test_the_service_runs_only_named_operations(
         else:
             service = await ProcessService.start()
         try:
-            with pytest.raises(VfopsError, match="no registry operation 'os.system'"):
+            with pytest.raises(VfopsError, match=r"no registry operation 'os\.system'"):
                 await service.call("os.system", "true")
             # a function is not an operation's name: refused the same way, not run
             with pytest.raises(VfopsError, match="no registry operation"):
@@ -220,6 +220,4 @@ def test_only_the_registry_imports_sqlalchemy_at_run_time() -> None:
         if registry not in path.parents
         for line in runtime_imports_of(path.read_text(), "sqlalchemy")
     ]
-    assert found == [], "SQLAlchemy outside vfops/registry (use a registry function): " + str(
-        found
-    )
+    assert found == [], "SQLAlchemy outside vfops/registry (use a registry function): " + str(found)
