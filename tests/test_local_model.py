@@ -539,7 +539,8 @@ def test_vfops_model_serve_stops_its_server_on_sigterm(tiny_dir: Path, tmp_path:
 
     pytest.importorskip("fastapi")
     port = free_port()
-    cmd = [sys.executable, "-m", "vfops", "model", "serve", str(tiny_dir), "--port", str(port)]
+    cmd = [sys.executable, "-m", "vfops", "model", "serve", str(tiny_dir), "--port", str(port),
+           "--engine", "transformers"]  # fmt: skip
     quiet = ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")
     env = {k: v for k, v in os.environ.items() if k not in quiet}
     log_path = tmp_path / "serve.log"
@@ -593,3 +594,71 @@ async def test_local_client_gives_logprobs_when_asked(client: LocalModelClient) 
         await client.chat(model="tiny", messages=messages, sampling_args={"top_logprobs": 3})
     with pytest.raises(InvalidArgumentError, match="send n requests"):
         await client.chat(model="tiny", messages=messages, sampling_args={"n": 2})
+
+
+def test_vfops_own_server_gives_n_choices_with_logprobs(tiny_dir: Path, tmp_path: Path) -> None:
+    """`vfops model serve` (vfops's own engine): ``n`` choices, each with its sampled
+    tokens' logprobs, over OpenAI's API; a seeded request answers the same twice; bad
+    sampling arguments and unknown models are 4xx in OpenAI's shape; `vfops eval` runs
+    against it; SIGTERM stops it with nothing left running."""
+    import signal
+
+    import psutil
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "vfops", "model", "serve", str(tiny_dir), "--port", str(port)]
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, env=serve_env(), stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/v1"
+
+    def post(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        request = urllib.request.Request(
+            f"{base}/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=120) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", proc, SERVER_START_TIMEOUT_S)
+        ask = {"model": tiny_dir.name, "messages": [{"role": "user", "content": "1 + 1?"}],
+               "max_tokens": 6, "temperature": 1.0}  # fmt: skip
+        status, reply = post({**ask, "n": 3, "logprobs": True})
+        assert status == 200, reply
+        assert [c["index"] for c in reply["choices"]] == [0, 1, 2]
+        tokens = 0
+        for choice in reply["choices"]:
+            content = choice["logprobs"]["content"]
+            assert 1 <= len(content) <= 6 and all(t["logprob"] <= 0.0 for t in content)
+            tokens += len(content)
+        assert reply["usage"]["completion_tokens"] == tokens
+        seeded = [post({**ask, "seed": 7})[1]["choices"][0]["message"] for _ in range(2)]
+        assert seeded[0] == seeded[1]
+        status, reply = post({**ask, "logprobs": True, "top_logprobs": 2})
+        assert status == 400 and "top_logprobs" in reply["error"]["message"]
+        status, reply = post({**ask, "model": "gpt-4o"})
+        assert status == 404 and tiny_dir.name in reply["error"]["message"]
+        done = subprocess.run(
+            [sys.executable, "-m", "vfops", "eval", "arithmetic", "-m", tiny_dir.name,
+             "-b", base, "-n", "3", "-r", "2", "-t", "8", "-o", str(tmp_path / "out"),
+             "--no-tracking"],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "VFOPS_HOME": str(tmp_path / "home")},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (results,) = (tmp_path / "out").glob("evals/*/*/results.jsonl")
+        rows = [orjson.loads(line) for line in results.read_bytes().splitlines()]
+        assert len(rows) == 6 and all(r["error"] is None for r in rows)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

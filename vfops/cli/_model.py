@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from vfops._errors import MissingExtraError, VfopsError
+from vfops._errors import InvalidArgumentError, MissingExtraError, VfopsError
 from vfops.cli._server_process import run_server
 
 app = typer.Typer(
@@ -142,24 +142,67 @@ def import_model(
     typer.echo(str(done.path))  # what scripts take: vfops eval ENV -m local:$(...)
 
 
+def native_serve_command(
+    model_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_tokens: int = 256,
+    max_batch_size: int = 16,
+) -> list[str]:
+    """The command line of vfops's own server for ``model_dir`` (:mod:`vfops.local._server`)."""
+    return [
+        sys.executable, "-m", "vfops.local._server", str(Path(model_dir).resolve()),
+        "--host", host, "--port", str(port), "--max-tokens", str(max_tokens),
+        "--max-batch-size", str(max_batch_size),
+    ]  # fmt: skip
+
+
 @app.command("serve")
 def serve(
     directory: Annotated[Path, typer.Argument(help="Local model directory to serve.")],
     host: Annotated[str, typer.Option(help="Listen address (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Listen port.")] = 8000,
-    device: Annotated[str, typer.Option(help="Device: auto, cpu, cuda:0 ...")] = "auto",
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="'vfops': vfops's own server (batched generation shared by concurrent "
+            "requests, n choices, per-token logprobs; CPU); 'transformers': transformers "
+            "serve (--device).",
+        ),
+    ] = "vfops",
+    device: Annotated[
+        str, typer.Option(help="--engine transformers: auto, cpu, cuda:0 ...")
+    ] = "auto",
+    max_tokens: Annotated[
+        int, typer.Option(help="--engine vfops: completion cap when a request sets none.")
+    ] = 256,
 ) -> None:
-    """Serve DIRECTORY OpenAI-compatibly with `transformers serve` (offline).
+    """Serve DIRECTORY OpenAI-compatibly (offline): /v1/chat/completions and /v1/models.
 
-    Requests must use the printed absolute path as their `model`.
+    With the default engine a request's `model` may be the folder's absolute path or its
+    name; with transformers serve, exactly the printed path.
     """
+    if engine not in ("vfops", "transformers"):
+        raise InvalidArgumentError(
+            f"--engine {engine!r} is not an engine; use vfops or transformers"
+        )
+    if max_tokens < 1:
+        raise InvalidArgumentError("--max-tokens must be >= 1")
     try:
-        import fastapi  # noqa: F401
         import transformers  # noqa: F401
-        import uvicorn  # noqa: F401
+
+        if engine == "transformers":
+            import fastapi  # noqa: F401
+            import uvicorn  # noqa: F401
     except ImportError as exc:
         raise MissingExtraError("train", exc.name or "transformers") from exc
     path = _check_model_dir(directory)
-    cmd = serve_command(path, host=host, port=port, device=device)
-    typer.echo(f"serving {path} at http://{host}:{port}/v1 (model name: {path})", err=True)
+    if engine == "vfops":
+        cmd = native_serve_command(path, host=host, port=port, max_tokens=max_tokens)
+        names = f"{path} or {path.name}"
+    else:
+        cmd = serve_command(path, host=host, port=port, device=device)
+        names = str(path)
+    typer.echo(f"serving {path} at http://{host}:{port}/v1 (model name: {names})", err=True)
     run_server(cmd, serve_env(), grace_s=10)

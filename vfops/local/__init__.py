@@ -14,7 +14,8 @@ package is cheap: torch/transformers load only when a name below is first used.
   batched in-process sampler, shared by :class:`LocalModelClient` and the
   trainer's ``hf`` backend.
 
-Serve a model directory over HTTP with ``vfops model serve DIR`` (``transformers serve``).
+Serve a model directory over HTTP with ``vfops model serve DIR`` (:mod:`vfops.local._server`;
+``--engine transformers``: ``transformers serve``).
 """
 
 from __future__ import annotations
