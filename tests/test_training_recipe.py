@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import math
+import os
 import subprocess
 import sys
 import time
