@@ -17,7 +17,7 @@ backend runs ``--rounds`` times, alternated. Printed per backend: completion tok
 (completion tokens the server reported / wall time of the round, best and median
 rounds) and its ratio to in-process. Defaults: the SmolLM2-135M-Instruct folder the
 real-model config imports (``.vfops-train/smollm2-135m-instruct``), 32 requests x 64
-tokens, 2 rounds.
+tokens, 2 rounds; in-process and vfops-serve both batch 16 rows at most.
 
     .venv/bin/python bench/serve_tokens.py
     .venv/bin/python bench/serve_tokens.py --model models/tiny --requests 64 --max-tokens 32
@@ -40,6 +40,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / ".vfops-train" / "smollm2-135m-instruct"
+BATCH = 16
+"""Rows per generation batch, in-process and vfops model serve alike (the server's default)."""
 WORDS = [
     "field",
     "red",
@@ -65,7 +67,7 @@ def _prompts(count: int) -> list[list[dict[str, str]]]:
 async def _in_process(model: Path, prompts: list[Any], max_tokens: int) -> tuple[int, float]:
     from vfops.local import LocalModelClient
 
-    client = LocalModelClient(model, max_batch_size=len(prompts))
+    client = LocalModelClient(model, max_batch_size=BATCH)
     try:
         args = {"max_tokens": max_tokens, "temperature": 1.0}
         await client.chat(model="m", messages=prompts[0], sampling_args=args)  # warm
@@ -115,12 +117,14 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 600)
 
 def _server(kind: str, model: Path, port: int) -> tuple[list[str], str, str]:
     """(command, health URL, model name) of a server kind."""
-    vfops = [sys.executable, "-m", "vfops", "model", "serve", str(model), "--port", str(port)]
+    vfops = [sys.executable, "-m", "vfops", "model", "serve", str(model), "--port", str(port),
+             "--max-batch-size", str(BATCH)]  # fmt: skip
     health = f"http://127.0.0.1:{port}/health"
     if kind == "vfops-serve":
         return vfops, health, model.name
     if kind == "transformers-serve":
-        return [*vfops, "--engine", "transformers", "--device", "cpu"], health, str(model)
+        served = [*vfops[:-2], "--engine", "transformers", "--device", "cpu"]
+        return served, health, str(model)
     python = _vllm_python()
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",

@@ -177,6 +177,9 @@ def serve(
     max_tokens: Annotated[
         int, typer.Option(help="--engine vfops: completion cap when a request sets none.")
     ] = 256,
+    max_batch_size: Annotated[
+        int, typer.Option(help="--engine vfops: most rows generated in one batch.")
+    ] = 16,
 ) -> None:
     """Serve DIRECTORY OpenAI-compatibly (offline): /v1/chat/completions and /v1/models.
 
@@ -187,8 +190,8 @@ def serve(
         raise InvalidArgumentError(
             f"--engine {engine!r} is not an engine; use vfops or transformers"
         )
-    if max_tokens < 1:
-        raise InvalidArgumentError("--max-tokens must be >= 1")
+    if max_tokens < 1 or max_batch_size < 1:
+        raise InvalidArgumentError("--max-tokens and --max-batch-size must be >= 1")
     try:
         import transformers  # noqa: F401
 
@@ -199,7 +202,9 @@ def serve(
         raise MissingExtraError("train", exc.name or "transformers") from exc
     path = _check_model_dir(directory)
     if engine == "vfops":
-        cmd = native_serve_command(path, host=host, port=port, max_tokens=max_tokens)
+        cmd = native_serve_command(
+            path, host=host, port=port, max_tokens=max_tokens, max_batch_size=max_batch_size
+        )
         names = f"{path} or {path.name}"
     else:
         cmd = serve_command(path, host=host, port=port, device=device)
