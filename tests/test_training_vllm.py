@@ -679,3 +679,38 @@ def test_the_gpu_check_rehearses_on_a_cpu_and_writes_one_json(tmp_path: Path) ->
     assert parts["vllm_sync_filesystem"]["mismatch_kl_max"] < 1e-6  # both fp32
     assert parts["vllm_generation"]["tokens_per_s"] > 0
     assert report["vllm"] and report["machine"]["mode"] == "cpu rehearsal"
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")  # peft 0.21
+def test_a_lora_policy_syncs_its_merged_weights_under_the_base_names(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The filesystem sync of a LoRA policy writes what the server's plain model loads:
+    the adapters merged in, under the base model's names (a peft model's own
+    save_pretrained wrote the adapters alone, as base_model.model...: vLLM refused them,
+    found by bench/real_model_vllm.py on SmolLM2)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from vfops.training._vllm_sync import _save_weights
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_dir))
+    plain_names = set(base.state_dict())
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+    with torch.no_grad():  # non-zero adapters: the merged q_proj differs from the base's
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.fill_(0.01)
+    original = base.model.layers[0].self_attn.q_proj.base_layer.weight.detach().clone()
+    _save_weights(model, tmp_path / "policy-00000001")
+    written = load_file(str(tmp_path / "policy-00000001" / "model.safetensors"))
+    assert not [k for k in written if "lora_" in k or "base_model" in k or "base_layer" in k]
+    assert set(written) <= plain_names and "model.layers.0.self_attn.q_proj.weight" in written
+    assert not torch.equal(written["model.layers.0.self_attn.q_proj.weight"], original)
+    assert (tmp_path / "policy-00000001" / "config.json").is_file()
+    # the adapters are unmerged again: training goes on from the same weights (to
+    # rounding: W + BA - BA)
+    after = base.model.layers[0].self_attn.q_proj.base_layer.weight
+    assert torch.allclose(after, original, atol=1e-6)

@@ -44,7 +44,22 @@ def _save_weights(model: torch.nn.Module, target: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_pretrained = getattr(model, "save_pretrained", None)
-    if callable(save_pretrained):
+    if hasattr(model, "merge_adapter"):
+        # a peft model: its save_pretrained writes the adapters only, under peft's names
+        # (base_model.model...), which the server's model does not have. The merged
+        # weights under the base model's names instead; a tied head once, as
+        # save_pretrained leaves it.
+        from safetensors.torch import save_file
+
+        from vfops.training._weights import full_state_dict
+
+        weights = full_state_dict(model)
+        base: Any = model.get_base_model()  # type: ignore[operator]
+        if getattr(base.config, "tie_word_embeddings", False):
+            weights.pop("lm_head.weight", None)
+        save_file(weights, str(tmp / "model.safetensors"))
+        base.config.save_pretrained(str(tmp))
+    elif callable(save_pretrained):
         # Hugging Face models: checkpoint names, tied weights dropped, config.json.
         from vfops.local import quiet_progress
 
