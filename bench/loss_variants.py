@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,9 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from _train_run import train_in_child  # noqa: E402
+
 DEFAULT_CONFIG = REPO / "configs" / "train" / "cpu_smollm2_reverse_text.toml"
 
 
@@ -73,16 +75,6 @@ def _variant_config(base: Path, loss: str, seed: int, args: argparse.Namespace, 
     return "\n".join(lines) + "\n"
 
 
-def _child(config: Path, result: Path) -> int:
-    """One run in this process (the parent starts one process per run)."""
-    import vfops.training as training
-
-    cfg = training.resolve_config(config, tracking=False)
-    outcome = training.train(cfg)
-    result.write_text(json.dumps(outcome.to_json(), default=str))
-    return 0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -91,10 +83,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--eval-examples", type=int, default=200)
     parser.add_argument("--on-policy", action="store_true", help="async_steps 0, tis")
-    parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        return _child(*args.child)
 
     from vfops.local import import_gguf
 
@@ -118,12 +107,7 @@ def main() -> int:
             config.write_text(_variant_config(base, loss, seed, args, out))
             result = work / f"{loss}-seed{seed}.json"
             started = time.perf_counter()
-            done = subprocess.run(
-                [sys.executable, __file__, "--child", str(config), str(result)],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
+            done = train_in_child(config, result, env)
             wall = time.perf_counter() - started
             if done.returncode != 0:
                 print(f"{loss} seed {seed}: exited {done.returncode}\n{done.stderr[-2000:]}")

@@ -31,6 +31,9 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from _train_run import train_in_child  # noqa: E402
+
 DEFAULT_CONFIG = REPO / "configs" / "train" / "cpu_smollm2_reverse_text.toml"
 
 
@@ -67,24 +70,13 @@ def _config(base: Path, model: Path, url: str, seed: int, steps: int, out: Path)
     return "\n".join(lines) + "\n"
 
 
-def _child(config: Path, result: Path) -> int:
-    import vfops.training as training
-
-    outcome = training.train(training.resolve_config(config, tracking=False))
-    result.write_text(json.dumps(outcome.to_json(), default=str))
-    return 0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--vllm-python", default=None)
-    parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        return _child(*args.child)
     from vfops._net import free_port
     from vfops.cli._vllm import serve_command, serve_env
     from vfops.local import import_gguf
@@ -121,10 +113,7 @@ def main() -> int:
             config.write_text(_config(base, model, url, seed, args.steps, out))
             result = work / f"seed{seed}.json"
             begun = time.perf_counter()
-            done = subprocess.run(
-                [sys.executable, __file__, "--child", str(config), str(result)],
-                env=env, capture_output=True, text=True,
-            )  # fmt: skip
+            done = train_in_child(config, result, env)
             wall = time.perf_counter() - begun
             if done.returncode != 0:
                 print(f"seed {seed}: exited {done.returncode}\n{done.stderr[-3000:]}")

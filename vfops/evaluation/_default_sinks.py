@@ -21,6 +21,7 @@ none of it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -213,25 +214,15 @@ def whole_info(recording: Recording) -> Callable[[], Awaitable[RunInfo]]:
     async def info() -> RunInfo:
         if isinstance(recording.registry, asyncio.Future):
             await asyncio.wait({recording.registry})  # its failure is the registry sink's
-        plan = recording.plan
-        request, provenance = plan.request, plan.provenance
-        if provenance is not None:
-            version, code_hash = provenance.version, provenance.code_hash
-        else:  # a run recorded in its folder only: the installed code's hash
-            from vfops.publishing import inspect_installed
+        known = start_info(recording)  # the provenance is in the plan now, if recorded
+        if known.env_version is not None:
+            return known
+        # a run recorded in its folder only: the installed code's hash
+        from vfops.publishing import inspect_installed
 
-            installed = await asyncio.to_thread(inspect_installed, request.env_name)
-            version, code_hash = installed.local_label, installed.code_hash
-        return RunInfo(
-            run_id=plan.run_id,
-            run_dir=plan.run_dir,
-            env_name=request.env_name,
-            env_version=version,
-            env_code_hash=code_hash,
-            model=request.model,
-            sampling_args=dict(request.sampling_args),
-            env_args=dict(request.env_args),
-            recording=recording,
+        installed = await asyncio.to_thread(inspect_installed, known.env_name)
+        return dataclasses.replace(
+            known, env_version=installed.local_label, env_code_hash=installed.code_hash
         )
 
     return info
