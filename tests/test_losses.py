@@ -183,3 +183,36 @@ def test_a_package_adds_a_loss_under_the_entry_point(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert [float(x) for x in done.stdout.split()] == [-0.5, -1.0]
+
+
+def test_a_later_update_takes_its_ratio_against_the_weights_before_the_first() -> None:
+    """``[optim] updates_per_batch > 1``: from the second update on, ``old_logprobs`` are
+    the trainer's log-probs before the batch's first step. The ratio is against them, so
+    it leaves 1 and the clip binds; the sampler-mismatch weight stays theirs against the
+    behaviour log-probs (what it was on the first update), not the moved weights'."""
+    behaviour = torch.tensor([[-math.log(3.0), 0.0], [0.0, 0.0]])
+    old = torch.zeros(2, 2)
+    config = LossConfig(type="dapo", importance_correction="tis", importance_cap=4.0)
+
+    def second_update(d: list[list[float]]) -> tuple[float, list[float], dict[str, float]]:
+        logp = torch.tensor(d, requires_grad=True)
+        inputs = LossInputs(logp, behaviour, ADV, MASK, old_logprobs=old)
+        loss, sums = policy_loss(inputs, config, NORM)
+        loss.backward()
+        assert logp.grad is not None
+        return float(loss.detach()), (logp.grad * MASK).flatten().tolist(), sums
+
+    # logp moved by 0.1 on the first token: r = e^0.1 inside (0.8, 1.28); w = min(3, 4) = 3
+    # (e^0.1 * 3 = 3.32 had it been taken against the moved weights)
+    loss, grad, sums = second_update([[0.1, 0.0], [0.0, 0.0]])
+    r = math.exp(0.1)
+    assert loss == pytest.approx((-3 * r - 1 + 1) / 3)
+    assert grad == pytest.approx([-3 * r / 3, -1 / 3, 1 / 3, 0.0])
+    assert sums["ratio_sum"] == pytest.approx(r + 2) and sums["clipped_tokens"] == 0.0
+    # moved by 0.3: r = e^0.3 = 1.35 past DAPO's 1.28 with A = +1: clipped, no gradient
+    _, grad, sums = second_update([[0.3, 0.0], [0.0, 0.0]])
+    assert grad[0] == 0.0 and sums["clipped_tokens"] == 1.0
+    # the same log-probs as a first update (no old_logprobs): r = 1 in value, never clipped
+    logp = torch.tensor([[0.3, 0.0], [0.0, 0.0]], requires_grad=True)
+    _, first = policy_loss(LossInputs(logp, behaviour, ADV, MASK), config, NORM)
+    assert first["clipped_tokens"] == 0.0 and first["ratio_sum"] == pytest.approx(3.0)

@@ -465,3 +465,37 @@ def test_each_field_variant_trains_on_the_cpu_config_where_its_ratio_matters(
     assert max(step["clip_fraction"] for step in stale) > 0.0
     if variant == "gspo":
         assert min(step["clip_fraction"] for step in stale) > 0.5
+
+
+def test_several_updates_per_batch_move_the_ratio_and_the_clip_binds(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """``[optim] updates_per_batch = 3`` on the CPU config, on-policy batches and the
+    default ``tis``: each step takes three AdamW steps on its batch (the optimizer's step
+    count) and one LR-schedule step; the later updates' ratio is against the weights before
+    the first, so it leaves 1 and the clip binds, where one update per batch never clips."""
+    clip_fraction: dict[int, float] = {}
+    for updates in (1, 3):
+        config = _config(tiny_dir, tmp_path / str(updates), steps=2, tracking=False)
+        config = config.with_overrides(
+            {
+                "optim.updates_per_batch": updates,
+                "optim.lr": 0.05,  # big steps on the tiny model, so the ratio moves
+                "generation.prompts_per_step": 4,
+                "generation.group_size": 8,
+            }
+        )
+        with GRPORecipe(config) as recipe:
+            recipe.setup()
+            metrics = [recipe.train_step() for _ in range(2)]
+            policy = recipe._set_up().trainer.policy
+            adam_steps = {int(s["step"]) for s in policy.optimizer.state.values()}
+            assert adam_steps == {2 * updates}
+            assert policy.scheduler.scheduler.last_epoch == 2  # accelerate wraps it
+        assert all(math.isfinite(value) for step in metrics for value in step.values())
+        clip_fraction[updates] = max(step["clip_fraction"] for step in metrics)
+        if updates == 1:
+            assert all(step["ratio_mean"] == pytest.approx(1.0) for step in metrics)
+        else:
+            assert any(abs(step["ratio_mean"] - 1.0) > 1e-4 for step in metrics)
+    assert clip_fraction[1] == 0.0 and clip_fraction[3] > 0.0, clip_fraction

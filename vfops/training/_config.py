@@ -354,9 +354,10 @@ class LossConfig(_Section):
         description=(
             "PPO clip: ratio >= 1 - clip_low (unset: the variant's, 0.2; gspo 3e-4). The "
             "ratio is against the old policy: with importance_correction 'tis' or 'mis' "
-            "the weights being updated, so with one optimiser step per generated batch it "
-            "is 1 and the clip never binds (the mismatch weight bounds the step instead); "
-            "with 'none' the behaviour log-probs."
+            "the weights before the batch's first optimizer step, so with one step per "
+            "generated batch ([optim] updates_per_batch = 1, the default) it is 1 and the "
+            "clip never binds (the mismatch weight bounds the step instead); with 'none' "
+            "the behaviour log-probs (it binds on batches generated ahead, async_steps > 0)."
         ),
     )
     clip_high: float | None = Field(
@@ -420,6 +421,17 @@ class OptimConfig(_Section):
     )
     scheduler: SchedulerName = Field(default="constant", description="LR schedule.")
     warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps.")
+    updates_per_batch: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Optimizer steps taken on each generated batch (TRL's num_iterations, the GRPO "
+            "paper's mu); each is a full pass over the batch's micro-batches. From the "
+            "second on, the PPO ratio is against the weights before the first, so it moves "
+            "away from 1 and [loss]'s clip binds. The LR schedule advances once per batch; "
+            "run.steps counts batches."
+        ),
+    )
     micro_batch_size: int = Field(
         default=8,
         ge=1,

@@ -90,8 +90,11 @@ class LossInputs:
 
     ``logprobs``: the trainer's log-probs of each next token (with grad);
     ``behaviour_logprobs``: what the sampler reported for the same tokens; ``mask``: 1 on
-    trained tokens; ``ref_logprobs``: the frozen reference model's (``beta > 0`` only).
-    One object rather than five positional tensors, so a new input is one field.
+    trained tokens; ``ref_logprobs``: the frozen reference model's (``beta > 0`` only);
+    ``old_logprobs``: the trainer's own log-probs before the batch's first optimizer step,
+    given from its second update on (``[optim] updates_per_batch > 1``; None on the first,
+    where they are ``logprobs``' own values). One object rather than six positional
+    tensors, so a new input is one field.
     """
 
     logprobs: torch.Tensor
@@ -99,6 +102,7 @@ class LossInputs:
     advantages: torch.Tensor
     mask: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +122,10 @@ def importance(inputs: LossInputs, config: LossConfig) -> _Importance:
     - ``"none"``: the behaviour log-probs (what the sampler reported) are the old policy,
       ``r = exp(logp - logp_behaviour)``, ``w = 1``;
     - ``"tis"`` (truncated importance sampling): the old policy is the trainer's own
-      log-probs of the weights being updated (``logp`` detached: one optimiser step per
-      batch, every micro-batch sees the pre-step weights), so ``r = 1`` in value, and each
-      token is weighted by ``w = min(exp(logp_old - logp_behaviour), importance_cap)``:
+      log-probs of the weights before the batch's first optimizer step (on that first
+      update ``logp`` detached, so ``r = 1`` in value; on later ones, with
+      ``updates_per_batch > 1``, ``inputs.old_logprobs``), and each token is weighted by
+      ``w = min(exp(logp_old - logp_behaviour), importance_cap)``:
       the sampler's different kernels and precision, and with ``async_steps > 0`` a batch
       from older weights, are corrected for;
     - ``"mis"`` (masked importance sampling): the same old policy, ``w = exp(logp_old -
@@ -129,15 +134,17 @@ def importance(inputs: LossInputs, config: LossConfig) -> _Importance:
       trained on rather than down-weighted.
     """
     logprobs, behaviour = inputs.logprobs, inputs.behaviour_logprobs
+    old = logprobs.detach() if inputs.old_logprobs is None else inputs.old_logprobs
     trained = inputs.mask > 0
     with torch.no_grad():
-        log_mismatch = torch.where(trained, logprobs - behaviour, 0.0)
+        # the sampler against the trainer's pre-update weights: the same on every update
+        log_mismatch = torch.where(trained, old - behaviour, 0.0)
         mismatch = torch.exp(log_mismatch)
     correction, cap = config.importance_correction, config.importance_cap
     if correction == "none":
         return _Importance(torch.exp(logprobs - behaviour), torch.ones_like(mismatch),
                            mismatch, log_mismatch, None)  # fmt: skip
-    ratio = torch.exp(logprobs - logprobs.detach())
+    ratio = torch.exp(logprobs - old)
     if correction == "tis":
         return _Importance(ratio, torch.clamp(mismatch, max=cap), mismatch, log_mismatch, cap)
     if correction == "mis":

@@ -8,17 +8,18 @@ share of the step's loss and the sums the step's metrics are made of
 weight (``importance_correction``), the k3 KL to a reference model, the metrics — live in
 :mod:`vfops.training._loss`; a variant says what it does with them.
 
-Notation, per trained token ``t`` of sequence ``i`` (``m_it`` = 1 on trained tokens):
-``r_it = exp(logp_it - logp_old_it)`` the PPO ratio (``old``: the behaviour log-probs with
-``importance_correction = "none"``, the trainer's own pre-step log-probs otherwise, where
-``r = 1`` in value), ``w_it`` the mismatch weight (1 without correction), ``A_i`` the
-group-relative advantage, ``eps_l, eps_h`` = ``clip_low, clip_high``, ``N_tok`` the trained
-tokens of the step, ``N_seq`` its sequences with a trained token, ``G`` all its
-sequences, ``L`` = ``max_tokens``. With one optimiser step per generated batch (this
-trainer's recipe) the ratio is 1 at that step, so the PPO clip never binds (``clip
-0.000`` in the metrics): the clip matters only for batches from older weights
-(``async_steps > 0``) or with a sampler that disagrees, where the mismatch weight is what
-corrects.
+Notation, per trained token ``t`` of sequence ``i`` (``m_it`` = 1 on trained tokens): ``r_it
+= exp(logp_it - logp_old_it)`` the PPO ratio (``old``: the behaviour log-probs with
+``importance_correction = "none"``, the trainer's own log-probs before the batch's first
+update otherwise, where ``r = 1`` in value on that first update), ``w_it`` the mismatch
+weight (1 without correction), ``A_i`` the group-relative advantage, ``eps_l, eps_h`` =
+``clip_low, clip_high``, ``N_tok`` the trained tokens of the step, ``N_seq`` its sequences
+with a trained token, ``G`` all its sequences, ``L`` = ``max_tokens``. With one optimiser
+step per generated batch (``[optim] updates_per_batch = 1``, the default) the ratio is 1 at
+that step, so the PPO clip never binds (``clip 0.000`` in the metrics): the clip matters
+from a batch's second update on (``updates_per_batch > 1``), for batches from older weights
+with ``importance_correction = "none"`` (``async_steps > 0``), or with a sampler that
+disagrees, where the mismatch weight is what corrects.
 """
 
 from __future__ import annotations

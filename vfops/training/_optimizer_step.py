@@ -1,4 +1,5 @@
-"""The optimiser step: one batch in, one AdamW step out, and the step's metrics.
+"""The optimiser step: one batch in, ``[optim] updates_per_batch`` AdamW steps out (one by
+default), and the step's metrics.
 
 Heavy module (torch), imported lazily by the recipe. This is the trainer half of
 the recipe (prime-rl's split): it knows nothing of generation, only the
@@ -9,7 +10,10 @@ padding: :mod:`~vfops.training._packing`, the same loss per sequence), and its s
 of the step's loss
 (:func:`~vfops.training._losses.policy_loss`, normalised over the whole step by a
 :class:`~vfops.training._loss.LossNorm`) back-propagated under
-``accelerator.accumulate``; one clipped optimizer step and one LR-schedule step follow.
+``accelerator.accumulate``; one clipped optimizer step follows, and after the last update
+one LR-schedule step. From the second update on, the PPO ratio is against the log-probs
+the first update computed (the weights before the batch's first step), so it moves away
+from 1 and the clip binds.
 """
 
 from __future__ import annotations
@@ -71,10 +75,11 @@ class OptimizerStep:
         self.generation = generation
 
     def run(self, batch: Batch) -> dict[str, float]:
-        """Accumulate the loss over micro-batches; one optimizer step. Returns the step's
-        sums (``loss``, ``tokens``, ``kl_sum``, ``mismatch_*`` ...) for :func:`step_metrics`."""
+        """Train on the batch ``[optim] updates_per_batch`` times, each an accumulation over
+        its micro-batches and one optimizer step; the LR schedule advances once. Returns
+        the step's sums over every update (``loss`` and ``grad_norm`` their mean) for
+        :func:`step_metrics`."""
         policy = self.policy
-        accelerator, n_micro = policy.accelerator, policy.micro_batches
         totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "ratio_sum": 0.0}
         totals.update(tokens=0.0, entropy_sum=0.0, tokens_total=0.0, grad_norm=0.0)
         totals.update(mismatch_k3_sum=0.0, is_weight_sum=0.0, is_capped_tokens=0.0)
@@ -85,11 +90,37 @@ class OptimizerStep:
             tokens=sum(s.sequence.completion_tokens for s in batch.samples),
             max_tokens=self.generation.max_tokens,
         )
-        for chunk in split(batch.samples, n_micro):
+        chunks = split(batch.samples, policy.micro_batches)
+        # The old policy of every update after the first: the log-probs the first update's
+        # forward computed, i.e. the weights before this batch's first optimizer step (one
+        # forward saved per micro-batch; exact while dropout is off, as it is by default).
+        olds: list[torch.Tensor | None] = [None] * len(chunks)
+        updates = self.optim.updates_per_batch
+        for _ in range(updates):
+            self._update(chunks, norm, olds, totals)
+        totals["loss"] /= updates
+        totals["grad_norm"] /= updates
+        policy.scheduler.step()
+        return totals
+
+    def _update(
+        self,
+        chunks: list[list[Sample]],
+        norm: LossNorm,
+        olds: list[torch.Tensor | None],
+        totals: dict[str, float],
+    ) -> None:
+        """One optimizer step: every micro-batch's share of the loss back-propagated under
+        ``accelerator.accumulate``, the gradient clipped, the optimizer stepped."""
+        policy = self.policy
+        accelerator, n_micro = policy.accelerator, policy.micro_batches
+        for index, chunk in enumerate(chunks):
             with accelerator.accumulate(policy.model):
-                loss, sums = self._micro_step(chunk, norm) if chunk else (None, {})
-                _accumulate(totals, sums)
-                if loss is not None:
+                if chunk:
+                    loss, sums, logprobs = self._micro_step(chunk, norm, olds[index])
+                    if olds[index] is None:
+                        olds[index] = logprobs.detach()
+                    _accumulate(totals, sums)
                     totals["loss"] += float(loss.detach())
                     # accelerate divides by the accumulation steps; the loss is already
                     # normalised over the whole step, so undo it.
@@ -98,13 +129,15 @@ class OptimizerStep:
                     grad_norm = accelerator.clip_grad_norm_(
                         policy.model.parameters(), self.optim.max_grad_norm
                     )
-                    totals["grad_norm"] = float(grad_norm) if grad_norm is not None else 0.0
+                    totals["grad_norm"] += float(grad_norm) if grad_norm is not None else 0.0
                 policy.optimizer.step()
                 policy.optimizer.zero_grad(set_to_none=True)
-        policy.scheduler.step()
-        return totals
 
-    def _micro_step(self, chunk: list[Sample], norm: LossNorm) -> tuple[Any, dict[str, float]]:
+    def _micro_step(
+        self, chunk: list[Sample], norm: LossNorm, old: torch.Tensor | None
+    ) -> tuple[Any, dict[str, float], torch.Tensor]:
+        """A micro-batch's loss, its metric sums and its log-probs; ``old``: the trainer's
+        log-probs before this batch's first update (None: this is the first)."""
         policy = self.policy
         device = policy.accelerator.device
         sequences = [s.sequence for s in chunk]
@@ -116,13 +149,15 @@ class OptimizerStep:
             with torch.no_grad():
                 ref, _ = micro.forward(policy.ref_model)
         loss, sums = policy_loss(
-            LossInputs(logprobs, micro.old, advantages, micro.mask, ref_logprobs=ref),
+            LossInputs(
+                logprobs, micro.old, advantages, micro.mask, ref_logprobs=ref, old_logprobs=old
+            ),
             self.loss,
             norm,
         )
         sums["entropy_sum"] = float((entropy * micro.mask).sum())
         sums["tokens_total"] = float(micro.tokens)
-        return loss, sums
+        return loss, sums, logprobs
 
     def _padded(self, sequences: list[Sequence]) -> _MicroInputs:
         """Right-padded rows; logits from the first position any row trains on."""
