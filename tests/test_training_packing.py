@@ -131,7 +131,7 @@ def _loss_and_grads(
 ) -> tuple[float, dict[str, float], torch.Tensor]:
     model = step.policy.model
     model.zero_grad(set_to_none=True)
-    loss, sums = step._micro_step(samples, _norm(samples))
+    loss, sums, _ = step._micro_step(samples, _norm(samples), None)
     loss.backward()
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     model.zero_grad(set_to_none=True)
