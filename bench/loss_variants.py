@@ -116,8 +116,9 @@ def main() -> int:
     mode += f", {args.updates_per_batch} update(s) per batch"
     print(f"{base.relative_to(REPO)}, {args.steps} steps, {mode}; work {work}", flush=True)
     table: dict[str, list[tuple[float, float, float, float]]] = {}
-    for loss in args.variants:
-        for seed in args.seeds:
+    # seed by seed, every variant in each: a run stopped early still has them all
+    for seed in args.seeds:
+        for loss in args.variants:
             out = work / f"{loss}-seed{seed}"
             config = work / f"{loss}-seed{seed}.toml"
             config.write_text(_variant_config(base, loss, seed, args, out))
