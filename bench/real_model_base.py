@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serve_tokens import DEFAULT_MODEL, REPO, _wait_ready  # bench/ is sys.path[0]
+from serve_tokens import DEFAULT_MODEL, REPO, _wait_ready, stop_server  # bench/ is sys.path[0]
 
 KEY_VAR = "BENCH_KEY"
 
@@ -104,11 +103,7 @@ def main() -> int:
             if metadata["exit"] not in (0, 3):
                 print(f"    {tail.splitlines()[-1] if tail else '(no stderr)'}", flush=True)
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
     return 0
 
 

@@ -152,11 +152,16 @@ def _served(kind: str, model: Path, prompts: list[Any], max_tokens: int) -> tupl
         base = f"http://127.0.0.1:{port}/v1"
         return asyncio.run(_over_http(base, name, prompts, max_tokens))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a clean stop), then SIGKILL if it has not exited within a minute."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def main() -> int:

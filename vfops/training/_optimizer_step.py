@@ -56,6 +56,16 @@ class _MicroInputs:
     """The micro-batch's real tokens (padding not counted)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A micro-batch's first update, for the batch's later ones: its inputs, the reference
+    model's log-probs (None without one) and the old policy's log-probs."""
+
+    micro: _MicroInputs
+    ref: torch.Tensor | None
+    old: torch.Tensor
+
+
 class OptimizerStep:
     """Trains ``policy`` on a batch: ``loss`` is ``[loss]``, ``optim`` gives the gradient
     clipping, ``generation`` the sampling temperature (the loss uses the same) and
@@ -91,10 +101,11 @@ class OptimizerStep:
             max_tokens=self.generation.max_tokens,
         )
         chunks = split(batch.samples, policy.micro_batches)
-        # The old policy of every update after the first: the log-probs the first update's
-        # forward computed, i.e. the weights before this batch's first optimizer step (one
-        # forward saved per micro-batch; exact while dropout is off, as it is by default).
-        olds: list[torch.Tensor | None] = [None] * len(chunks)
+        # What the first update computed for each micro-batch, kept for the later ones: its
+        # inputs, the reference model's log-probs (they do not move) and the old policy's,
+        # the first forward's log-probs, i.e. the weights before this batch's first
+        # optimizer step (no extra forward; exact while dropout is off, the default).
+        olds: list[_Kept | None] = [None] * len(chunks)
         updates = self.optim.updates_per_batch
         for _ in range(updates):
             self._update(chunks, norm, olds, totals)
@@ -107,7 +118,7 @@ class OptimizerStep:
         self,
         chunks: list[list[Sample]],
         norm: LossNorm,
-        olds: list[torch.Tensor | None],
+        olds: list[_Kept | None],
         totals: dict[str, float],
     ) -> None:
         """One optimizer step: every micro-batch's share of the loss back-propagated under
@@ -117,9 +128,7 @@ class OptimizerStep:
         for index, chunk in enumerate(chunks):
             with accelerator.accumulate(policy.model):
                 if chunk:
-                    loss, sums, logprobs = self._micro_step(chunk, norm, olds[index])
-                    if olds[index] is None:
-                        olds[index] = logprobs.detach()
+                    loss, sums, olds[index] = self._micro_step(chunk, norm, olds[index])
                     _accumulate(totals, sums)
                     totals["loss"] += float(loss.detach())
                     # accelerate divides by the accumulation steps; the loss is already
@@ -134,20 +143,25 @@ class OptimizerStep:
                 policy.optimizer.zero_grad(set_to_none=True)
 
     def _micro_step(
-        self, chunk: list[Sample], norm: LossNorm, old: torch.Tensor | None
-    ) -> tuple[Any, dict[str, float], torch.Tensor]:
-        """A micro-batch's loss, its metric sums and its log-probs; ``old``: the trainer's
-        log-probs before this batch's first update (None: this is the first)."""
+        self, chunk: list[Sample], norm: LossNorm, kept: _Kept | None
+    ) -> tuple[Any, dict[str, float], _Kept]:
+        """A micro-batch's loss, its metric sums, and what later updates of the batch reuse;
+        ``kept``: what the first update kept (None: this is the first)."""
         policy = self.policy
-        device = policy.accelerator.device
-        sequences = [s.sequence for s in chunk]
-        micro = self._packed(sequences) if self.optim.packing else self._padded(sequences)
-        advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=device)
+        if kept is None:
+            sequences = [s.sequence for s in chunk]
+            micro = self._packed(sequences) if self.optim.packing else self._padded(sequences)
+            ref = None
+            if policy.ref_model is not None:
+                with torch.no_grad():
+                    ref, _ = micro.forward(policy.ref_model)
+        else:
+            micro, ref = kept.micro, kept.ref
+        advantages = torch.tensor(
+            [s.advantage for s in chunk], dtype=torch.float32, device=policy.accelerator.device
+        )
         logprobs, entropy = micro.forward(policy.model)
-        ref = None
-        if policy.ref_model is not None:
-            with torch.no_grad():
-                ref, _ = micro.forward(policy.ref_model)
+        old = None if kept is None else kept.old
         loss, sums = policy_loss(
             LossInputs(
                 logprobs, micro.old, advantages, micro.mask, ref_logprobs=ref, old_logprobs=old
@@ -157,7 +171,7 @@ class OptimizerStep:
         )
         sums["entropy_sum"] = float((entropy * micro.mask).sum())
         sums["tokens_total"] = float(micro.tokens)
-        return loss, sums, logprobs
+        return loss, sums, kept or _Kept(micro, ref, logprobs.detach())
 
     def _padded(self, sequences: list[Sequence]) -> _MicroInputs:
         """Right-padded rows; logits from the first position any row trains on."""
