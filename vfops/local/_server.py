@@ -9,8 +9,10 @@ log-probability (OpenAI's ``choices[i].logprobs``), as the trainer reads it. The
 ``model`` of a request may be DIR's absolute path, its folder name, or any name the
 server was started with (``--served-name``); another is a 404 naming them.
 
-Errors are OpenAI's shape: bad sampling arguments a 400 with the reason, nothing else
-leaks a traceback. SIGTERM/SIGINT stop it after the requests in flight.
+Errors are OpenAI's shape: bad sampling arguments or a content part the model cannot
+take (an image for a text-only model) a 400 with the reason, any other failure a 500
+with its one line (the traceback goes to the server's stderr, never to the client).
+SIGTERM/SIGINT stop it after the requests in flight.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import asyncio
 import signal
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -93,6 +96,9 @@ class _Server:
             )
         except InvalidArgumentError as exc:
             return _error(400, str(exc))
+        except Exception as exc:  # the client gets one line, the operator the traceback
+            traceback.print_exc()
+            return _error(500, f"the model failed: {type(exc).__name__}: {exc}", "server_error")
         return web.json_response(self._completion(model, answers))
 
     def _completion(self, model: str, answers: list[Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vfops._text_parts import text_only
 from vfops._types import Messages
 from vfops.training._backend import TurnTokens
 
@@ -45,7 +46,7 @@ def render(
     add_generation_prompt: bool,
 ) -> str:
     text = tokenizer.apply_chat_template(
-        [dict(m) for m in messages],
+        text_only(messages),
         tools=tools or None,
         add_generation_prompt=add_generation_prompt,
         tokenize=False,
