@@ -201,3 +201,38 @@ def test_an_episode_trace_and_an_image_are_named() -> None:
     # the image named by its type and size, never its base64
     assert "Which colour is this?\n    <image image/png, 70 bytes>" in text
     assert pixel not in text
+
+
+def test_runs_list_shows_a_run_with_every_rollout_failed_as_failed(tmp_path: Any) -> None:
+    """Every rollout an error (a 400 from the server, say): the list says how many
+    failed and shows no reward, where it showed ``completed 4/4 0.000``."""
+    from vfops.registry import NewRun, create_run, finish_run
+    from vfops.stats import EvalSummary
+
+    summary = EvalSummary()
+    for index in range(4):
+        error = RolloutError(type="ProviderError", message="HTTP 400", stage="generation")
+        summary.add(RolloutRecord(example_id=index, rollout_index=0, prompt=[], completion=[],
+                                  error=error))  # fmt: skip
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    engine = get_engine(url)
+    with session_scope(engine) as session:
+        run = create_run(session, NewRun(
+            environment_name="picture", environment_version="0.1.0",
+            environment_content_hash="c" * 64, model="text-only", num_examples=4,
+            rollouts_per_example=1, config_fingerprint="fp"))  # fmt: skip
+        run_id = run.id
+    with session_scope(engine) as session:
+        finish_run(session, run_id, "completed", summary.to_dict())
+    listed = subprocess.run(
+        [sys.executable, "-m", "vfops", "runs", "list"],
+        env={**os.environ, "VFOPS_DATABASE_URL": url, "COLUMNS": "80"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith(run_id[:12])]
+    row = lines[at]
+    # the status may wrap at 80 columns: "completed, 4" / "errors"
+    assert "completed, 4" in row and "errors" in lines[at + 1].split(), listed.stdout
+    assert " - " in row and "0.000" not in row, listed.stdout

@@ -271,3 +271,37 @@ def test_a_runs_summary_and_mlflow_metrics_per_agent() -> None:
     metrics = _metrics_from_stored(stored)
     assert metrics["agent/opener/reward_mean"] == 1.5
     assert metrics["agent/responder/reward_mean"] == -1.5
+
+
+def test_a_run_with_nothing_scored_has_no_reward_and_errors_are_no_attempts() -> None:
+    """Every rollout an error: the stored summary's reward is None (the registry's
+    ``runs list`` shows "-"), never a 0.0 that reads as a score; pass@k counts only
+    scored rollouts, so an error is not a failed attempt."""
+    from vfops._rollout import RolloutError, RolloutRecord
+    from vfops.stats import EvalSummary
+    from vfops.tracking._eval_runs import _metrics_from_stored
+
+    def record(example: int, index: int, reward: float | None) -> RolloutRecord:
+        error = (
+            None
+            if reward is not None
+            else RolloutError(type="ProviderError", message="400", stage="generation")
+        )
+        return RolloutRecord(example_id=example, rollout_index=index, prompt=[], completion=[],
+                             reward=reward, error=error)  # fmt: skip
+
+    failed = EvalSummary()
+    for index in range(4):
+        failed.add(record(0, index, None))
+    stored = failed.to_dict()
+    assert (stored["scored"], stored["errors"]) == (0, 4)
+    assert stored["reward_mean"] is stored["reward_std"] is stored["reward_stderr"] is None
+    assert stored["pass_at_k"] == {}
+    metrics = _metrics_from_stored(stored)
+    assert "reward_mean" not in metrics and not any(k.startswith("pass_at") for k in metrics)
+
+    mixed = EvalSummary()  # example 0: one pass of two scored (a third errored); 1: none
+    for example, index, reward in [(0, 0, 1.0), (0, 1, 0.0), (0, 2, None), (1, 0, None)]:
+        mixed.add(record(example, index, reward))
+    assert mixed.to_dict()["reward_mean"] == 0.5
+    assert mixed.pass_at() == {1: 0.5, 2: 1.0}

@@ -48,7 +48,7 @@ class EvalDisplay:
         self._progress.update(
             self._task,
             advance=len(records),
-            stats=f"reward {summary.reward.mean:.3f}{errors}",
+            stats=f"reward {_mean(summary)}{errors}",
         )
 
     def __enter__(self) -> EvalDisplay:
@@ -64,6 +64,10 @@ class EvalDisplay:
     ) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+def _mean(summary: EvalSummary) -> str:
+    return f"{summary.reward.mean:.3f}" if summary.reward.count else "-"
 
 
 def _progress_bar(total: int | None) -> tuple[Progress, TaskID]:

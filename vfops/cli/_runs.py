@@ -16,6 +16,8 @@ from vfops._errors import VfopsError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from vfops.registry import EvalRunRow
+
 app = typer.Typer(help="Browse, compare and export eval runs.", no_args_is_help=True)
 
 
@@ -42,7 +44,7 @@ def list_command(
     its holder died on this host) shows as "stale": resume it with
     `vfops eval ... --resume RUN`.
     """
-    from vfops.registry import RunFilter, list_runs, session_scope, shown_status
+    from vfops.registry import RunFilter, list_runs, session_scope
 
     engine = _engine()
     if quiet:
@@ -68,12 +70,21 @@ def list_command(
                 run.id[:12],
                 f"{run.environment_name} {run.environment_version}",
                 run.model,
-                shown_status(run),
+                _status_with_errors(run),
                 f"{run.rollouts_stored}/{run.num_examples * run.rollouts_per_example}",
                 "-" if reward is None else f"{reward:.3f}",
                 run.started_at.strftime("%m-%d %H:%M"),
             )
     Console().print(table)
+
+
+def _status_with_errors(run: EvalRunRow) -> str:
+    """The status, with the run's errored rollouts when it has any: a run whose
+    rollouts all failed must not read like a finished one."""
+    from vfops.registry import shown_status
+
+    errors = (run.summary or {}).get("errors") or 0
+    return f"{shown_status(run)}, {errors} errors" if errors else shown_status(run)
 
 
 @app.command("show")

@@ -188,13 +188,15 @@ def nightly_history(
     for run in runs:
         if NIGHTLY_TAG not in (run.tags or []) or not run.summary:
             continue
+        if run.summary.get("reward_mean") is None:  # nothing scored that night: no point
+            continue
         model = model_ref(run) or (aliases or {}).get(run.model, run.model)
         series = history.setdefault(f"{env_name} · {model}", [])
         series.append(
             (
                 night_of(run).isoformat(),
-                float(run.summary.get("reward_mean", 0.0)),
-                float(run.summary.get("reward_stderr", 0.0)),
+                float(run.summary["reward_mean"]),
+                float(run.summary.get("reward_stderr") or 0.0),
             )
         )
     return {name: sorted(series)[-limit:] for name, series in history.items()}

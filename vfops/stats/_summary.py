@@ -111,9 +111,10 @@ class EvalSummary:
         if cost is not None:
             self.cost_usd = cost if self.cost_usd is None else self.cost_usd + cost
         self.generation_ms.add(record.timing.generation_ms)
-        passed = record.reward is not None and record.reward >= self.pass_threshold
-        key = record.example_id
-        self._passes[key] = self._passes.get(key, 0) + (1 << 32) + passed
+        if record.reward is not None:  # an error is no attempt: pass@k is over scored ones
+            passed = record.reward >= self.pass_threshold
+            key = record.example_id
+            self._passes[key] = self._passes.get(key, 0) + (1 << 32) + passed
 
     def _add_agent(self, record: RolloutRecord) -> None:
         self.agent_rollouts[record.agent] += 1
@@ -196,16 +197,17 @@ class EvalSummary:
     def _dict(self, *, pass_at: dict[int, float]) -> dict[str, Any]:
         return {
             "rollouts": self.rollouts,
+            # nothing scored has no reward (None, shown as "-"), never a 0.0 that reads as one
             "scored": self.reward.count,
-            "reward_mean": self.reward.mean,
-            "reward_std": self.reward.std,
-            "reward_stderr": self.reward.stderr,
+            "reward_mean": self.reward.mean if self.reward.count else None,
+            "reward_std": self.reward.std if self.reward.count else None,
+            "reward_stderr": self.reward.stderr if self.reward.count else None,
             "metrics": {name: m.mean for name, m in sorted(self.metrics.items())},
             "agents": {
                 name: {
                     "rollouts": self.agent_rollouts[name],
                     "scored": m.count,
-                    "reward_mean": m.mean,
+                    "reward_mean": m.mean if m.count else None,
                 }
                 for name, m in sorted(self.agents.items())
             },
