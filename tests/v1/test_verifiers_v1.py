@@ -11,8 +11,9 @@ taskset, each rollout's state reached over the interception's ``/state`` route),
 ``v1_judged`` (verifiers' reference judge given in ``-a``), ``v1_twice`` (one role run
 twice per episode, ``finalize`` comparing the attempts), ``v1_endless`` (an infinite
 taskset run with ``-n``, a scripted user), ``v1_duel`` (two agents, zero-sum rewards set
-in ``run()``) and ``v1_picture`` (a user that sends PNG images). The endpoint's replies
-are a pure function of the request (tests/v1/scripted_endpoint.py).
+in ``run()``), ``v1_picture`` (a user that sends PNG images) and ``v1_verified`` (a
+reward that runs a uv script in the rollout's runtime, as upstream's ``gsm8k``). The
+endpoint's replies are a pure function of the request (tests/v1/scripted_endpoint.py).
 
 Per task, both evals must give the same multiset of episodes, each the multiset of its
 traces' (reward, verifiers' per-function scores and metrics, verifiers' stop condition,
@@ -85,6 +86,8 @@ CASES = [
         roles=("opener", "responder"), traces_per_episode=2,
     ),
     Case("v1_picture", 4, frozenset({0.0, 1.0}), frozenset({"user_closed"})),
+    # the reward a uv script in the rollout's runtime (vfops: from a warm interpreter)
+    Case("v1_verified", 8, frozenset({0.0, 1.0}), frozenset({"agent_completed"}), r=2),
 ]  # fmt: skip
 
 

@@ -15,7 +15,9 @@ with both (``bench/v1_eval.py``; ``bench/README.md``).
 2. **A rollout's working folder only when something uses it.** The ``subprocess``
    runtime makes a folder per rollout at start and removes it in a thread at stop; a
    tool-less rollout never touches it. vfops's runtime is that runtime with the folder
-   made on first use (a command, a file, a tool server) and removed only if made.
+   made on first use (a command, a file, a tool server) and removed only if made. Its
+   ``run_uv_script`` (a reward verifying in the runtime) runs the script from a warm
+   interpreter (:mod:`vfops.adapters._uv_warm`), not a fresh one per call.
 3. **The built-in tasksets only when asked for.** ``verifiers`` finds a taskset by id
    with ``find_spec("verifiers.v1.tasksets.<id>")``, which imports the package
    ``verifiers.v1.tasksets``, whose ``__init__`` imports its built-in tasksets (harbor,
@@ -122,6 +124,18 @@ def _lazy_runtime_class(base: type, folder_root: Any) -> type:
         async def write(self, *args: Any, **kwargs: Any) -> Any:
             self._folder()
             return await super().write(*args, **kwargs)
+
+        async def run_uv_script(
+            self, script: str | bytes, args: list[str] | None = None,
+            env: dict[str, str] | None = None,
+        ) -> Any:  # fmt: skip
+            from vfops.adapters._uv_warm import run_warm
+
+            self._folder()
+            result = await run_warm(self, script, list(args or []), dict(env or {}))
+            if result is None:  # cold, as verifiers runs it
+                return await super().run_uv_script(script, args, env)
+            return result
 
         async def teardown(self) -> None:
             if not self._made:

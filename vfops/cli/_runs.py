@@ -210,7 +210,8 @@ def _run_table(metadata: dict[str, Any]) -> Table:
     summary = metadata["summary"] or {}
     for key in ("reward_mean", "reward_stderr", "rollouts", "errors", "truncated"):
         if key in summary:
-            table.add_row(key, str(summary[key]))
+            value = summary[key]
+            table.add_row(key, "none (no rollout was scored)" if value is None else str(value))
     for name, value in (summary.get("metrics") or {}).items():
         table.add_row(f"  {name}", f"{value:.4f}")
     for k, value in (summary.get("pass_at_k") or {}).items():

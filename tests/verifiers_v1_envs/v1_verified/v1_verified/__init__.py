@@ -1,0 +1,3 @@
+from v1_verified.taskset import VerifiedTaskset
+
+__all__ = ["VerifiedTaskset"]
