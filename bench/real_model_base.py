@@ -75,6 +75,7 @@ def main() -> int:
         raise SystemExit(f"{model} is not a model folder; import it first (vfops model import)")
 
     (REPO / ".bench").mkdir(exist_ok=True)
+    (REPO / ".bench").mkdir(exist_ok=True)  # a fresh clone has none
     work = Path(tempfile.mkdtemp(prefix="real-model-base-", dir=REPO / ".bench"))
     env = {**os.environ, "VFOPS_HOME": str(work / "home"), KEY_VAR: "unused",
            "BENCH_WORK": str(work), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip

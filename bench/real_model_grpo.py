@@ -91,6 +91,7 @@ def main() -> int:
     if data["model"].get("gguf") and not model.is_dir():
         print(f"importing {data['model']['gguf']} -> {model} (once, not timed)", flush=True)
         import_gguf(data["model"]["gguf"], model)
+    (REPO / ".bench").mkdir(exist_ok=True)  # a fresh clone has none
     work = Path(tempfile.mkdtemp(prefix="real-model-grpo-", dir=REPO / ".bench"))
     env = {**os.environ, "VFOPS_HOME": str(work / "home")}
     env.pop("VFOPS_DATABASE_URL", None)

@@ -163,6 +163,7 @@ def main() -> int:
     model = (config.parent / base_cfg["model"]["path"]).resolve()
     if base_cfg["model"].get("gguf") and not model.is_dir():
         import_gguf(base_cfg["model"]["gguf"], model)
+    (REPO / ".bench").mkdir(exist_ok=True)  # a fresh clone has none
     work = Path(tempfile.mkdtemp(prefix="real-model-trl-", dir=REPO / ".bench"))
     env = {**os.environ, "VFOPS_HOME": str(work / "home"), "OMP_NUM_THREADS": str(THREADS)}
     env.pop("VFOPS_DATABASE_URL", None)

@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from _train_run import train_in_child  # noqa: E402
+from real_model_grpo import P_BAR, WALL_BAR_S, _rows, _sign_test_p  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "train" / "cpu_smollm2_reverse_text.toml"
 
@@ -74,15 +75,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=None, help="default: the config's")
     parser.add_argument("--vllm-python", default=None)
     args = parser.parse_args()
     from vfops._net import free_port
     from vfops.cli._vllm import serve_command, serve_env
     from vfops.local import import_gguf
+    from vfops.stats import paired_bootstrap
 
     base = args.config.absolute()
     data = tomllib.loads(base.read_text())
+    steps_run = args.steps or int(data["run"]["steps"])
     model = (base.parent / data["model"]["path"]).resolve()
     if data["model"].get("gguf") and not model.is_dir():
         import_gguf(data["model"]["gguf"], model)
@@ -103,6 +106,7 @@ def main() -> int:
         command, stdout=log, stderr=subprocess.STDOUT, env=serve_env(cpu=True)
     )
     url = f"http://127.0.0.1:{port}"
+    results: list[bool] = []
     try:
         _wait_ready(url, server)
         print(f"vLLM CPU ready in {time.perf_counter() - started:.0f} s; work {work}", flush=True)
@@ -110,7 +114,7 @@ def main() -> int:
         for seed in args.seeds:
             out = work / f"seed{seed}"
             config = work / f"seed{seed}.toml"
-            config.write_text(_config(base, model, url, seed, args.steps, out))
+            config.write_text(_config(base, model, url, seed, steps_run, out))
             result = work / f"seed{seed}.json"
             begun = time.perf_counter()
             done = train_in_child(config, result, env)
@@ -119,6 +123,17 @@ def main() -> int:
                 print(f"seed {seed}: exited {done.returncode}\n{done.stderr[-3000:]}")
                 return 1
             run = json.loads(result.read_text())
+            evals = sorted((out / "heldout").glob("step-*.jsonl"))
+            before, after = _rows(evals[0]), _rows(evals[-1])
+            paired = paired_bootstrap(
+                {k: [v] for k, v in before.items()}, {k: [v] for k, v in after.items()}, seed=seed
+            )
+            shared = sorted(before.keys() & after.keys())
+            wins = sum(after[k] > before[k] for k in shared)
+            losses = sum(after[k] < before[k] for k in shared)
+            sign_p = _sign_test_p(wins, losses)
+            ok = paired.p_better < P_BAR and sign_p < P_BAR and wall <= WALL_BAR_S
+            results.append(ok)
             steps = run["history"]
             far = max(
                 max(abs(s["mismatch_ratio_max"] - 1), abs(1 - s["mismatch_ratio_min"]))
@@ -130,9 +145,12 @@ def main() -> int:
                 f"{statistics.fmean(s['step_s'] for s in steps):.1f} s/step "
                 f"(weight sync {statistics.fmean(s['weight_sync_s'] for s in steps):.2f} s); "
                 f"mismatch_kl max {max(s['mismatch_kl'] for s in steps):.1e}, "
-                f"|ratio - 1| max {far:.1e}; wall {wall / 60:.1f} min",
+                f"|ratio - 1| max {far:.1e}; over {paired.n_examples} prompts "
+                f"paired bootstrap p {paired.p_better:.4g}, sign test {wins} up / {losses} "
+                f"down, p {sign_p:.3g}; wall {wall / 60:.1f} min  {'PASS' if ok else 'FAIL'}",
                 flush=True,
             )
+        print(f"{sum(results)} of {len(results)} seeds pass (p < {P_BAR} on both tests, <= 30 min)")
     finally:
         server.terminate()
         try:
@@ -140,7 +158,7 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
-    return 0
+    return 0 if all(results) else 1
 
 
 if __name__ == "__main__":
