@@ -508,8 +508,10 @@ def test_real_cpu_vllm_trains_grpo_steps_with_the_sampler_matching_the_trainer(
 ) -> None:
     """GRPO steps with generation on the real server and a filesystem sync after each:
     the sampler's log-probs stay those of the weights being trained (ratio ~1 on every
-    trained token), step after step. Without the sync the second step's mismatch is
-    plain (the check that this test can fail)."""
+    trained token), step after step. A second run on the same server starts from its
+    own weights, not the first run's trained ones the server still holds (its first
+    step matches too). Without the sync the second step's mismatch is plain (the check
+    that this test can fail)."""
     from vfops.training import GRPOConfig, GRPORecipe
 
     url, model_dir = real_vllm
@@ -539,11 +541,11 @@ def test_real_cpu_vllm_trains_grpo_steps_with_the_sampler_matching_the_trainer(
     def run(out: str) -> list[dict[str, float]]:
         with GRPORecipe(config(out)) as recipe:
             recipe.setup()
-            assert recipe.backend is not None
-            recipe._run(recipe.backend.sync_weights(recipe.policy_model, 0))
             return [recipe.train_step() for _ in range(3)]
 
-    synced = run("synced")
+    # the first run leaves its step-3 weights (lr 0.05) in the server; the second run's
+    # first batch must come from its own starting weights
+    synced = run("first") + run("synced")
     print(
         f"\nreal vLLM ({model_dir.name}): mismatch_kl per step "
         + ", ".join(f"{s['mismatch_kl']:.2e}" for s in synced)

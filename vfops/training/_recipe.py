@@ -126,6 +126,8 @@ class GRPORecipe:
         self._loop: GenerationLoop | None = None
         self._parts: _Parts | None = None
         self._heldout = HeldOutEval(self.config.run, self.config.generation)
+        self._weights_loaded = False
+        """Whether the backend generates from this recipe's weights (see :meth:`_load_weights`)."""
 
     # ------------------------------------------------------------------ setup
 
@@ -153,7 +155,8 @@ class GRPORecipe:
         self._loop = loop = GenerationLoop(cfg.generation.max_concurrent)
         if self.backend is None:
             self.backend = build_backend(cfg, unwrap(policy.model), self.tokenizer, loop)
-        # resume() syncs restored weights; a fresh run's backend starts from these
+        # the backend is given this run's weights before it first generates
+        # (_load_weights; resume() gives it the restored ones)
         generation = GenerationScheduler(
             cfg.generation,
             seed=cfg.run.seed,
@@ -238,6 +241,7 @@ class GRPORecipe:
     def train_step(self) -> dict[str, float]:
         """One optimizer step; returns its metrics (also logged to MLflow when tracking)."""
         parts = self._set_up()
+        self._load_weights()
         started = time.perf_counter()
         parts.generation.schedule(self.step)
         wait_started = time.perf_counter()
@@ -293,6 +297,7 @@ class GRPORecipe:
         return self._evaluate_rows(n).metrics
 
     def _evaluate_rows(self, n: int | None = None) -> HeldOut:
+        self._load_weights()
         result: HeldOut = self._run(self._heldout.evaluate(self._rollouts(), n))
         return result
 
@@ -438,9 +443,21 @@ class GRPORecipe:
 
     # ------------------------------------------------------------------ helpers
 
+    def _load_weights(self) -> None:
+        """Before the backend first generates: load this run's current weights into it.
+        A vLLM server keeps whatever it loaded last (the previous seed's trained policy,
+        another run's), and its samples would then be off-policy from the first step on
+        and the baseline eval another model's; found by ``bench/real_model_vllm.py``,
+        whose second seed started from the first seed's weights. Once per recipe (the
+        steps sync after each update); for the in-process backend, one copy."""
+        if not self._weights_loaded:
+            self._run(self._async_sync(self.step))
+
     async def _async_sync(self, version: int) -> float:
         assert self.backend is not None
-        return await self.backend.sync_weights(unwrap(self.model), version)
+        seconds = await self.backend.sync_weights(unwrap(self.model), version)
+        self._weights_loaded = True
+        return seconds
 
     def _run(self, coro: Any) -> Any:
         """Run ``coro`` on the generation loop; wait for its result here."""
