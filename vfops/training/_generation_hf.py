@@ -37,7 +37,7 @@ from vfops.local import (
 )
 from vfops.training._backend import TOKENS_KEY, SamplingArgsError, TurnTokens
 from vfops.training._continuation import PROMPT_SOURCE_KEY, Prompt, TokenMode, Turn, TurnMemory
-from vfops.training._weights import full_state_dict
+from vfops.training._weights import trained_state_dict
 
 _UNSUPPORTED = ("top_p", "top_k", "min_p", "repetition_penalty", "stop", "n")
 _NEUTRAL = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "n": 1}
@@ -189,7 +189,8 @@ class HFBackend:
 
     async def sync_weights(self, model: Any, policy_version: int) -> float:
         started = time.perf_counter()
-        state = full_state_dict(model)
+        # the copy was made from the policy: only what training changes moves
+        state = trained_state_dict(model)
         await self.generator.run_compute(self.generator.load_state, state, policy_version)
         return time.perf_counter() - started
 

@@ -39,6 +39,28 @@ def full_state_dict(model: Any) -> dict[str, Any]:
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def trained_state_dict(model: Any) -> dict[str, Any]:
+    """What training changes, named as the plain base model names it: for a peft model
+    the layers its adapters wrap (merged) and any other parameter it trains; otherwise
+    :func:`full_state_dict`. Enough for a copy made from the same starting weights (the
+    in-process backend's): the frozen rest never changes. A LoRA policy on q/k/v/o of
+    SmolLM2-135M-Instruct copies 26.5M parameters per step instead of 134.5M."""
+    model = unwrap(model)
+    if not hasattr(model, "merge_adapter"):
+        return full_state_dict(model)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad and "lora_" not in n}
+    with _gathered(model):
+        model.merge_adapter()
+        try:
+            return {
+                _base_name(k): v.detach().clone()
+                for k, v in model.state_dict().items()
+                if ".base_layer." in k or k in trained
+            }
+        finally:
+            model.unmerge_adapter()
+
+
 def _base_name(name: str) -> str:
     return name.removeprefix("base_model.model.").replace(".base_layer", "")
 
