@@ -75,6 +75,30 @@ def _rows(path: Path) -> dict[int, float]:
     }
 
 
+def heldout_verdict(out: Path, seed: int, wall: float) -> tuple[bool, str]:
+    """Whether the run in ``out`` passes (its first and last held-out rows, paired:
+    bootstrap and sign test both p < P_BAR; wall <= 30 min), and a line saying so."""
+    from vfops.stats import paired_bootstrap
+
+    evals = sorted((out / "heldout").glob("step-*.jsonl"))
+    base, final = _rows(evals[0]), _rows(evals[-1])
+    paired = paired_bootstrap(
+        {k: [v] for k, v in base.items()}, {k: [v] for k, v in final.items()}, seed=seed
+    )
+    shared = sorted(base.keys() & final.keys())
+    wins = sum(final[k] > base[k] for k in shared)
+    losses = sum(final[k] < base[k] for k in shared)
+    sign_p = _sign_test_p(wins, losses)
+    ok = paired.p_better < P_BAR and sign_p < P_BAR and wall <= WALL_BAR_S
+    return ok, (
+        f"held-out {paired.mean_a:.3f} -> {paired.mean_b:.3f} over "
+        f"{paired.n_examples} prompts (step {evals[0].stem[5:]} -> {evals[-1].stem[5:]}); "
+        f"delta {paired.delta:+.3f} [95% CI {paired.ci_low:+.3f}, {paired.ci_high:+.3f}]; "
+        f"paired bootstrap p {paired.p_better:.4g}; sign test {wins} up / {losses} down, "
+        f"p {sign_p:.3g}; wall {wall / 60:.1f} min  {'PASS' if ok else 'FAIL'}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -83,7 +107,6 @@ def main() -> int:
     args = parser.parse_args()
 
     from vfops.local import import_gguf
-    from vfops.stats import paired_bootstrap
 
     config = args.config.absolute()
     data = tomllib.loads(config.read_text())
@@ -111,25 +134,9 @@ def main() -> int:
         if done.returncode != 0:
             print(f"seed {seed}: vfops train exited {done.returncode}\n{done.stderr[-2000:]}")
             return 1
-        evals = sorted((out / "heldout").glob("step-*.jsonl"))
-        base, final = _rows(evals[0]), _rows(evals[-1])
-        paired = paired_bootstrap(
-            {k: [v] for k, v in base.items()}, {k: [v] for k, v in final.items()}, seed=seed
-        )
-        shared = sorted(base.keys() & final.keys())
-        wins = sum(final[k] > base[k] for k in shared)
-        losses = sum(final[k] < base[k] for k in shared)
-        sign_p = _sign_test_p(wins, losses)
-        ok = paired.p_better < P_BAR and sign_p < P_BAR and wall <= WALL_BAR_S
+        ok, verdict = heldout_verdict(out, seed, wall)
         results.append(ok)
-        print(
-            f"seed {seed}: held-out {paired.mean_a:.3f} -> {paired.mean_b:.3f} over "
-            f"{paired.n_examples} prompts (step {evals[0].stem[5:]} -> {evals[-1].stem[5:]}); "
-            f"delta {paired.delta:+.3f} [95% CI {paired.ci_low:+.3f}, {paired.ci_high:+.3f}]; "
-            f"paired bootstrap p {paired.p_better:.4g}; sign test {wins} up / {losses} down, "
-            f"p {sign_p:.3g}; wall {wall / 60:.1f} min  {'PASS' if ok else 'FAIL'}",
-            flush=True,
-        )
+        print(f"seed {seed}: {verdict}", flush=True)
     print(f"{sum(results)} of {len(results)} seeds pass (p < {P_BAR} on both tests, <= 30 min)")
     return 0 if all(results) else 1
 

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from _train_run import train_in_child  # noqa: E402
-from real_model_grpo import P_BAR, WALL_BAR_S, _rows, _sign_test_p  # noqa: E402
+from real_model_grpo import P_BAR, heldout_verdict  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "train" / "cpu_smollm2_reverse_text.toml"
 
@@ -81,7 +81,6 @@ def main() -> int:
     from vfops._net import free_port
     from vfops.cli._vllm import serve_command, serve_env
     from vfops.local import import_gguf
-    from vfops.stats import paired_bootstrap
 
     base = args.config.absolute()
     data = tomllib.loads(base.read_text())
@@ -123,16 +122,7 @@ def main() -> int:
                 print(f"seed {seed}: exited {done.returncode}\n{done.stderr[-3000:]}")
                 return 1
             run = json.loads(result.read_text())
-            evals = sorted((out / "heldout").glob("step-*.jsonl"))
-            before, after = _rows(evals[0]), _rows(evals[-1])
-            paired = paired_bootstrap(
-                {k: [v] for k, v in before.items()}, {k: [v] for k, v in after.items()}, seed=seed
-            )
-            shared = sorted(before.keys() & after.keys())
-            wins = sum(after[k] > before[k] for k in shared)
-            losses = sum(after[k] < before[k] for k in shared)
-            sign_p = _sign_test_p(wins, losses)
-            ok = paired.p_better < P_BAR and sign_p < P_BAR and wall <= WALL_BAR_S
+            ok, verdict = heldout_verdict(out, seed, wall)
             results.append(ok)
             steps = run["history"]
             far = max(
@@ -140,14 +130,10 @@ def main() -> int:
                 for s in steps
             )
             print(
-                f"seed {seed}: held-out {run['baseline_eval_reward']:.3f} -> "
-                f"{run['final_eval_reward']:.3f}; "
-                f"{statistics.fmean(s['step_s'] for s in steps):.1f} s/step "
+                f"seed {seed}: {statistics.fmean(s['step_s'] for s in steps):.1f} s/step "
                 f"(weight sync {statistics.fmean(s['weight_sync_s'] for s in steps):.2f} s); "
                 f"mismatch_kl max {max(s['mismatch_kl'] for s in steps):.1e}, "
-                f"|ratio - 1| max {far:.1e}; over {paired.n_examples} prompts "
-                f"paired bootstrap p {paired.p_better:.4g}, sign test {wins} up / {losses} "
-                f"down, p {sign_p:.3g}; wall {wall / 60:.1f} min  {'PASS' if ok else 'FAIL'}",
+                f"|ratio - 1| max {far:.1e}; {verdict}",
                 flush=True,
             )
         print(f"{sum(results)} of {len(results)} seeds pass (p < {P_BAR} on both tests, <= 30 min)")
