@@ -6,6 +6,7 @@ Heavy module (torch): imported lazily.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 
@@ -24,19 +25,7 @@ def full_state_dict(model: Any) -> dict[str, Any]:
     Under DeepSpeed ZeRO-3 the parameters are gathered first. The tensors are
     detached copies: the caller may hold them while training continues.
     """
-    model = unwrap(model)
-    with _gathered(model):
-        if hasattr(model, "merge_adapter"):  # a peft model: merge, read, unmerge
-            model.merge_adapter()
-            try:
-                return {
-                    _base_name(k): v.detach().clone()
-                    for k, v in model.state_dict().items()
-                    if "lora_" not in k
-                }
-            finally:
-                model.unmerge_adapter()
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return _merged_state(unwrap(model), lambda name: "lora_" not in name)
 
 
 def trained_state_dict(model: Any) -> dict[str, Any]:
@@ -46,19 +35,25 @@ def trained_state_dict(model: Any) -> dict[str, Any]:
     in-process backend's): the frozen rest never changes. A LoRA policy on q/k/v/o of
     SmolLM2-135M-Instruct copies 26.5M parameters per step instead of 134.5M."""
     model = unwrap(model)
-    if not hasattr(model, "merge_adapter"):
-        return full_state_dict(model)
     trained = {n for n, p in model.named_parameters() if p.requires_grad and "lora_" not in n}
+    return _merged_state(model, lambda name: ".base_layer." in name or name in trained)
+
+
+def _merged_state(model: Any, keep: Callable[[str], bool]) -> dict[str, Any]:
+    """Detached copies of a peft model's entries ``keep`` accepts, adapters merged in and
+    named as the base model names them; of a plain model, every entry."""
     with _gathered(model):
-        model.merge_adapter()
-        try:
-            return {
-                _base_name(k): v.detach().clone()
-                for k, v in model.state_dict().items()
-                if ".base_layer." in k or k in trained
-            }
-        finally:
-            model.unmerge_adapter()
+        if hasattr(model, "merge_adapter"):  # a peft model: merge, read, unmerge
+            model.merge_adapter()
+            try:
+                return {
+                    _base_name(k): v.detach().clone()
+                    for k, v in model.state_dict().items()
+                    if keep(k)
+                }
+            finally:
+                model.unmerge_adapter()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _base_name(name: str) -> str:
