@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.refusals import assert_refused, run_refusal
+from vfops.testing import StubConfig, StubServer
 
 VFOPS = str(Path(sys.executable).parent / "vfops")
-CLOSED = "http://127.0.0.1:9/v1"  # never asked: each is refused before the endpoint is
 
 CASES = {
     "task-image-not-on-host": (
@@ -54,10 +55,20 @@ CASES = {
 }  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def live_url() -> Iterator[str]:
+    """A loopback endpoint serving "stub-model": the endpoint is checked before the
+    taskset loads; it is never asked for a completion (each case is refused first)."""
+    with StubServer(StubConfig()) as stub:
+        yield stub.base_url
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_refusal_starts_nothing_and_writes_nothing(case: str, tmp_path: Path) -> None:
+def test_a_refusal_starts_nothing_and_writes_nothing(
+    case: str, live_url: str, tmp_path: Path
+) -> None:
     args, phrases = CASES[case]
-    refusal = run_refusal(VFOPS, ["eval", *args, "-m", "stub-model", "-b", CLOSED], tmp_path)
+    refusal = run_refusal(VFOPS, ["eval", *args, "-m", "stub-model", "-b", live_url], tmp_path)
     # is the task's image on the host? the engine's answer is the check
     assert_refused(refusal, *phrases, queries=("'image', 'inspect'",))
 
