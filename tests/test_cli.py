@@ -251,11 +251,13 @@ def test_eval_of_a_model_the_endpoint_does_not_serve(env_site: Path, tmp_path: P
     ("args", "message"),
     [
         (["eval", "no_such_env", "-m", "m"], "unknown environment 'no_such_env' (installed: "),
-        (["eval", "no_prompt_env", "-m", "m"], "neither a 'prompt' nor a 'question'"),
+        # the endpoint is checked first (it serves stub-model): what the environment
+        # refuses is found once it loads
+        (["eval", "no_prompt_env", "-m", "stub-model"], "neither a 'prompt' nor a 'question'"),
         (["eval", "echo_env", "-m", "m", "-S", "{bad"], "--sampling-args is not valid JSON"),
         (["eval", "echo_env", "-m", "m", "-a", "[1]"], "--env-args must be a JSON object"),
         (
-            ["eval", "raising_env", "-m", "m", "-a", '{"size": 2}'],
+            ["eval", "raising_env", "-m", "stub-model", "-a", '{"size": 2}'],
             "load_environment of 'raising_env' raised ValueError: size must be at least 10, got 2",
         ),
         (["eval", "echo_env", "-m", "m", "-n", "0"], "--num-examples must be positive"),
@@ -265,6 +267,10 @@ def test_eval_of_a_model_the_endpoint_does_not_serve(env_site: Path, tmp_path: P
             "environment variable VFOPS_TEST_UNSET_KEY is not set",
         ),
         (["eval", "echo_env", "-m", "m", "-b", "http://127.0.0.1:9/v1"], "cannot reach base URL"),
+        (
+            ["eval", "raising_env", "-m", "other", "-a", '{"size": 2}'],
+            "model 'other' is not served",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_non_zero(
