@@ -34,7 +34,9 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-CLOSED = "http://127.0.0.1:9/v1"  # nothing listens there: a run that gets that far fails
+CLOSED = "http://127.0.0.1:9/v1"  # nothing listens there
+# The endpoint is checked before the environment loads, so every case but the endpoint's
+# own runs against a live stub serving `stub-model`: a closed URL would be refused first.
 _PR_SET_CHILD_SUBREAPER = 36
 
 # (name, arguments after `vfops eval`); -m and -b are added
@@ -44,7 +46,8 @@ CLASSIC = [
     ("-n 0", ["vf_guess", "-n", "0"]),
     ("--temperature -1", ["vf_guess", "--temperature", "-1"]),
     ("-a not JSON", ["vf_guess", "-a", "{bad"]),
-    ("endpoint unreachable", ["vf_guess"]),
+    ("endpoint unreachable", ["vf_guess", "-b", CLOSED]),
+    ("model not served", ["vf_guess", "-m", "other-model"]),
 ]
 V1 = [
     ("needs a container (image)", ["v1_needs_box"]),
@@ -54,6 +57,7 @@ V1 = [
     ("-n 0", ["v1_arith", "-n", "0"]),
     ("--temperature -1", ["v1_arith", "--temperature", "-1"]),
     ("-a not JSON", ["v1_arith", "-a", "{bad"]),
+    ("endpoint unreachable", ["v1_arith", "-b", CLOSED]),
 ]
 ACCEPTED = {
     ".venv": ["arithmetic", "-a", '{"num_examples": 15}', "-n", "15", "-r", "1", "-c", "32"],
@@ -87,19 +91,21 @@ def timed(argv: list[str], env: dict[str, str], cwd: Path, keep: set[int]) -> Ti
 
 
 def run_refusals(
-    venv: Path, cases: list[tuple[str, list[str]]], reps: int, env: dict[str, str]
+    venv: Path, cases: list[tuple[str, list[str]]], reps: int, env: dict[str, str], live: str
 ) -> None:
     vfops = str(venv / "bin" / "vfops")
     print(f"\n{venv.name} (medians of {reps})")
     print(f"  {'refusal':<30} {'CPU s':>6}  {'wall s':>6}  {'tree wall s':>11}  stderr lines")
+    keep = {child.pid for child in psutil.Process().children()}  # the stub
     for name, args in cases:
         runs: list[Timing] = []
         for _ in range(reps):
             work = Path(tempfile.mkdtemp(prefix="refusal-"))
             home = work / "home"
             try:
-                argv = [vfops, "eval", *args, "-m", "stub-model", "-b", CLOSED]
-                runs.append(timed(argv, {**env, "VFOPS_HOME": str(home)}, work, set()))
+                # the case's own -m / -b come last and win (argparse keeps the last)
+                argv = [vfops, "eval", "-m", "stub-model", "-b", live, *args]
+                runs.append(timed(argv, {**env, "VFOPS_HOME": str(home)}, work, keep))
                 left = [p for p in work.rglob("*")]
             finally:
                 shutil.rmtree(work, ignore_errors=True)
@@ -156,11 +162,15 @@ def main() -> None:
     venvs = [REPO / name for name in (args.venv or [".venv", ".venv-v1"])]
     load = os.getloadavg()[0]
     print(f"load average {load:.1f}; {os.cpu_count()} cores; python {sys.version.split()[0]}")
+    from vfops.testing import StubConfig, StubServer
+
     for venv in venvs:
         if not (venv / "bin" / "vfops").exists():
             print(f"\n{venv.name}: not built (make setup / make setup-v1), skipped")
             continue
-        run_refusals(venv, V1 if venv.name == ".venv-v1" else CLASSIC, args.reps, env)
+        with StubServer(StubConfig(), subprocess=True) as stub:
+            cases = V1 if venv.name == ".venv-v1" else CLASSIC
+            run_refusals(venv, cases, args.reps, env, stub.base_url)
         if args.accepted:
             run_accepted(venv, args.accepted, env)
 

@@ -98,3 +98,34 @@ def test_verifiers_builtin_tasksets_are_imported_only_when_asked_for(tmp_path: P
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[]", "False", "NeMoGymTaskset HarborTaskset"]
+
+
+def test_anthropic_types_are_imported_only_when_asked_for(tmp_path: Path) -> None:
+    """Loading a taskset takes only the two ``anthropic`` types verifiers' Anthropic dialect
+    names (from their own modules), not the package's clients and every other type (~1.1 s
+    of every load, a refusal's included); the package is whole when asked for, the dialect's
+    names the very objects it gives (vfops/adapters/_v1_speedups.py)."""
+    code = (
+        "import sys\n"
+        "from vfops.envs import load_environment\n"
+        "load_environment('v1_arith')\n"
+        "print('anthropic._client' in sys.modules, 'anthropic.types.beta' in sys.modules)\n"
+        "import anthropic\n"
+        "from verifiers.v1.dialects import anthropic as dialect\n"
+        "print(anthropic.__version__ == __import__('importlib.metadata').metadata"
+        ".version('anthropic'))\n"
+        "from anthropic.types import Message, MessageParam, Usage\n"
+        "print(Message is dialect.AnthropicMessage, Usage is dialect.AnthropicUsage)\n"
+        "print(anthropic.AsyncAnthropic.__name__, 'anthropic._client' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "VFOPS_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["False False", "True", "True True", "AsyncAnthropic True"]

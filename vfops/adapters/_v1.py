@@ -68,6 +68,9 @@ def _import_v1() -> Any:
             f"verifiers {found} is installed; v1 tasksets need verifiers "
             f"{SUPPORTED_VERIFIERS_V1}: pip install 'vfops[verifiers-v1]' (its own virtualenv)"
         )
+    from vfops.adapters import _v1_speedups
+
+    _v1_speedups.before_import()
     import verifiers.v1 as vf
 
     # verifiers' import leaves ~360,000 objects (the openai, anthropic and sympy types it
@@ -76,7 +79,7 @@ def _import_v1() -> Any:
     # for 2,000 rollouts (bench/README.md)
     gc.freeze()
 
-    from vfops.adapters import _v1_harness, _v1_speedups
+    from vfops.adapters import _v1_harness
 
     _v1_harness.install()
     _v1_speedups.install()

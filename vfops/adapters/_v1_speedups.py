@@ -1,5 +1,6 @@
-"""Three costs of ``verifiers`` 0.4 that vfops removes in its own process, each behaviour-
-preserving, applied once when a v1 taskset is loaded (:func:`install`).
+"""Four costs of ``verifiers`` 0.4 that vfops removes in its own process, each behaviour-
+preserving, applied once when a v1 taskset is loaded (:func:`before_import` before
+``import verifiers.v1``, :func:`install` after it).
 
 Measured on 2,000 single-turn rollouts of a tool-less taskset against a 0 ms stub, CPU
 seconds of the rollout loop: 8.25 s as ``verifiers`` ships, 6.34 s with the first, 4.34 s
@@ -25,19 +26,33 @@ with both (``bench/v1_eval.py``; ``bench/README.md``).
    taskset, a refused one included (bench/README.md, refusal_time.py). The package is
    registered with its folder, so its submodules are found and imported as before, and
    its ``__init__`` runs when one of its own names is first asked for.
+4. **Two of ``anthropic``'s types, not all of them.** ``verifiers``' Anthropic dialect
+   imports ``Message`` and ``Usage`` from ``anthropic.types``, whose ``__init__`` imports
+   every type and, through ``anthropic``'s own ``__init__``, its clients: ~1.1 s of CPU
+   of the ~2.7 s ``import verifiers.v1`` costs, paid by every load and refusal, for a
+   wire format vfops's harness never speaks. Both packages are registered on demand (as
+   in 3) and those two names come from their own submodules
+   (``anthropic.types.message``, ``.usage``), the very objects the package would give:
+   ~0.25 s. Any other name, asked for by anyone, runs the real ``__init__`` first.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.machinery
 import importlib.util
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _INSTALLED = False
+
+
+def before_import() -> None:
+    """What must be in place before ``import verifiers.v1`` (idempotent): 4."""
+    _anthropic_types_on_demand()
 
 
 def install() -> None:
@@ -154,31 +169,69 @@ def _builtin_tasksets_on_demand() -> None:
     spec = importlib.util.find_spec(_TASKSETS)  # its parent is imported; it is not
     if spec is None or spec.loader is None or spec.submodule_search_locations is None:
         return
-    package = _PackageOnDemand(_TASKSETS)
+    _register_on_demand(spec)
+
+
+_ANTHROPIC_SERVED = {"Message": "message", "Usage": "usage"}
+"""The names ``verifiers.v1.dialects.anthropic`` takes from ``anthropic.types``, each with
+the submodule that defines it."""
+
+
+def _anthropic_types_on_demand() -> None:
+    if "anthropic" in sys.modules:
+        return  # imported already (by a taskset, say): nothing left to save
+    top = importlib.util.find_spec("anthropic")
+    if top is None or top.submodule_search_locations is None:
+        return  # not installed: verifiers' import fails as it would without vfops
+    # found in the package's folder: importlib.util.find_spec would import the package
+    types_spec = importlib.machinery.PathFinder.find_spec(
+        "anthropic.types", list(top.submodule_search_locations)
+    )
+    if types_spec is None or types_spec.submodule_search_locations is None:
+        return
+    _register_on_demand(top)
+    _register_on_demand(types_spec, served=_ANTHROPIC_SERVED)
+
+
+def _register_on_demand(
+    spec: importlib.machinery.ModuleSpec, served: dict[str, str] | None = None
+) -> _PackageOnDemand:
+    assert spec.loader is not None and spec.submodule_search_locations is not None
+    name = spec.name
+    package = _PackageOnDemand(name)
     package.__spec__ = spec
     package.__loader__ = spec.loader
     package.__file__ = spec.origin
-    package.__package__ = _TASKSETS
+    package.__package__ = name
     package.__path__ = list(spec.submodule_search_locations)
-    sys.modules[_TASKSETS] = package
-    parent = sys.modules[_TASKSETS.rpartition(".")[0]]
-    setattr(parent, _TASKSETS.rpartition(".")[2], package)
+    package._served = dict(served or {})
+    sys.modules[name] = package
+    parent_name, _, child = name.rpartition(".")
+    if parent_name:
+        setattr(sys.modules[parent_name], child, package)
+    return package
 
 
 class _PackageOnDemand(types.ModuleType):
     """A package whose ``__init__`` runs when a name it does not hold yet is first asked
-    for; its ``__path__`` (how its submodules are found) is there from the start."""
+    for; its ``__path__`` (how its submodules are found) is there from the start. A name in
+    ``_served`` is taken from its own submodule without running the ``__init__``."""
 
     _ran = False
+    _served: Mapping[str, str] = types.MappingProxyType({})
     _lock = threading.RLock()  # re-entered by the __init__'s own lookups on the package
 
     def __getattr__(self, name: str) -> Any:
-        if not name.startswith("__"):
-            with self._lock:
-                if not self._ran:
-                    self._ran = True
-                    assert self.__spec__ is not None and self.__spec__.loader is not None
-                    self.__spec__.loader.exec_module(self)
-            if name in self.__dict__:
-                return self.__dict__[name]
+        # any name (``__version__`` too): the import system's own (``__path__``,
+        # ``__spec__``, ...) are set, so never asked for here
+        with self._lock:
+            if not self._ran and name in self._served:
+                module = importlib.import_module(f"{self.__name__}.{self._served[name]}")
+                return getattr(module, name)
+            if not self._ran:
+                self._ran = True
+                assert self.__spec__ is not None and self.__spec__.loader is not None
+                self.__spec__.loader.exec_module(self)
+        if name in self.__dict__:
+            return self.__dict__[name]
         raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
