@@ -39,13 +39,10 @@ with both (``bench/v1_eval.py``; ``bench/README.md``).
 from __future__ import annotations
 
 import functools
-import importlib.machinery
-import importlib.util
-import sys
-import threading
-import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
+
+from vfops._on_demand import on_demand
 
 _INSTALLED = False
 
@@ -56,7 +53,7 @@ def before_import() -> None:
 
 
 def install() -> None:
-    """Apply all three (idempotent)."""
+    """Apply 1-3 (idempotent)."""
     global _INSTALLED
     if _INSTALLED:
         return
@@ -164,12 +161,7 @@ _TASKSETS = "verifiers.v1.tasksets"
 
 
 def _builtin_tasksets_on_demand() -> None:
-    if _TASKSETS in sys.modules:
-        return  # imported already: nothing left to save
-    spec = importlib.util.find_spec(_TASKSETS)  # its parent is imported; it is not
-    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-        return
-    _register_on_demand(spec)
+    on_demand(_TASKSETS)  # its parent, verifiers.v1, is imported; it is not
 
 
 _ANTHROPIC_SERVED = {"Message": "message", "Usage": "usage"}
@@ -178,60 +170,5 @@ the submodule that defines it."""
 
 
 def _anthropic_types_on_demand() -> None:
-    if "anthropic" in sys.modules:
-        return  # imported already (by a taskset, say): nothing left to save
-    top = importlib.util.find_spec("anthropic")
-    if top is None or top.submodule_search_locations is None:
-        return  # not installed: verifiers' import fails as it would without vfops
-    # found in the package's folder: importlib.util.find_spec would import the package
-    types_spec = importlib.machinery.PathFinder.find_spec(
-        "anthropic.types", list(top.submodule_search_locations)
-    )
-    if types_spec is None or types_spec.submodule_search_locations is None:
-        return
-    _register_on_demand(top)
-    _register_on_demand(types_spec, served=_ANTHROPIC_SERVED)
-
-
-def _register_on_demand(
-    spec: importlib.machinery.ModuleSpec, served: dict[str, str] | None = None
-) -> _PackageOnDemand:
-    assert spec.loader is not None and spec.submodule_search_locations is not None
-    name = spec.name
-    package = _PackageOnDemand(name)
-    package.__spec__ = spec
-    package.__loader__ = spec.loader
-    package.__file__ = spec.origin
-    package.__package__ = name
-    package.__path__ = list(spec.submodule_search_locations)
-    package._served = dict(served or {})
-    sys.modules[name] = package
-    parent_name, _, child = name.rpartition(".")
-    if parent_name:
-        setattr(sys.modules[parent_name], child, package)
-    return package
-
-
-class _PackageOnDemand(types.ModuleType):
-    """A package whose ``__init__`` runs when a name it does not hold yet is first asked
-    for; its ``__path__`` (how its submodules are found) is there from the start. A name in
-    ``_served`` is taken from its own submodule without running the ``__init__``."""
-
-    _ran = False
-    _served: Mapping[str, str] = types.MappingProxyType({})
-    _lock = threading.RLock()  # re-entered by the __init__'s own lookups on the package
-
-    def __getattr__(self, name: str) -> Any:
-        # any name (``__version__`` too): the import system's own (``__path__``,
-        # ``__spec__``, ...) are set, so never asked for here
-        with self._lock:
-            if not self._ran and name in self._served:
-                module = importlib.import_module(f"{self.__name__}.{self._served[name]}")
-                return getattr(module, name)
-            if not self._ran:
-                self._ran = True
-                assert self.__spec__ is not None and self.__spec__.loader is not None
-                self.__spec__.loader.exec_module(self)
-        if name in self.__dict__:
-            return self.__dict__[name]
-        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+    if on_demand("anthropic"):  # not imported yet (a taskset may have imported it)
+        on_demand("anthropic.types", served=_ANTHROPIC_SERVED)

@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from vfops._on_demand import cache_entry_points, on_demand
+
 # Before MLflow is imported: traces are exported by the thread that logs them. MLflow's
 # own export queue polls, so a trace waited ~0.1 s for it (bench/trace_overhead.py);
 # here nothing else waits on this process but the end of the run.
@@ -26,6 +28,15 @@ sys.modules.setdefault("pandas", None)  # type: ignore[arg-type]
 # there (~5 MB); without it Mako falls back to plain text, and this process never
 # renders a template.
 sys.modules.setdefault("pygments", None)  # type: ignore[arg-type]
+# MLflow's gateway takes one exception class from fastapi, whose __init__ imports its
+# application and routing (~9 % of this process's start-up CPU); the class comes from
+# fastapi.exceptions, the rest of fastapi when anything asks for it.
+on_demand("fastapi", served={"HTTPException": "exceptions"})
+# MLflow's plugin registries (stores, artifact repositories, dataset sources, request
+# headers...) each ask importlib.metadata for their entry-point group at start-up, and
+# each ask reads every installed distribution's metadata (~10 % of the start-up's CPU
+# here). Nothing is installed while one run is recorded: read once, selected per ask.
+cache_entry_points()
 # The Arrow export's batches come and go (one slice of rows at a time): the system
 # allocator hands their memory back, where pyarrow's default pool keeps it reserved.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
