@@ -103,7 +103,7 @@ def run_refusals(
             work = Path(tempfile.mkdtemp(prefix="refusal-"))
             home = work / "home"
             try:
-                # the case's own -m / -b come last and win (argparse keeps the last)
+                # the case's own -m / -b come last and win (the CLI keeps the last one given)
                 argv = [vfops, "eval", "-m", "stub-model", "-b", live, *args]
                 runs.append(timed(argv, {**env, "VFOPS_HOME": str(home)}, work, keep))
                 left = [p for p in work.rglob("*")]

@@ -10,10 +10,22 @@ import sys
 import textwrap
 from pathlib import Path
 
+_COUNT_SCANS = """
+import importlib.metadata as metadata
+scans = []  # one per read of the installed distributions
+original = metadata.distributions
+def distributions(**kw):
+    scans.append(1)
+    return original(**kw)
+metadata.distributions = distributions
+"""
 
-def _run(code: str, cwd: Path, **env: str) -> list[str]:
+
+def _run(code: str, cwd: Path, *, stream: str = "stdout", **env: str) -> list[str]:
+    """The lines ``code`` writes to ``stream`` in a fresh interpreter, after
+    ``_COUNT_SCANS`` (``scans`` counts its reads of the installed distributions)."""
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", _COUNT_SCANS + textwrap.dedent(code)],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(cwd), **env},
         capture_output=True,
@@ -22,7 +34,7 @@ def _run(code: str, cwd: Path, **env: str) -> list[str]:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout.splitlines()
+    return str(getattr(done, stream)).splitlines()
 
 
 def _package(root: Path) -> None:
@@ -80,12 +92,7 @@ def test_entry_points_are_read_once_and_select_as_before(tmp_path: Path) -> None
         import importlib.metadata as metadata
         groups = ("console_scripts", "vfops.environments", "mlflow.app")
         before = [sorted(map(str, metadata.entry_points(group=g))) for g in groups]
-        scans = []
-        original = metadata.distributions
-        def distributions(**kw):
-            scans.append(1)
-            return original(**kw)
-        metadata.distributions = distributions
+        scans.clear()
         from vfops._on_demand import cache_entry_points
         cache_entry_points()
         cache_entry_points()
@@ -105,37 +112,21 @@ def test_the_tracker_starts_without_fastapi_and_scans_entry_points_once(tmp_path
     imported (MLflow's gateway gets its one exception class, the same class), the installed
     distributions are scanned for entry points once, and the store answers. (The tracker's
     stdout is its protocol's: the verdict goes to stderr.)"""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(
-                """
-                import importlib.metadata as metadata, sys
-                scans = []
-                original = metadata.distributions
-                def distributions(**kw):
-                    scans.append(1)
-                    return original(**kw)
-                metadata.distributions = distributions
-                import vfops.tracking._tracker_main
-                from vfops.tracking import check_tracking, prepare_experiment
-                check_tracking()
-                prepare_experiment("arithmetic")
-                import vfops.tracking._eval_runs, vfops.tracking._trace_batch
-                from fastapi import HTTPException
-                from mlflow.gateway.utils import HTTPException as Gateways
-                print("fastapi.routing" in sys.modules, len(scans), HTTPException is Gateways,
-                      file=sys.stderr)
-                """
-            ),
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "VFOPS_HOME": str(tmp_path / "home")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    err = _run(
+        """
+        import sys
+        import vfops.tracking._tracker_main
+        from vfops.tracking import check_tracking, prepare_experiment
+        check_tracking()
+        prepare_experiment("arithmetic")
+        import vfops.tracking._eval_runs, vfops.tracking._trace_batch
+        from fastapi import HTTPException
+        from mlflow.gateway.utils import HTTPException as Gateways
+        print("fastapi.routing" in sys.modules, len(scans), HTTPException is Gateways,
+              file=sys.stderr)
+        """,
+        tmp_path,
+        stream="stderr",
+        VFOPS_HOME=str(tmp_path / "home"),
     )
-    assert done.returncode == 0, done.stderr
-    assert done.stderr.splitlines()[-1] == "False 1 True"
+    assert err[-1] == "False 1 True"

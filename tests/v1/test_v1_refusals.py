@@ -73,6 +73,21 @@ def test_a_refusal_starts_nothing_and_writes_nothing(
     assert_refused(refusal, *phrases, queries=("'image', 'inspect'",))
 
 
+def _fresh_python(code: str, tmp_path: Path) -> list[str]:
+    """The lines ``code`` prints in a fresh interpreter (its import state is the point)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "VFOPS_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
 def test_verifiers_builtin_tasksets_are_imported_only_when_asked_for(tmp_path: Path) -> None:
     """Loading a taskset does not import verifiers' built-in ones (harbor, openenv,
     nemo_gym and mcp: ~0.45 s of every load, a refusal's included); they import as before
@@ -87,17 +102,7 @@ def test_verifiers_builtin_tasksets_are_imported_only_when_asked_for(tmp_path: P
         "import verifiers.v1.tasksets.harbor as harbor\n"
         "print(NeMoGymTaskset.__name__, harbor.HarborTaskset.__name__)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        env={**os.environ, "VFOPS_HOME": str(tmp_path / "home")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["[]", "False", "NeMoGymTaskset HarborTaskset"]
+    assert _fresh_python(code, tmp_path) == ["[]", "False", "NeMoGymTaskset HarborTaskset"]
 
 
 def test_anthropic_types_are_imported_only_when_asked_for(tmp_path: Path) -> None:
@@ -118,14 +123,9 @@ def test_anthropic_types_are_imported_only_when_asked_for(tmp_path: Path) -> Non
         "print(Message is dialect.AnthropicMessage, Usage is dialect.AnthropicUsage)\n"
         "print(anthropic.AsyncAnthropic.__name__, 'anthropic._client' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        env={**os.environ, "VFOPS_HOME": str(tmp_path / "home")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["False False", "True", "True True", "AsyncAnthropic True"]
+    assert _fresh_python(code, tmp_path) == [
+        "False False",
+        "True",
+        "True True",
+        "AsyncAnthropic True",
+    ]
