@@ -222,6 +222,8 @@ class RunResult:
     peak_rss_by_phase_mb: dict[str, float] = field(default_factory=dict)
     tree_peak_rss_mb: float = 0.0
     """Largest sum of the RSS of every process in the tree, sampled together."""
+    tree_peak_parts_mb: dict[str, float] = field(default_factory=dict)
+    """Each process's RSS in the sample that gave ``tree_peak_rss_mb``: what the bar adds."""
     tree_peak_pss_mb: float = 0.0
     """Largest sum of their PSS (``/proc/PID/smaps_rollup``), sampled together: a page
     shared by N processes counted 1/N in each, so pages a forked child still shares with
@@ -375,6 +377,7 @@ class _TreeSampler(threading.Thread):
         self.root_rss: list[tuple[float, float]] = []  # (epoch, RSS MB)
         self.first_results_epoch: float | None = None
         self.tree_peak = 0.0
+        self.tree_peak_parts: dict[int, float] = {}  # pid -> RSS MB in the peak's sample
         self.tree_peak_pss = 0.0
         self.pss_peak_by_pid: dict[int, float] = {}
         self.max_procs = 0
@@ -406,6 +409,7 @@ class _TreeSampler(threading.Thread):
         self._watch_results()
         now = time.time()
         tree_rss, tree_pss, procs = 0.0, 0.0, 0
+        parts: dict[int, float] = {}
         for pid in self._tree():
             stats = _proc_stats(pid)
             if stats is None:
@@ -413,6 +417,7 @@ class _TreeSampler(threading.Thread):
             cpu, rss, hwm = stats
             procs += 1
             tree_rss += rss
+            parts[pid] = rss
             pss = _proc_pss_mb(pid)
             if pss is not None:
                 tree_pss += pss
@@ -429,7 +434,8 @@ class _TreeSampler(threading.Thread):
                 self.root_rss.append((now, rss))
         if procs:
             self.samples += 1
-            self.tree_peak = max(self.tree_peak, tree_rss)
+            if tree_rss > self.tree_peak:
+                self.tree_peak, self.tree_peak_parts = tree_rss, parts
             self.tree_peak_pss = max(self.tree_peak_pss, tree_pss)
             self.max_procs = max(self.max_procs, procs)
 
@@ -444,8 +450,12 @@ class _TreeSampler(threading.Thread):
     def peaks_by_process(self, pss: bool = False) -> dict[str, float]:
         """Each process's peak RSS (``pss``: sampled PSS) by name (``name#2`` for a second
         one of that name)."""
+        return self.by_name(self.pss_peak_by_pid if pss else self.peak_by_pid)
+
+    def by_name(self, by_pid: dict[int, float]) -> dict[str, float]:
+        """``by_pid`` keyed by process name (``name#2`` for a second one of that name)."""
         out: dict[str, float] = {}
-        for pid, peak in (self.pss_peak_by_pid if pss else self.peak_by_pid).items():
+        for pid, peak in by_pid.items():
             name = self.names.get(pid) or str(pid)
             key, i = name, 1
             while key in out:
@@ -610,6 +620,7 @@ def run_client(
     result.largest_process_maxrss_mb = usage.ru_maxrss / 1024.0  # KiB on Linux
     result.peak_rss_mb = sampler.peak_rss
     result.tree_peak_rss_mb = sampler.tree_peak
+    result.tree_peak_parts_mb = sampler.by_name(sampler.tree_peak_parts)
     result.tree_peak_pss_mb = sampler.tree_peak_pss
     result.peak_rss_by_process_mb = sampler.peaks_by_process()
     result.peak_pss_by_process_mb = sampler.peaks_by_process(pss=True)
@@ -1278,12 +1289,14 @@ def print_memory(data: dict[str, Any]) -> list[Bar]:
     phases = ", ".join(f"{k} {v:.0f} MB" for k, v in run["peak_rss_by_phase_mb"].items())
     procs = ", ".join(f"{k} {v:.0f} MB" for k, v in run["peak_rss_by_process_mb"].items())
     pss = ", ".join(f"{k} {v:.0f} MB" for k, v in run.get("peak_pss_by_process_mb", {}).items())
+    parts = ", ".join(f"{k} {v:.0f}" for k, v in run.get("tree_peak_parts_mb", {}).items())
     print(
         f"  {run['rollouts']:,}/{run['planned']:,} rollouts in {run['wall_s']:.1f} s "
         f"(rollout phase {_fmt(run['phase_wall_s'], '.1f')} s)\n"
         f"  peak RSS, whole process tree (vfops + its children: tracker, registry; sampled\n"
         f"     together):                                             "
         f"{run['tree_peak_rss_mb']:7.1f} MB ({run['max_tree_processes']} processes at most)\n"
+        f"     in that sample (MB):                                   {parts or '-'}\n"
         f"  peak PSS, whole process tree (pages shared by forked processes counted once;\n"
         f"     context, not the bar):                                 "
         f"{run.get('tree_peak_pss_mb', 0.0):7.1f} MB; each process's PSS peak: {pss or '-'}\n"

@@ -146,6 +146,52 @@ def test_plain_rows_are_checked_once_and_formatted_on_each_read() -> None:
     assert raw[0] == {"question": "q0", "answer": 0, "info": {"i": 0}}  # the source untouched
 
 
+def _held_bytes(make_env: Any) -> int:
+    """What an environment's built eval split keeps (Python allocations, after the build)."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        env = make_env()
+        assert env.eval_size() == 20_000
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return held
+
+
+def test_rows_a_builder_returned_are_held_packed_and_read_back_the_same() -> None:
+    def rows() -> list[dict[str, Any]]:
+        return [
+            {"question": f"What is {i} + 7?", "answer": str(i + 7), "info": {"a": i, "op": "+"}}
+            for i in range(20_000)
+        ]
+
+    given = rows()
+    built = SingleTurnEnv(eval_dataset=rows, system_prompt="sys")
+    held = SingleTurnEnv(eval_dataset=given, system_prompt="sys")
+    assert list(built.iter_eval_examples()) == list(held.iter_eval_examples())
+    split, as_given = built._formatted_split("eval"), held._formatted_split("eval")
+    assert split is not None and as_given is not None
+    assert split[19_999] == as_given[19_999] and split[-2:] == list(as_given)[-2:]
+    # the builder's rows (dicts: ~500 bytes each) are held as their JSON (~80): a split
+    # of 20,000 rows keeps ~2 MB where the rows themselves are ~10
+    packed = _held_bytes(lambda: SingleTurnEnv(eval_dataset=rows))
+    unpacked = _held_bytes(lambda: SingleTurnEnv(eval_dataset=rows()))  # the env holds them
+    assert unpacked > 8_000_000 and packed < unpacked / 3, (packed, unpacked)
+
+
+def test_rows_that_json_would_change_are_held_as_they_are() -> None:
+    odd = [{"question": "q", "answer": "a", "info": {"pair": (1, 2)}}]  # a tuple: a list in JSON
+    env = SingleTurnEnv(eval_dataset=lambda: odd)
+    assert env.eval_size() == 1
+    split = env._formatted_split("eval")
+    assert split is not None and split._rows is odd  # type: ignore[union-attr]
+
+
 def test_plain_rows_keep_the_dataset_errors() -> None:
     def message(source: Any) -> str:
         env = SingleTurnEnv(eval_dataset=source, name="bad")

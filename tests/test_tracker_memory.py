@@ -84,3 +84,28 @@ def test_catching_up_holds_a_slice_not_the_backlog(tmp_path: Path) -> None:
     assert large["batch"] < 1024  # the export's batch: the rest is on disk
     assert large["held"] <= 2 * LIMIT  # the trace sample, held for the finish
     assert large["reserve"] <= LIMIT
+
+
+_OPEN_STORE = """
+import json, sys
+from vfops.tracking import _tracker_main  # its settings, as the tracker process has them
+from vfops.tracking import check_tracking, prepare_experiment
+
+check_tracking()
+prepare_experiment("arithmetic")
+import mlflow.store.tracking.sqlalchemy_store  # the store the tracker records through
+print(json.dumps(sorted(name for name in ("numpy", "pandas", "pygments") if sys.modules.get(name))))
+"""
+
+
+def test_the_tracker_records_without_numpy_or_pandas(tmp_path: Path) -> None:
+    # ~13 and ~50 MB of a process that has no use for them (the rollouts arrive as
+    # JSON); the tracked-eval tests show the runs it records are whole without them
+    env = {**os.environ, "PYTHONPATH": SOURCE_ROOT, "VFOPS_HOME": str(tmp_path)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_STORE],
+        capture_output=True, text=True, env=env, cwd=SOURCE_ROOT, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == []

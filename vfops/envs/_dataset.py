@@ -10,11 +10,14 @@ mappings). Plain rows are formatted in plain Python and stay plain rows
 it is read), so evaluating such an environment never imports ``datasets`` (about a
 second of start-up) and never holds a second copy of its rows (50,000 rows of
 ``arithmetic`` formatted at once were ~37 MB of the evaluating process); a Dataset is
-formatted with ``Dataset.map`` and stays a Dataset.
+formatted with ``Dataset.map`` and stays a Dataset. Rows that only the split holds (its
+builder returned them) are kept packed (:class:`PackedRows`: one JSON text per row in
+one buffer, ~5x smaller than the dicts: 50,000 rows of ``arithmetic`` are 4 MB, not 25).
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import itertools
 import sys
@@ -80,12 +83,14 @@ def format_dataset(
     system_prompt: str | None = None,
     few_shot: Messages | None = None,
     default_task: str = "default",
+    owned: bool = False,
 ) -> FormattedSplit:
     """Normalise a raw split to the formatted columns (see module docstring).
 
     A Dataset comes back as a Dataset (``Dataset.map``); plain rows come back as
-    a list of formatted row dicts, built without importing ``datasets``. Both go
-    through the same row normaliser, so they give the same rows and errors.
+    :class:`FormattedRows`, built without importing ``datasets``. Both go through the
+    same row normaliser, so they give the same rows and errors. ``owned``: nothing else
+    holds the plain rows (a builder just returned them), so they may be kept packed.
     """
     columns = column_names(dataset, env_name)
     if "prompt" not in columns and "question" not in columns:
@@ -102,18 +107,20 @@ def format_dataset(
     )
     if is_dataset(dataset):
         return _map_dataset(dataset, normalise)
-    return FormattedRows(dataset, normalise)
+    return FormattedRows(dataset, normalise, pack=owned)
 
 
 class FormattedRows(Sequence[dict[str, Any]]):
     """Plain rows seen formatted: every row is normalised once here, so a bad row is
     one line before any run starts, and then again each time it is read (a formatted
-    row is a few new dicts; the split keeps only its raw rows)."""
+    row is a few new dicts; the split keeps only its raw rows). ``pack``: keep them as
+    :class:`PackedRows` where each survives JSON unchanged (the caller's rows are then
+    dropped: only for rows nothing else holds, else they would be held twice)."""
 
-    def __init__(self, rows: Rows, normalise: Normaliser) -> None:
+    def __init__(self, rows: Rows, normalise: Normaliser, *, pack: bool = False) -> None:
         for index, row in enumerate(rows):
             normalise(row, index)
-        self._rows = rows
+        self._rows: Rows = (PackedRows.pack(rows) if pack else None) or rows
         self._normalise = normalise
 
     def __len__(self) -> int:
@@ -237,6 +244,60 @@ def _plain_message(message: Mapping[str, Any]) -> dict[str, Any]:
     plain = {k: v for k, v in message.items() if v is not None}
     plain.setdefault("content", "")
     return plain
+
+
+class PackedRows(Sequence[dict[str, Any]]):
+    """Plain rows held as their JSON texts, end to end in one buffer, each read back as
+    a new dict (``orjson``: ~1 us a row). A row is a dict of a few small objects,
+    ~500 bytes for ``arithmetic``'s; its JSON is ~80: what a split of 50,000 rows holds
+    for the whole evaluation, in the evaluating process and every process forked from
+    it before it is dropped."""
+
+    def __init__(self, data: bytearray, ends: array.array[int]) -> None:
+        self._data = data
+        self._ends = ends
+
+    @classmethod
+    def pack(cls, rows: Rows) -> PackedRows | None:
+        """``rows`` packed; None when one of them would not read back equal (a value JSON
+        does not hold as it is: a tuple, bytes, a date, a non-string key, NaN)."""
+        data, ends = bytearray(), array.array("Q")
+        for row in rows:
+            try:
+                text = orjson.dumps(row)
+            except TypeError:  # orjson.JSONEncodeError is one
+                return None
+            if orjson.loads(text) != row:
+                return None
+            data += text
+            ends.append(len(data))
+        return cls(data, ends)
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        start = self._ends[index - 1] if index else 0
+        row: dict[str, Any] = orjson.loads(memoryview(self._data)[start : self._ends[index]])
+        return row
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        view, start = memoryview(self._data), 0
+        for end in self._ends:
+            yield orjson.loads(view[start:end])
+            start = end
 
 
 def iter_examples(dataset: Dataset | Rows, n: int = -1, batch_size: int = 512) -> Iterator[Example]:

@@ -91,7 +91,10 @@ class Environment(ABC):
         if split not in self._formatted:
             source = self._dataset_source if split == "train" else self._eval_dataset_source
             try:
-                self._formatted[split] = self._format(resolve_source(source))
+                # rows a builder returned are held by the split alone: kept packed
+                self._formatted[split] = self._format(
+                    resolve_source(source), owned=callable(source)
+                )
             except VfopsError:
                 raise
             except Exception as exc:
@@ -103,7 +106,7 @@ class Environment(ABC):
                 ) from exc
         return self._formatted[split]
 
-    def _format(self, raw: Dataset | Rows | None) -> FormattedSplit | None:
+    def _format(self, raw: Dataset | Rows | None, *, owned: bool) -> FormattedSplit | None:
         if raw is None:
             return None
         return format_dataset(
@@ -112,6 +115,7 @@ class Environment(ABC):
             system_prompt=self.system_prompt,
             few_shot=self.few_shot,
             default_task=self.task,
+            owned=owned,
         )
 
     def _eval_split(self) -> FormattedSplit | None:
