@@ -303,13 +303,36 @@ async def with_workers(
         await workers.aclose()
 
 
-def _pid(rollout_index: int) -> float:
+async def _pids_of(
+    rubric: Rubric, groups: int, size: int, first: Sequence[list[State]] = ()
+) -> tuple[set[float], int]:
+    """The pids that scored ``groups`` concurrent groups (after the groups of ``first``,
+    scored one after another), and the zygote's."""
+    workers = start_scoring_workers(allow_threads=True)
+    assert workers is not None
+    try:
+        scored = [await rubric.score_group(group) for group in first]
+        scored += await asyncio.gather(
+            *(rubric.score_group([state(i) for i in range(size)]) for _ in range(groups))
+        )
+    finally:
+        await workers.aclose()
+    pids = {score.reward for group in scored for score in group if score.reward is not None}
+    return pids, workers.zygote
+
+
+GROWTH_REWARDS = """
+import os, time
+from pathlib import Path
+
+
+def pid_of(rollout_index):
     if rollout_index == 9:  # a slow first call: a worker's warm-up
         time.sleep(0.05)
     return float(os.getpid())
 
 
-def _meet(rollout_index: int) -> float:
+def meet(rollout_index):
     # rollout 9: busy 50 ms; the others wait (up to 10 s) until three processes are in
     # this function at once
     if rollout_index == 9:
@@ -321,23 +344,7 @@ def _meet(rollout_index: int) -> float:
     while len(os.listdir(folder)) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     return float(os.getpid())
-
-
-async def _pids_of(
-    rubric: Rubric, groups: int, size: int, first: Sequence[list[State]] = ()
-) -> set[float]:
-    """The pids that scored ``groups`` concurrent groups (after the groups of ``first``,
-    scored one after another)."""
-    workers = start_scoring_workers(allow_threads=True)
-    assert workers is not None
-    try:
-        scored = [await rubric.score_group(group) for group in first]
-        scored += await asyncio.gather(
-            *(rubric.score_group([state(i) for i in range(size)]) for _ in range(groups))
-        )
-    finally:
-        await workers.aclose()
-    return {score.reward for group in scored for score in group if score.reward is not None}
+"""
 
 
 def test_workers_start_as_slow_calls_need_them(
@@ -348,21 +355,32 @@ def test_workers_start_as_slow_calls_need_them(
     >= 20 ms (or a call waited past ``_GROW_AFTER_S``, here longer than the test): cheap
     concurrent calls share one worker, a slow first call notwithstanding; after a warm
     50 ms call, three calls that each wait for the two others get three; with no wait
-    allowed at all they get three as well."""
+    allowed at all they get three as well. The one worker is the forked zygote itself
+    (one process, not a zygote beside it); the others come from a spawned zygote, which
+    imports the functions by name (a test module does not import there: pytest's
+    importlib mode)."""
+    import importlib
+
     from vfops.rubrics import _workers
+
+    (tmp_path / "growth_rewards.py").write_text(GROWTH_REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rewards = importlib.import_module("growth_rewards")
+    pid_of, meet = rewards.pid_of, rewards.meet
 
     monkeypatch.setenv("VFOPS_SCORING_WORKERS", "3")
     monkeypatch.setattr(_workers, "_GROW_AFTER_S", 300.0)
-    pids = asyncio.run(_pids_of(Rubric([_pid]), groups=6, size=4, first=[[state(9)]]))
-    assert len(pids) == 1 and os.getpid() not in pids
+    pids, zygote = asyncio.run(_pids_of(Rubric([pid_of]), groups=6, size=4, first=[[state(9)]]))
+    assert pids == {zygote} and zygote != os.getpid()
 
     for grow_after, first in ((300.0, [[state(9)], [state(9)]]), (0.0, [])):
         monkeypatch.setattr(_workers, "_GROW_AFTER_S", grow_after)
         folder = tmp_path / f"met-{grow_after}"
         folder.mkdir()
         monkeypatch.setenv("MEET_FOLDER", str(folder))  # before the workers are forked
-        pids = asyncio.run(_pids_of(Rubric([_meet]), groups=3, size=1, first=first))
+        pids, zygote = asyncio.run(_pids_of(Rubric([meet]), groups=3, size=1, first=first))
         assert len(os.listdir(folder)) == 3 and len(pids) == 3, (grow_after, pids)
+        assert zygote in pids and os.getpid() not in pids  # none of them in-process
 
 
 SPAWNED_SCRIPT = """

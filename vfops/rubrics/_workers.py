@@ -27,10 +27,15 @@ workers**:
   interpreter and the modules loaded by then). It is forked before the eval builds
   its rows, so a split built lazily is never built in it; the formatted rows of one
   built earlier are dropped (a list the environment was given stays: it holds it;
-  a reward that reads the environment's dataset builds it again). It only
-  ever forks workers (on demand, when a call first needs one, and a fresh one for each
-  that dies or is killed), so no worker is forked from a process with threads
-  running.
+  a reward that reads the environment's dataset builds it again). A forked zygote
+  **becomes the first worker** when a call first needs one: a zygote kept beside its
+  worker was a second process whose pages are mostly the eval's, counted in full in the
+  RSS of each (34 + 33 MB at 100,000 rollouts of ``arithmetic``; the tree's RSS sum 316
+  MB, 287 MB without it), where most evaluations (cheap rewards) only ever use one
+  worker. Any other worker (slow rewards, or a fresh one for each that dies or is
+  killed) comes from a zygote spawned the first time one is needed, sent the functions
+  as where threads run (below); a spawned zygote stays a zygote and forks them. So no
+  worker is forked from a process with threads running.
 - A worker runs the sync calls of one group (the same calls, in the same order, the
   scoring threads of :mod:`vfops.rubrics._limits` run otherwise): it receives the
   rubric's id, each function's index and its arguments (prompt, completion, answer,
@@ -48,7 +53,7 @@ workers**:
   the kernel hands to the worker); a worker killed with its calls kills its process
   group, and the zygote (a subreaper too) ends any orphan handed to it. When the eval
   ends, or dies (``PR_SET_PDEATHSIG``), the zygote ends every worker and every process
-  below it.
+  below it; the first worker, the eval's own child, ends what is below it itself.
 
 Not contained (they run in the eval's process, as before): async reward functions (a
 judge's client is bound to the eval's event loop), sync functions that take the
@@ -67,8 +72,9 @@ Linux only (elsewhere: in-process).
 Settings (read when an evaluation starts):
 
 - ``VFOPS_SCORING_WORKERS`` (default ``min(4, CPUs)``; 0: no workers): the most
-  processes that run sync reward functions at the same time, each ~25 MB of RSS
-  whatever the run's size. They start as needed: the first with the first call, another
+  processes that run sync reward functions at the same time, each ~25-35 MB of RSS
+  whatever the run's size (the second brings a spawned zygote with it). They start as
+  needed: the first with the first call, another
   when a call finds them all busy and one call (not a worker's first, which pays its
   warm-up) has kept its worker busy for ``_SLOW_CALL_S`` (the worker's own clock), or a
   call has waited ``_GROW_AFTER_S``.
@@ -255,7 +261,11 @@ class _Worker:
 
 
 class ScoringWorkers:
-    """The zygote and its workers of one evaluation (see the module docstring)."""
+    """The zygote and its workers of one evaluation (see the module docstring).
+
+    ``first_becomes_worker``: the zygote answers the first request for a worker with
+    itself (a forked zygote: :func:`~vfops.rubrics._zygote.zygote_main`); any other worker
+    comes from a zygote spawned when it is first needed."""
 
     def __init__(
         self,
@@ -264,11 +274,16 @@ class ScoringWorkers:
         covered: dict[int, int],
         size: int,
         limit_mb: int,
+        *,
+        first_becomes_worker: bool = False,
     ) -> None:
         self.zygote, self.size, self.limit_mb = zygote, size, limit_mb
         self.covered = covered
         """The rubrics the zygote holds: id -> how many functions each had."""
         self._control = control
+        self._turns = first_becomes_worker
+        self._turned = False  # the first zygote was asked for its worker
+        self._more: tuple[int, socket.socket] | None = None  # the spawned zygote, once needed
         self._spawn_lock = threading.Lock()
         self._idle: list[_Worker] = []
         self._count = 0
@@ -377,16 +392,34 @@ class ScoringWorkers:
         except (OSError, ValueError):
             self._count -= 1
             self._wake()
-            return None  # the zygote is gone: in-process from now on
+            if self._count > 0:  # no other worker can be made: the calls wait for these
+                self.size = self._count
+                return await self._acquire()
+            return None  # no worker and no zygote: in-process from now on
         return _Worker(pid, reader, writer)
 
     def _spawn(self) -> tuple[int, int]:
         with self._spawn_lock:
-            self._control.sendall(b"F")
-            message, fds, _, _ = socket.recv_fds(self._control, FRAME_LENGTH, 1)
+            if self._turned:
+                control = self._more_control()
+            else:
+                control, self._turned = self._control, self._turns
+            control.sendall(b"F")
+            message, fds, _, _ = socket.recv_fds(control, FRAME_LENGTH, 1)
         if not message or not fds:
             raise OSError("the scoring zygote is gone")
         return int.from_bytes(message, "little"), fds[0]
+
+    def _more_control(self) -> socket.socket:
+        """The control socket of the zygote that makes the workers after the first,
+        spawned the first time one is needed: sent the functions by ``cloudpickle``, as
+        where threads run (those that cannot travel score in the eval's process)."""
+        if self._more is None:
+            spawned = _spawn_zygote(self.limit_mb)
+            if spawned is None:
+                raise OSError("no reward function of this evaluation can be sent to a zygote")
+            self._more = spawned
+        return self._more[1]
 
     def _release(self, worker: _Worker, healthy: bool) -> None:
         if healthy and not self._closed:
@@ -416,7 +449,12 @@ class ScoringWorkers:
         while self._waiting:
             self._wake()
         self._control.close()  # the zygote ends every worker and what they started
+        more, self._more = self._more, None
+        if more is not None:
+            more[1].close()
         await asyncio.to_thread(_reap_zygote, self.zygote)
+        if more is not None:
+            await asyncio.to_thread(_reap_zygote, more[0])
 
 
 def _reap_zygote(pid: int, wait_s: float = 5.0) -> None:
@@ -476,9 +514,10 @@ def start_scoring_workers(
         if spawned is None:
             return None
         pid, ours = spawned
+        pool = ScoringWorkers(pid, ours, covered, size, limit_mb)
     else:
         pid, ours = _fork_zygote(limit_mb, release)
-    pool = ScoringWorkers(pid, ours, covered, size, limit_mb)
+        pool = ScoringWorkers(pid, ours, covered, size, limit_mb, first_becomes_worker=True)
     pool.loop = _running_loop()
     _ACTIVE.append(pool)
     return pool
@@ -494,7 +533,7 @@ def _fork_zygote(limit_mb: int, release: Callable[[], object] | None) -> tuple[i
         pid = os.fork()
     if pid == 0:
         try:
-            zygote_main(theirs, limit_mb, parent, [ours], release)
+            zygote_main(theirs, limit_mb, parent, [ours], release, first_worker=True)
         finally:
             os._exit(0)
     theirs.close()
