@@ -110,7 +110,30 @@ def format_dataset(
     return FormattedRows(dataset, normalise, pack=owned)
 
 
-class FormattedRows(Sequence[dict[str, Any]]):
+class _RowSequence(Sequence[dict[str, Any]]):
+    """A sequence of rows, each made when it is read (:meth:`_row`): indexing, slices
+    and bounds once for both kinds below."""
+
+    def _row(self, index: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._row(index)
+
+
+class FormattedRows(_RowSequence):
     """Plain rows seen formatted: every row is normalised once here, so a bad row is
     one line before any run starts, and then again each time it is read (a formatted
     row is a few new dicts; the split keeps only its raw rows). ``pack``: keep them as
@@ -126,19 +149,7 @@ class FormattedRows(Sequence[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self._rows)
 
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
-
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
+    def _row(self, index: int) -> dict[str, Any]:
         return self._normalise(self._rows[index], index)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -246,7 +257,7 @@ def _plain_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return plain
 
 
-class PackedRows(Sequence[dict[str, Any]]):
+class PackedRows(_RowSequence):
     """Plain rows held as their JSON texts, end to end in one buffer, each read back as
     a new dict (``orjson``: ~1 us a row). A row is a dict of a few small objects,
     ~500 bytes for ``arithmetic``'s; its JSON is ~80: what a split of 50,000 rows holds
@@ -276,19 +287,7 @@ class PackedRows(Sequence[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self._ends)
 
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
-
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
+    def _row(self, index: int) -> dict[str, Any]:
         start = self._ends[index - 1] if index else 0
         row: dict[str, Any] = orjson.loads(memoryview(self._data)[start : self._ends[index]])
         return row
